@@ -1,0 +1,28 @@
+//! llama.cpp GGUF files: a validating memory-mapped reader, dequantization of the common
+//! ggml types, the embedded tokenizer rebuilt as a Hugging Face tokenizer, and import of
+//! llama/mistral/qwen2/qwen3 models as Hugging Face checkpoint folders.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), sfx_formats::gguf::GgufError> {
+//! let model = sfx_formats::gguf::import_gguf("model.Q4_K_M.gguf")?;
+//! model.write_hf_folder("model-hf", |done, total| eprintln!("{done}/{total}"))?;
+//! # Ok(()) }
+//! ```
+
+mod dequant;
+mod error;
+mod import;
+mod reader;
+mod tokenizer;
+
+pub use dequant::{dequantize, dequantize_to_vec, GgmlType, DEQUANTIZABLE, QK_K};
+pub use error::GgufError;
+pub use import::{
+    hf_tensor_name, import_from_gguf, import_gguf, llama3_rope_scaling_from_factors,
+    unpermute_rows, GgufArch, ImportedModel,
+};
+pub use reader::{
+    GgufFile, GgufTensorInfo, MetaArray, MetaValue, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC,
+    MAX_ARRAY_DEPTH, MAX_DIMS,
+};
+pub use tokenizer::{token_type, tokenizer_from_gguf, GgufTokenizer, SpecialTokens};

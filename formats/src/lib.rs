@@ -1,0 +1,20 @@
+//! File formats: bytes in, typed tensors and configs out. Nothing here computes with a model.
+//!
+//! - [`tensor`]: the [`TensorSource`] boundary the runtime loads from.
+//! - [`config`]: Hugging Face `config.json` → [`ModelConfig`].
+//! - [`checkpoint`]: safetensors checkpoints (single or sharded, memory-mapped) and hub ids.
+//! - [`gguf`]: llama.cpp GGUF reading, dequantization, tokenizer and HF-folder import.
+//! - [`corpus`]: the canonical evaluation and calibration texts.
+//! - [`atomic`]: crash-safe file writes.
+
+pub mod atomic;
+pub mod checkpoint;
+pub mod config;
+pub mod corpus;
+pub mod error;
+pub mod gguf;
+pub mod tensor;
+
+pub use config::ModelConfig;
+pub use error::FormatError;
+pub use tensor::{DType, OwnedTensors, TensorSource, TensorView};

@@ -1,0 +1,16 @@
+//! Evaluation per the project's protocol (shared assets.md): perplexity over fixed windows,
+//! long-context scoring through the decode path, and KL divergence to a reference model.
+//! This module holds the model-independent arithmetic; the drivers that run a model live in
+//! [`runner`].
+
+pub mod kl;
+pub mod model_scorer;
+pub mod ppl;
+pub mod runner;
+pub mod spec;
+
+pub use model_scorer::ModelScorer;
+pub use runner::{evaluate, long_context_part, window_parts, EvalPart, EvalResult, PartResult, Scorer};
+pub use kl::{KlAccumulator, KlSummary};
+pub use ppl::{log_softmax_at, NllAccumulator, PplSummary};
+pub use spec::{EvalSpec, EvalSpecError};

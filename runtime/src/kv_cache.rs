@@ -1,0 +1,182 @@
+//! Key/value cache behind a small trait, so the resident KV formats of the method (KVarN with
+//! nested refinement, §5) can replace the float cache without touching the graph.
+//!
+//! The trait owns both storing new keys/values and attending over them, because a quantized
+//! cache's attention depends on its storage (resident codes, an FP16 sink/partial block, the
+//! refinement correction of eq. 8). The float cache simply calls the backend's attention.
+
+use crate::backend::{AttentionShape, Backend, KvLayout};
+use crate::error::{Result, RuntimeError};
+use sfx_formats::ModelConfig;
+
+/// What a cache was built for; the model checks it before a forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    pub fn of(config: &ModelConfig) -> Self {
+        Self {
+            layers: config.num_hidden_layers,
+            kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        }
+    }
+}
+
+/// A per-sequence KV cache. A forward of n tokens calls [`KvCache::append_and_attend`] once
+/// per layer (all at positions `len()..len() + n`) and then [`KvCache::commit`] once; a
+/// forward that fails midway leaves `len()` unchanged.
+pub trait KvCache<B: Backend>: Send {
+    fn shape(&self) -> KvShape;
+    /// Committed positions.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Maximum positions the cache can hold.
+    fn capacity(&self) -> usize;
+    /// Forgets every position (storage is kept for reuse).
+    fn clear(&mut self);
+    /// Keeps the first `len` positions (no-op if `len >= self.len()`).
+    fn truncate(&mut self, len: usize);
+    /// Stores `k`, `v` (`[n_new, kv_heads · head_dim]`, after RoPE) of `layer` at positions
+    /// `len()..len() + n_new` and writes causal attention of `q` (`[n_new, n_heads ·
+    /// head_dim]`) over positions `0..len() + n_new` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn append_and_attend(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()>;
+    /// Makes the `n_new` positions appended to every layer part of the sequence.
+    fn commit(&mut self, n_new: usize) -> Result<()>;
+    /// Device bytes held (for memory accounting).
+    fn resident_bytes(&self) -> usize;
+}
+
+/// Float cache: per layer one K and one V buffer `[kv_heads, capacity, head_dim]`, allocated
+/// up front (SmolLM2-135M at 2048 positions: 94 MB).
+pub struct F32KvCache<B: Backend> {
+    shape: KvShape,
+    layout: KvLayout,
+    keys: Vec<B::Buffer>,
+    values: Vec<B::Buffer>,
+    len: usize,
+}
+
+impl<B: Backend> F32KvCache<B> {
+    pub fn new(backend: &B, shape: KvShape, capacity: usize) -> Result<Self> {
+        let layout = KvLayout {
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            capacity,
+        };
+        let len = shape
+            .kv_heads
+            .checked_mul(shape.head_dim)
+            .and_then(|x| x.checked_mul(capacity))
+            .ok_or_else(|| RuntimeError::CacheMismatch(format!("capacity {capacity} overflows")))?;
+        let mut keys = Vec::with_capacity(shape.layers);
+        let mut values = Vec::with_capacity(shape.layers);
+        for _ in 0..shape.layers {
+            keys.push(backend.alloc(len)?);
+            values.push(backend.alloc(len)?);
+        }
+        Ok(Self {
+            shape,
+            layout,
+            keys,
+            values,
+            len: 0,
+        })
+    }
+
+    /// One layer's raw `[kv_heads, capacity, head_dim]` key and value buffers (positions
+    /// `len()..` hold stale data).
+    pub fn layer(&self, layer: usize) -> Option<(&B::Buffer, &B::Buffer)> {
+        Some((self.keys.get(layer)?, self.values.get(layer)?))
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+}
+
+impl<B: Backend> KvCache<B> for F32KvCache<B> {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.layout.capacity
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn append_and_attend(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        if self.len + n_new > self.layout.capacity {
+            return Err(RuntimeError::CacheFull {
+                cached: self.len,
+                new: n_new,
+                capacity: self.layout.capacity,
+            });
+        }
+        let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "layer {layer} requested, cache has {} layers",
+                self.shape.layers
+            )));
+        };
+        backend.write_kv(k, kc, self.layout, self.len)?;
+        backend.write_kv(v, vc, self.layout, self.len)?;
+        let shape = AttentionShape {
+            n_heads,
+            kv: self.layout,
+            past: self.len,
+            n_queries: n_new,
+        };
+        backend.attention(q, kc, vc, &shape, out)
+    }
+
+    fn commit(&mut self, n_new: usize) -> Result<()> {
+        if self.len + n_new > self.layout.capacity {
+            return Err(RuntimeError::CacheFull {
+                cached: self.len,
+                new: n_new,
+                capacity: self.layout.capacity,
+            });
+        }
+        self.len += n_new;
+        Ok(())
+    }
+
+    fn resident_bytes(&self) -> usize {
+        2 * self.shape.layers * self.layout.buffer_len() * 4
+    }
+}

@@ -1,0 +1,25 @@
+//! StrataFlux runtime: the decoder graph, its backends and KV caches.
+//!
+//! - [`backend`]: the [`Backend`] trait (ops + resident buffers) and the CPU backend.
+//! - [`linear`]: the [`Linear`] interface every weight format implements; float linears.
+//! - [`kv_cache`]: the [`KvCache`] interface and the f32 cache.
+//! - [`eval`]: perplexity / KL evaluation per the project protocol; [`sampling`], [`chat`].
+//! - [`model`]: the Llama-family decoder ([`Model`]), logits selection.
+//!
+//! Data moves one way: `TensorSource` (sfx-formats) → resident matrices → ops → logits.
+
+pub mod backend;
+pub mod chat;
+pub mod eval;
+pub mod sampling;
+pub mod error;
+pub mod kv_cache;
+pub mod linear;
+pub mod model;
+
+pub use backend::cpu::{CpuBackend, SimdLevel};
+pub use backend::{Backend, WeightPrecision};
+pub use error::RuntimeError;
+pub use kv_cache::{F32KvCache, KvCache, KvShape};
+pub use linear::{FloatLinear, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec};
+pub use model::{Logits, LogitsMode, Model, ModelOptions};

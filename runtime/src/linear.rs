@@ -1,0 +1,222 @@
+//! The linear-layer interface every resident weight format and refinement implements, and
+//! the float implementation.
+//!
+//! Like mistral.rs's `QuantMethod`, the graph only sees `dyn Linear<B>`: a quantized base, a
+//! refined (DecDEC / StrataFlux) linear or a float one are interchangeable per projection.
+//! A format implements `Linear<B>` for each backend it has kernels for; loading goes through a
+//! [`LinearFactory`], so a new format plugs into [`crate::model::Model::load_with`] without
+//! touching the graph.
+
+use crate::backend::{Backend, WeightPrecision};
+use crate::error::{Result, RuntimeError};
+use sfx_formats::{DType, TensorSource};
+
+/// `y[m, out] = x[m, in] · Wᵀ (+ b)` for m tokens.
+pub trait Linear<B: Backend>: Send + Sync {
+    fn in_dim(&self) -> usize;
+    fn out_dim(&self) -> usize;
+    fn has_bias(&self) -> bool;
+    /// `x` holds `m × in_dim` values, `y` `m × out_dim`; `y` is overwritten.
+    fn forward(&self, backend: &B, x: &B::Buffer, m: usize, y: &mut B::Buffer) -> Result<()>;
+    /// Bytes this linear keeps resident on the device (weights, scales, bias), for the
+    /// per-tier memory accounting of the evaluation protocol.
+    fn resident_bytes(&self) -> usize;
+    /// Short description for logs, e.g. `"bf16 576×1536"`.
+    fn describe(&self) -> String;
+}
+
+/// A float weight matrix (BF16 with f32 accumulation, or F32) with an optional f32 bias.
+pub struct FloatLinear<B: Backend> {
+    weight: B::Matrix,
+    bias: Option<B::Buffer>,
+    out_dim: usize,
+    in_dim: usize,
+    dtype: DType,
+}
+
+impl<B: Backend> FloatLinear<B> {
+    /// Wraps a resident matrix (`[out, in]`) and an optional bias of length `out`.
+    pub fn new(backend: &B, weight: B::Matrix, bias: Option<&[f32]>) -> Result<Self> {
+        let (out_dim, in_dim) = backend.matrix_dims(&weight);
+        let bias = match bias {
+            Some(b) if b.len() != out_dim => {
+                return Err(RuntimeError::Shape {
+                    op: "FloatLinear::new",
+                    msg: format!("bias has {} elements, expected {out_dim}", b.len()),
+                })
+            }
+            Some(b) => Some(backend.upload(b)?),
+            None => None,
+        };
+        let dtype = backend.matrix_dtype(&weight);
+        Ok(Self {
+            weight,
+            bias,
+            out_dim,
+            in_dim,
+            dtype,
+        })
+    }
+
+    /// Loads `weight_name` (`[out, in]`) and optionally `bias_name` (`[out]`) from `tensors`,
+    /// checking both shapes against `(out_dim, in_dim)`.
+    pub fn load(
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+        precision: WeightPrecision,
+    ) -> Result<Self> {
+        let view = require(tensors, spec.weight_name, spec.role.describe())?;
+        check_shape(spec.weight_name, view.shape, &[spec.out_dim, spec.in_dim])?;
+        let weight = backend.upload_matrix(spec.weight_name, &view, precision)?;
+        let bias = match spec.bias_name {
+            Some(name) => {
+                let b = require(tensors, name, "bias of an attention projection (attention_bias)")?;
+                check_shape(name, b.shape, &[spec.out_dim])?;
+                Some(b.to_f32_vec())
+            }
+            None => None,
+        };
+        Self::new(backend, weight, bias.as_deref())
+    }
+
+    pub fn weight(&self) -> &B::Matrix {
+        &self.weight
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl<B: Backend> Linear<B> for FloatLinear<B> {
+    fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+    fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+    fn forward(&self, backend: &B, x: &B::Buffer, m: usize, y: &mut B::Buffer) -> Result<()> {
+        backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y)
+    }
+    fn resident_bytes(&self) -> usize {
+        let bias = if self.bias.is_some() { self.out_dim * 4 } else { 0 };
+        self.out_dim * self.in_dim * self.dtype.size_in_bytes() + bias
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} {}×{}{}",
+            self.dtype.as_str().to_ascii_lowercase(),
+            self.in_dim,
+            self.out_dim,
+            if self.bias.is_some() { " +bias" } else { "" }
+        )
+    }
+}
+
+/// Which projection a linear is; the four refinement sets of the method (qkv, o, gu, d) are
+/// unions of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinearRole {
+    Query,
+    Key,
+    Value,
+    AttnOutput,
+    Gate,
+    Up,
+    Down,
+    LmHead,
+}
+
+impl LinearRole {
+    pub fn describe(self) -> &'static str {
+        match self {
+            LinearRole::Query => "query projection",
+            LinearRole::Key => "key projection",
+            LinearRole::Value => "value projection",
+            LinearRole::AttnOutput => "attention output projection",
+            LinearRole::Gate => "MLP gate projection",
+            LinearRole::Up => "MLP up projection",
+            LinearRole::Down => "MLP down projection",
+            LinearRole::LmHead => "output head",
+        }
+    }
+}
+
+/// Everything a factory needs to build one projection.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearSpec<'a> {
+    /// Decoder layer, `None` for the output head.
+    pub layer: Option<usize>,
+    pub role: LinearRole,
+    /// Hugging Face tensor name of the `[out, in]` weight.
+    pub weight_name: &'a str,
+    pub bias_name: Option<&'a str>,
+    pub out_dim: usize,
+    pub in_dim: usize,
+}
+
+/// Builds the linear for each projection of a model being loaded.
+pub trait LinearFactory<B: Backend> {
+    fn load(&self, backend: &B, tensors: &dyn TensorSource, spec: &LinearSpec<'_>)
+        -> Result<Box<dyn Linear<B>>>;
+
+    /// The output head of a model with tied embeddings. The default shares the resident
+    /// embedding matrix (no second copy); a format that quantizes the head overrides this.
+    fn tied_lm_head(
+        &self,
+        backend: &B,
+        embedding: &B::Matrix,
+        _spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<B>>> {
+        Ok(Box::new(FloatLinear::new(backend, embedding.clone(), None)?))
+    }
+}
+
+/// Float linears from a float checkpoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FloatLinearFactory {
+    pub precision: WeightPrecision,
+}
+
+impl<B: Backend> LinearFactory<B> for FloatLinearFactory {
+    fn load(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<B>>> {
+        Ok(Box::new(FloatLinear::load(backend, tensors, spec, self.precision)?))
+    }
+}
+
+/// Fetches a tensor, turning "not found" into an error that says what it was needed for.
+pub(crate) fn require<'a>(
+    tensors: &'a dyn TensorSource,
+    name: &str,
+    why: &str,
+) -> Result<sfx_formats::TensorView<'a>> {
+    match tensors.tensor(name) {
+        Ok(v) => Ok(v),
+        Err(sfx_formats::FormatError::MissingTensor(_)) => Err(RuntimeError::MissingTensor {
+            name: name.to_string(),
+            why: why.to_string(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(crate) fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(RuntimeError::TensorShape {
+            name: name.to_string(),
+            expected: expected.to_vec(),
+            actual: actual.to_vec(),
+        })
+    }
+}

@@ -1,0 +1,503 @@
+//! `sfx-run`: generate text with a model, or evaluate it (perplexity, KL) per the project's
+//! evaluation protocol.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::corpus;
+use sfx_runtime::chat::{render_chat, ChatMessage};
+use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
+use sfx_runtime::eval::{
+    evaluate, long_context_part, window_parts, EvalPart, EvalResult, ModelScorer, PartResult,
+};
+use sfx_runtime::sampling::{Sampler, SamplingParams};
+use sfx_runtime::{KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
+use std::io::Write;
+use std::time::Instant;
+use tokenizers::Tokenizer;
+
+#[derive(Parser)]
+#[command(
+    name = "sfx-run",
+    version,
+    about = "Run a model: generate text, or measure perplexity / KL",
+    long_about = "Run a model: generate text, or measure perplexity / KL.\n\n\
+        MODEL is a .gguf file (dequantized in memory), a Hugging Face folder (safetensors, \
+        memory-mapped) or a Hub repo id (org/name[@revision]; the standard HF cache is used, \
+        HF_HUB_OFFLINE=1 forbids downloads).\n\n\
+        Generation: sfx-run MODEL -p \"prompt\" [--chat] streams the continuation to stdout and \
+        reports prompt and generation speed on stderr.\n\n\
+        Evaluation (protocol in shared assets.md): --ppl wiki:N scores the first N \
+        non-overlapping 2048-token windows of the Wikipedia text (each from an empty cache); \
+        --ppl austen-long:L prefills L-256 tokens of each of four Austen novels and scores the \
+        last 256 one at a time through the decode path. --kl-ref MODEL adds the KL divergence to \
+        a reference model on the same positions (its top 1024 tokens kept, the rest lumped).\n\n\
+        Texts come from $SFX_ASSETS (default ./assets); fetch them with `sfx fetch`."
+)]
+struct Cli {
+    /// Model: .gguf file, Hugging Face folder, or Hub repo id.
+    model: String,
+
+    /// Prompt to continue (or, with --chat, the user message).
+    #[arg(short, long)]
+    prompt: Option<String>,
+    /// Read the prompt from a file instead.
+    #[arg(long, conflicts_with = "prompt")]
+    prompt_file: Option<std::path::PathBuf>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Maximum number of tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy (argmax).
+    #[arg(long = "temp", default_value_t = 0.7)]
+    temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens with this much probability.
+    #[arg(long, default_value_t = 0.9)]
+    top_p: f32,
+    /// Keep only the K most probable tokens (0 = no limit).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Random seed for sampling (runs are reproducible).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+
+    /// Evaluate perplexity: wiki:N, austen-long:L, austen/<novel>:N, brown:N or FILE:N.
+    #[arg(long, value_name = "SPEC")]
+    ppl: Option<String>,
+    /// Window length in tokens for windowed --ppl texts.
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+    /// Reference model for KL divergence (same forms as MODEL).
+    #[arg(long, value_name = "MODEL", requires = "ppl")]
+    kl_ref: Option<String>,
+
+    /// Storage of float weights: native keeps BF16 as BF16 (f32 accumulation); f32 widens.
+    #[arg(long, value_enum, default_value_t = Precision::Native)]
+    precision: Precision,
+    /// Worker threads (default: all cores; also RAYON_NUM_THREADS).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Print a JSON report on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Precision {
+    Native,
+    F32,
+    Bf16,
+}
+
+impl From<Precision> for WeightPrecision {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Native => WeightPrecision::Native,
+            Precision::F32 => WeightPrecision::F32,
+            Precision::Bf16 => WeightPrecision::Bf16,
+        }
+    }
+}
+
+struct Loaded {
+    ckpt: Checkpoint,
+    model: Model,
+    tokenizer: Tokenizer,
+    load_seconds: f64,
+}
+
+fn load(spec: &str, precision: Precision) -> Result<Loaded> {
+    let t0 = Instant::now();
+    let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
+    let options = ModelOptions {
+        precision: precision.into(),
+        ..ModelOptions::default()
+    };
+    let model = Model::load_cpu(&ckpt.config, ckpt.tensors.as_ref(), &options)
+        .with_context(|| format!("loading model {spec}"))?;
+    let json = ckpt
+        .tokenizer_json
+        .as_deref()
+        .ok_or_else(|| anyhow!("{spec}: no tokenizer.json"))?;
+    let tokenizer = Tokenizer::from_bytes(json.as_bytes())
+        .map_err(|e| anyhow!("{spec}: tokenizer.json: {e}"))?;
+    Ok(Loaded {
+        ckpt,
+        model,
+        tokenizer,
+        load_seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("configuring the thread pool")?;
+    }
+    if cli.ppl.is_some() && (cli.prompt.is_some() || cli.prompt_file.is_some()) {
+        bail!("--ppl and --prompt are separate modes; run them separately");
+    }
+    let loaded = load(&cli.model, cli.precision)?;
+    if !cli.json {
+        eprintln!(
+            "loaded {} ({:?}, {} layers, {:.1} MB resident) in {:.1} s on {} thread(s)",
+            loaded.ckpt.origin,
+            loaded.ckpt.config.arch,
+            loaded.ckpt.config.num_hidden_layers,
+            loaded.model.resident_bytes() as f64 / 1e6,
+            loaded.load_seconds,
+            rayon::current_num_threads()
+        );
+    }
+    if let Some(spec) = cli.ppl.clone() {
+        return run_eval(&cli, &loaded, &spec);
+    }
+    let prompt = match (&cli.prompt, &cli.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading prompt file {}", f.display()))?,
+        (None, None) => bail!("nothing to do: give a prompt (-p) or an evaluation (--ppl)"),
+    };
+    generate(&cli, &loaded, &prompt)
+}
+
+/// Text of a special token, for chat templates that reference `bos_token` / `eos_token`.
+fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
+    let from_config = loaded
+        .ckpt
+        .tokenizer_config
+        .as_ref()
+        .and_then(|c| c.get(key))
+        .and_then(|v| v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str())))
+        .map(str::to_string);
+    from_config
+        .or_else(|| id.and_then(|i| loaded.tokenizer.id_to_token(i)))
+        .unwrap_or_default()
+}
+
+fn eos_ids(loaded: &Loaded) -> Vec<u32> {
+    let mut ids = loaded.ckpt.config.eos_token_ids.clone();
+    if let Some(g) = loaded.ckpt.generation_config.as_ref().and_then(|g| g.get("eos_token_id")) {
+        let extra: Vec<u32> = match g {
+            serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            v => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+        };
+        ids.extend(extra);
+    }
+    if let Some(t) = loaded.tokenizer.token_to_id(&special_token(loaded, "eos_token", None)) {
+        ids.push(t);
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
+    let text = if cli.chat {
+        let template = loaded
+            .ckpt
+            .chat_template()
+            .ok_or_else(|| anyhow!("{}: the model has no chat template (drop --chat)", cli.model))?;
+        let mut messages = Vec::new();
+        if let Some(s) = &cli.system {
+            messages.push(ChatMessage {
+                role: "system".into(),
+                content: s.clone(),
+            });
+        }
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: prompt.to_string(),
+        });
+        let bos = special_token(loaded, "bos_token", loaded.ckpt.config.bos_token_id);
+        let eos = special_token(loaded, "eos_token", loaded.ckpt.config.eos_token_ids.first().copied());
+        render_chat(template, &messages, true, &bos, &eos)?
+    } else {
+        prompt.to_string()
+    };
+    // The chat template writes special tokens as text; they must be parsed as such.
+    let encoding = loaded
+        .tokenizer
+        .encode(text.as_str(), false)
+        .map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
+    let prompt_ids: Vec<u32> = encoding.get_ids().to_vec();
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let max_ctx = loaded.ckpt.config.max_position_embeddings;
+    if prompt_ids.len() >= max_ctx {
+        bail!(
+            "prompt has {} tokens; the model's context is {max_ctx}",
+            prompt_ids.len()
+        );
+    }
+    let capacity = (prompt_ids.len() + cli.max_tokens).min(max_ctx);
+    let model = &loaded.model;
+    let mut cache = model.new_cache(capacity)?;
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: cli.temperature,
+        top_p: cli.top_p,
+        top_k: cli.top_k,
+        seed: cli.seed,
+    });
+    let eos = eos_ids(loaded);
+
+    let t0 = Instant::now();
+    let logits = model.forward(&prompt_ids, &mut cache, LogitsMode::Last)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
+
+    let mut generated: Vec<u32> = Vec::new();
+    let mut printed = 0usize;
+    let mut stdout = std::io::stdout().lock();
+    if !cli.json && !cli.chat {
+        write!(stdout, "{prompt}")?;
+    }
+    let t1 = Instant::now();
+    let mut stop_reason = "length";
+    while generated.len() < cli.max_tokens {
+        if !cli.ignore_eos && eos.contains(&next) {
+            stop_reason = "eos";
+            break;
+        }
+        generated.push(next);
+        if !cli.json {
+            // Decode everything so far and print the new suffix: byte-level BPE tokens can
+            // split a UTF-8 character, so hold back text ending in a replacement character.
+            let text = loaded
+                .tokenizer
+                .decode(&generated, true)
+                .map_err(|e| anyhow!("decoding: {e}"))?;
+            if !text.ends_with('\u{FFFD}') && text.len() > printed {
+                write!(stdout, "{}", &text[printed..])?;
+                stdout.flush()?;
+                printed = text.len();
+            }
+        }
+        if cache.len() >= capacity {
+            stop_reason = "context";
+            break;
+        }
+        let logits = model.forward(&[next], &mut cache, LogitsMode::Last)?;
+        next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
+    }
+    let gen_s = t1.elapsed().as_secs_f64();
+    let text = loaded
+        .tokenizer
+        .decode(&generated, true)
+        .map_err(|e| anyhow!("decoding: {e}"))?;
+    if !cli.json && text.len() > printed {
+        write!(stdout, "{}", &text[printed..])?;
+    }
+    let prompt_tps = prompt_ids.len() as f64 / prefill_s.max(1e-9);
+    // The first generated token comes from the prefill; decode steps = generated - 1.
+    let decode_steps = generated.len().saturating_sub(1);
+    let gen_tps = decode_steps as f64 / gen_s.max(1e-9);
+    if cli.json {
+        let v = serde_json::json!({
+            "model": loaded.ckpt.origin,
+            "prompt": prompt,
+            "completion": text,
+            "prompt_tokens": prompt_ids.len(),
+            "generated_tokens": generated.len(),
+            "stop_reason": stop_reason,
+            "prompt_tokens_per_second": prompt_tps,
+            "generation_tokens_per_second": gen_tps,
+            "threads": rayon::current_num_threads(),
+        });
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.2} tok/s | stop: {}",
+            prompt_ids.len(),
+            prompt_tps,
+            generated.len(),
+            gen_tps,
+            stop_reason
+        );
+    }
+    Ok(())
+}
+
+fn tokenize(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+    // Protocol: the whole canonical text, no BOS, no special tokens.
+    Ok(tokenizer
+        .encode_fast(text, false)
+        .map_err(|e| anyhow!("tokenizing: {e}"))?
+        .get_ids()
+        .to_vec())
+}
+
+fn eval_parts(
+    loaded: &Loaded,
+    spec: &EvalSpec,
+    verbose: bool,
+) -> Result<(Vec<EvalPart>, serde_json::Value)> {
+    let assets = corpus::assets_dir();
+    match spec {
+        EvalSpec::Windows {
+            text,
+            windows,
+            window,
+        } => {
+            let body = corpus::load_named_text(&assets, text)
+                .with_context(|| format!("loading text '{text}' (assets in {})", assets.display()))?;
+            let ids = tokenize(&loaded.tokenizer, &body)?;
+            let parts = window_parts(&ids, *window, *windows);
+            if parts.is_empty() {
+                bail!(
+                    "text '{text}' has {} tokens: not one full window of {window}",
+                    ids.len()
+                );
+            }
+            if parts.len() < *windows && verbose {
+                eprintln!(
+                    "note: '{text}' has {} tokens: only {} windows of {window} (asked for {windows})",
+                    ids.len(),
+                    parts.len()
+                );
+            }
+            let meta = serde_json::json!({"text": text, "text_tokens": ids.len(), "window": window, "windows": parts.len()});
+            Ok((parts, meta))
+        }
+        EvalSpec::AustenLong { context, scored } => {
+            let mut parts = Vec::new();
+            let mut lens = serde_json::Map::new();
+            for novel in LONG_NOVELS {
+                let body = corpus::austen_text(&assets, novel)
+                    .with_context(|| format!("loading austen/{novel} (assets in {})", assets.display()))?;
+                let ids = tokenize(&loaded.tokenizer, &body)?;
+                if ids.len() < *context {
+                    bail!("austen/{novel} has {} tokens, fewer than the context {context}", ids.len());
+                }
+                lens.insert(novel.to_string(), ids.len().into());
+                parts.push(long_context_part(novel, &ids, *context, *scored));
+            }
+            let meta = serde_json::json!({"text": "austen-long", "context": context, "scored_per_novel": scored, "text_tokens": lens});
+            Ok((parts, meta))
+        }
+    }
+}
+
+fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
+    let window = (cli.ctx != 2048).then_some(cli.ctx);
+    let spec = EvalSpec::parse(spec_str, window)?;
+    let (parts, meta) = eval_parts(loaded, &spec, !cli.json)?;
+    let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
+    let max_ctx = loaded.ckpt.config.max_position_embeddings;
+    if longest > max_ctx {
+        bail!("evaluation needs {longest} positions; the model's context is {max_ctx}");
+    }
+    let reference = match &cli.kl_ref {
+        Some(r) => {
+            let l = load(r, cli.precision)?;
+            if !cli.json {
+                eprintln!("KL reference {} loaded in {:.1} s", l.ckpt.origin, l.load_seconds);
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    let mut scorer = ModelScorer::new(&loaded.model, longest)?;
+    let mut ref_scorer = match &reference {
+        Some(r) => Some(ModelScorer::new(&r.model, longest)?),
+        None => None,
+    };
+    if !cli.json {
+        eprintln!(
+            "evaluating {spec_str}: {} part(s), {} scored tokens",
+            parts.len(),
+            parts.iter().map(|p| p.tokens.len() - p.first_scored).sum::<usize>()
+        );
+    }
+    let t0 = Instant::now();
+    let json = cli.json;
+    let (mut nll_sum, mut nll_count) = (0.0f64, 0u64);
+    let progress = |done: usize, total: usize, r: &PartResult| {
+        if json {
+            return;
+        }
+        // llama-perplexity prints the running PPL after each chunk: "[1]12.34,[2]..."
+        nll_sum += r.ppl.mean_nll * r.ppl.tokens as f64;
+        nll_count += r.ppl.tokens;
+        let so_far = (nll_sum / nll_count.max(1) as f64).exp();
+        eprint!("[{done}]{so_far:.4},");
+        if done == total {
+            eprintln!();
+        }
+    };
+    let result = evaluate(&parts, &mut scorer, ref_scorer.as_mut(), progress)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let scored: u64 = result.ppl.tokens;
+    report_eval(cli, loaded, spec_str, &meta, &result, seconds, scored)
+}
+
+fn report_eval(
+    cli: &Cli,
+    loaded: &Loaded,
+    spec: &str,
+    meta: &serde_json::Value,
+    r: &EvalResult,
+    seconds: f64,
+    scored: u64,
+) -> Result<()> {
+    if cli.json {
+        let v = serde_json::json!({
+            "model": loaded.ckpt.origin,
+            "kl_reference": cli.kl_ref,
+            "eval": spec,
+            "data": meta,
+            "ppl": r.ppl.ppl,
+            "ppl_stderr": r.ppl.ppl_stderr,
+            "mean_nll": r.ppl.mean_nll,
+            "scored_tokens": scored,
+            "kl": r.kl,
+            "parts": r.parts,
+            "seconds": seconds,
+            "scored_tokens_per_second": scored as f64 / seconds.max(1e-9),
+            "threads": rayon::current_num_threads(),
+            "precision": format!("{:?}", WeightPrecision::from(cli.precision)),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for p in &r.parts {
+        print!("{:>16}: PPL = {:.4} +/- {:.5}", p.name, p.ppl.ppl, p.ppl.ppl_stderr);
+        if let Some(k) = &p.kl {
+            print!("  KLD = {:.6}  same top-1 = {:.2} %", k.mean, k.same_top1_pct);
+        }
+        println!();
+    }
+    println!(
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        r.ppl.ppl, r.ppl.ppl_stderr
+    );
+    if let Some(k) = &r.kl {
+        println!();
+        println!("====== KL divergence statistics (vs {}) ======", cli.kl_ref.as_deref().unwrap_or("?"));
+        println!("Mean    KLD: {:10.6}", k.mean);
+        println!("Maximum KLD: {:10.6}", k.max);
+        println!("99.0%   KLD: {:10.6}", k.p99);
+        println!("Median  KLD: {:10.6}", k.median);
+        println!("Same top-1 : {:9.3} %", k.same_top1_pct);
+        println!("Tokens     : {}", k.tokens);
+    }
+    eprintln!(
+        "{scored} tokens scored in {seconds:.1} s ({:.1} tok/s, {} threads)",
+        scored as f64 / seconds.max(1e-9),
+        rayon::current_num_threads()
+    );
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! The CLIs must turn bad input into a clear message and a non-zero exit — never a panic.
+//! Each case builds its broken file from the real model (or from scratch) in a temp dir.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn assets() -> PathBuf {
+    std::env::var_os("SFX_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
+}
+
+fn real_gguf() -> PathBuf {
+    let p = assets().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} missing: run `make assets` first", p.display());
+    p
+}
+
+/// Runs a binary; returns (exit code, stderr).
+fn run(bin: &str, args: &[&str]) -> (i32, String) {
+    let out = Command::new(bin).args(args).output().expect("spawn");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_clean_failure(code: i32, stderr: &str, needle: &str) {
+    assert_ne!(code, 0, "expected failure; stderr: {stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "must not panic; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "stderr should mention '{needle}': {stderr}"
+    );
+}
+
+const RUN: &str = env!("CARGO_BIN_EXE_sfx-run");
+const CONVERT: &str = env!("CARGO_BIN_EXE_sfx-convert");
+
+#[test]
+fn truncated_gguf_is_rejected_by_run_and_convert() {
+    let d = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(real_gguf()).unwrap();
+    // Cut inside the metadata, inside the tensor table, and inside the tensor data.
+    for cut in [100usize, 2_000_000, bytes.len() - 1000] {
+        let p = d.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let ps = p.to_str().unwrap();
+        let (code, err) = run(RUN, &[ps, "-p", "hi", "-n", "1"]);
+        assert_clean_failure(code, &err, "cut");
+        let out = d.path().join("out");
+        let (code, err) = run(CONVERT, &["import-gguf", ps, "-o", out.to_str().unwrap()]);
+        assert_clean_failure(code, &err, "cut");
+        assert!(!out.join("model.safetensors").exists());
+    }
+}
+
+#[test]
+fn wrong_magic_is_rejected() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("bad.gguf");
+    let mut bytes = std::fs::read(real_gguf()).unwrap()[..4096].to_vec();
+    bytes[..4].copy_from_slice(b"GGML");
+    std::fs::write(&p, bytes).unwrap();
+    let (code, err) = run(RUN, &[p.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_failure(code, &err, "magic");
+}
+
+#[test]
+fn config_missing_hidden_size_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("config.json"),
+        r#"{"model_type":"llama","intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"vocab_size":32}"#,
+    )
+    .unwrap();
+    let (code, err) = run(RUN, &[d.path().to_str().unwrap(), "-p", "hi"]);
+    assert_clean_failure(code, &err, "hidden_size");
+}
+
+#[test]
+fn missing_model_and_bad_eval_spec_are_clear() {
+    let (code, err) = run(RUN, &["/nonexistent/model.gguf", "-p", "hi"]);
+    assert_clean_failure(code, &err, "/nonexistent/model.gguf");
+    let gguf = real_gguf();
+    let (code, err) = run(RUN, &[gguf.to_str().unwrap(), "--ppl", "wiki"]);
+    assert_clean_failure(code, &err, "wiki");
+    let (code, err) = run(RUN, &[gguf.to_str().unwrap(), "--ppl", "nosuchfile.txt:1"]);
+    assert_clean_failure(code, &err, "nosuchfile.txt");
+}
