@@ -12,7 +12,11 @@ fn assets() -> PathBuf {
 
 fn real_gguf() -> PathBuf {
     let p = assets().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} missing: run `make assets` first", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run `make assets` first",
+        p.display()
+    );
     p
 }
 

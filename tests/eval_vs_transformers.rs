@@ -52,13 +52,24 @@ fn token_streams_match_transformers_on_every_text() {
     let tok = tokenizer(&ckpt);
     let mut texts = vec![("wiki".to_string(), corpus::wiki_text(&assets()).unwrap())];
     for novel in corpus::AUSTEN_NOVELS {
-        texts.push((novel.to_string(), corpus::austen_text(&assets(), novel).unwrap()));
+        texts.push((
+            novel.to_string(),
+            corpus::austen_text(&assets(), novel).unwrap(),
+        ));
     }
     for (name, text) in texts {
         let want = &fx["token_counts"][&name];
         let ids = encode(&tok, &text);
-        assert_eq!(ids.len() as u64, want["tokens"].as_u64().unwrap(), "{name}: token count");
-        assert_eq!(ids_sha256(&ids), want["ids_sha256_u32le"].as_str().unwrap(), "{name}: ids");
+        assert_eq!(
+            ids.len() as u64,
+            want["tokens"].as_u64().unwrap(),
+            "{name}: token count"
+        );
+        assert_eq!(
+            ids_sha256(&ids),
+            want["ids_sha256_u32le"].as_str().unwrap(),
+            "{name}: ids"
+        );
     }
 }
 
@@ -69,17 +80,36 @@ fn token_streams_match_transformers_on_every_text() {
 fn wiki_window_nll_matches_transformers() {
     let fx = fixture();
     let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-    let model = Model::load_cpu(&ckpt.config, ckpt.tensors.as_ref(), &ModelOptions::default()).unwrap();
+    let model = Model::load_cpu(
+        &ckpt.config,
+        ckpt.tensors.as_ref(),
+        &ModelOptions::default(),
+    )
+    .unwrap();
     let ids = encode(&tokenizer(&ckpt), &corpus::wiki_text(&assets()).unwrap());
     let parts = window_parts(&ids, 2048, 2);
     let mut scorer = ModelScorer::new(&model, 2048).unwrap();
-    let res = evaluate::<_, ModelScorer<sfx_runtime::CpuBackend>>(&parts, &mut scorer, None, |_, _, _| {}).unwrap();
+    let res = evaluate::<_, ModelScorer<sfx_runtime::CpuBackend>>(
+        &parts,
+        &mut scorer,
+        None,
+        |_, _, _| {},
+    )
+    .unwrap();
     let want = fx["wiki:8"]["windows"].as_array().unwrap();
     for (ours, theirs) in res.parts.iter().zip(want) {
         let t = theirs["mean_nll"].as_f64().unwrap();
         let rel = (ours.ppl.mean_nll - t).abs() / t;
-        eprintln!("{}: ours {:.6} transformers {t:.6} (rel {rel:.2e})", ours.name, ours.ppl.mean_nll);
-        assert!(rel < 5e-4, "{}: mean NLL {} vs transformers {t}", ours.name, ours.ppl.mean_nll);
+        eprintln!(
+            "{}: ours {:.6} transformers {t:.6} (rel {rel:.2e})",
+            ours.name, ours.ppl.mean_nll
+        );
+        assert!(
+            rel < 5e-4,
+            "{}: mean NLL {} vs transformers {t}",
+            ours.name,
+            ours.ppl.mean_nll
+        );
         assert_eq!(ours.ppl.tokens, theirs["n_scored"].as_u64().unwrap());
     }
 }
@@ -92,11 +122,27 @@ fn long_context_decode_path_matches_transformers_per_token() {
     let fx = fixture();
     let want = &fx["austen-long:2048"]["novels"]["emma"];
     let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-    let model = Model::load_cpu(&ckpt.config, ckpt.tensors.as_ref(), &ModelOptions::default()).unwrap();
-    let ids = encode(&tokenizer(&ckpt), &corpus::austen_text(&assets(), "emma").unwrap());
+    let model = Model::load_cpu(
+        &ckpt.config,
+        ckpt.tensors.as_ref(),
+        &ModelOptions::default(),
+    )
+    .unwrap();
+    let ids = encode(
+        &tokenizer(&ckpt),
+        &corpus::austen_text(&assets(), "emma").unwrap(),
+    );
     let part = long_context_part("emma", &ids, 2048, LONG_SCORED_TOKENS);
-    assert_eq!(ids_sha256(&part.tokens), want["window_ids_sha256_u32le"].as_str().unwrap());
-    let theirs: Vec<f64> = want["nll"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(
+        ids_sha256(&part.tokens),
+        want["window_ids_sha256_u32le"].as_str().unwrap()
+    );
+    let theirs: Vec<f64> = want["nll"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(theirs.len(), LONG_SCORED_TOKENS);
     // Score token by token through our decode path and collect per-token NLLs.
     let mut scorer = ModelScorer::new(&model, 2048).unwrap();
@@ -104,12 +150,19 @@ fn long_context_decode_path_matches_transformers_per_token() {
     let prefix = &part.tokens[..part.first_scored];
     let mut logits = sfx_runtime::eval::Scorer::prefill_last(&mut scorer, prefix).unwrap();
     for pos in part.first_scored..part.tokens.len() {
-        ours.push(-sfx_runtime::eval::log_softmax_at(&logits, part.tokens[pos] as usize));
+        ours.push(-sfx_runtime::eval::log_softmax_at(
+            &logits,
+            part.tokens[pos] as usize,
+        ));
         if pos + 1 < part.tokens.len() {
             logits = sfx_runtime::eval::Scorer::decode_step(&mut scorer, part.tokens[pos]).unwrap();
         }
     }
-    let max_abs = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let max_abs = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
     eprintln!("emma: max |ΔNLL| per token {max_abs:.2e}");
     assert!(max_abs < 0.02, "max per-token NLL difference {max_abs}");
     let mean: f64 = ours.iter().sum::<f64>() / ours.len() as f64;
@@ -126,11 +179,22 @@ fn imported_bf16_folder_evaluates_within_half_a_percent() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smollm2");
     let st = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-        .args(["import-gguf", gguf().to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .args([
+            "import-gguf",
+            gguf().to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
         .status()
         .unwrap();
     assert!(st.success());
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
     let o = Command::new(env!("CARGO_BIN_EXE_sfx-run"))
@@ -143,7 +207,9 @@ fn imported_bf16_folder_evaluates_within_half_a_percent() {
     let ours = v["ppl"].as_f64().unwrap();
     let theirs = fx["wiki:8"]["windows"][0]["ppl"].as_f64().unwrap();
     let rel = (ours - theirs).abs() / theirs;
-    eprintln!("bf16 folder wiki window 0: PPL {ours:.4} vs transformers f32 {theirs:.4} (rel {rel:.2e})");
+    eprintln!(
+        "bf16 folder wiki window 0: PPL {ours:.4} vs transformers f32 {theirs:.4} (rel {rel:.2e})"
+    );
     assert!(rel < 5e-3, "PPL {ours} vs {theirs}");
     assert_eq!(v["scored_tokens"].as_u64(), Some(2047));
 }

@@ -203,7 +203,10 @@ impl SafetensorsCheckpoint {
             let mut shard_names: Vec<&str> = Vec::new();
             for (tensor, shard) in map {
                 let shard = shard.as_str().ok_or_else(|| {
-                    FormatError::invalid(&index_path, format!("weight_map['{tensor}'] is not a string"))
+                    FormatError::invalid(
+                        &index_path,
+                        format!("weight_map['{tensor}'] is not a string"),
+                    )
                 })?;
                 if shard.contains('/') || shard.contains("..") {
                     return Err(FormatError::invalid(
@@ -258,9 +261,8 @@ impl SafetensorsCheckpoint {
         if let Some((index_path, map)) = declared {
             for (name, shard) in map {
                 let found = index.get(name).map(|&i| &files[i].path);
-                let ok = found.is_some_and(|p| {
-                    p.file_name().and_then(|f| f.to_str()) == shard.as_str()
-                });
+                let ok =
+                    found.is_some_and(|p| p.file_name().and_then(|f| f.to_str()) == shard.as_str());
                 if !ok {
                     return Err(FormatError::invalid(
                         index_path,
@@ -347,13 +349,18 @@ pub mod hub {
         }
         match r.get("model.safetensors.index.json") {
             Ok(index) => {
-                let text = std::fs::read_to_string(&index).map_err(|e| FormatError::io(&index, e))?;
+                let text =
+                    std::fs::read_to_string(&index).map_err(|e| FormatError::io(&index, e))?;
                 let json: serde_json::Value = serde_json::from_str(&text)
                     .map_err(|e| FormatError::invalid(&index, format!("not valid JSON: {e}")))?;
                 let mut shards: Vec<String> = json
                     .get("weight_map")
                     .and_then(|m| m.as_object())
-                    .map(|m| m.values().filter_map(|v| v.as_str().map(String::from)).collect())
+                    .map(|m| {
+                        m.values()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 shards.sort();
                 shards.dedup();

@@ -118,7 +118,9 @@ impl ModelConfig {
 
         let hidden_size = f.dim("hidden_size")?;
         let num_attention_heads = f.dim("num_attention_heads")?;
-        let num_key_value_heads = f.opt_dim("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        let num_key_value_heads = f
+            .opt_dim("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
         let head_dim = match f.opt_dim("head_dim")? {
             Some(d) => d,
             None => {
@@ -150,11 +152,15 @@ impl ModelConfig {
                 .iter()
                 .map(|v| as_token_id(v).ok_or_else(|| f.err("eos_token_id: expected integers")))
                 .collect::<Result<_, _>>()?,
-            Some(v) => vec![as_token_id(v).ok_or_else(|| f.err("eos_token_id: expected an integer"))?],
+            Some(v) => {
+                vec![as_token_id(v).ok_or_else(|| f.err("eos_token_id: expected an integer"))?]
+            }
         };
         let bos_token_id = match json.get("bos_token_id") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(as_token_id(v).ok_or_else(|| f.err("bos_token_id: expected an integer"))?),
+            Some(v) => {
+                Some(as_token_id(v).ok_or_else(|| f.err("bos_token_id: expected an integer"))?)
+            }
         };
 
         Ok(ModelConfig {
@@ -171,9 +177,7 @@ impl ModelConfig {
             rope_theta: f.opt_f64("rope_theta")?.unwrap_or(10000.0),
             rope_scaling,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: f
-                .opt_bool("attention_bias")?
-                .unwrap_or(arch == Arch::Qwen2),
+            attention_bias: f.opt_bool("attention_bias")?.unwrap_or(arch == Arch::Qwen2),
             qk_norm: arch == Arch::Qwen3,
             bos_token_id,
             eos_token_ids,
@@ -346,17 +350,26 @@ mod tests {
         j.as_object_mut().unwrap().remove("hidden_size");
         let e = ModelConfig::from_hf_json(&j, Path::new("m/config.json")).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("hidden_size") && msg.contains("m/config.json"), "{msg}");
+        assert!(
+            msg.contains("hidden_size") && msg.contains("m/config.json"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn absurd_and_inconsistent_dims_are_rejected() {
         let mut j = smollm2();
         j["vocab_size"] = json!(1u64 << 40);
-        assert!(ModelConfig::from_hf_json(&j, Path::new("c")).unwrap_err().to_string().contains("vocab_size"));
+        assert!(ModelConfig::from_hf_json(&j, Path::new("c"))
+            .unwrap_err()
+            .to_string()
+            .contains("vocab_size"));
         let mut j = smollm2();
         j["num_key_value_heads"] = json!(4);
-        assert!(ModelConfig::from_hf_json(&j, Path::new("c")).unwrap_err().to_string().contains("num_key_value_heads"));
+        assert!(ModelConfig::from_hf_json(&j, Path::new("c"))
+            .unwrap_err()
+            .to_string()
+            .contains("num_key_value_heads"));
     }
 
     #[test]
@@ -364,7 +377,9 @@ mod tests {
         let mut j = smollm2();
         j["model_type"] = json!("gpt_neox");
         j["architectures"] = json!(["GPTNeoXForCausalLM"]);
-        let msg = ModelConfig::from_hf_json(&j, Path::new("c")).unwrap_err().to_string();
+        let msg = ModelConfig::from_hf_json(&j, Path::new("c"))
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("gpt_neox"), "{msg}");
     }
 
@@ -372,7 +387,11 @@ mod tests {
     fn qwen_families() {
         let mut j = smollm2();
         j["model_type"] = json!("qwen2");
-        assert!(ModelConfig::from_hf_json(&j, Path::new("c")).unwrap().attention_bias);
+        assert!(
+            ModelConfig::from_hf_json(&j, Path::new("c"))
+                .unwrap()
+                .attention_bias
+        );
         j["model_type"] = json!("qwen3");
         j["head_dim"] = json!(128);
         let c = ModelConfig::from_hf_json(&j, Path::new("c")).unwrap();

@@ -14,7 +14,9 @@ pub enum FormatError {
     MissingTensor(String),
     #[error("tensor '{tensor}': shape {shape:?} overflows the address space")]
     ShapeOverflow { tensor: String, shape: Vec<usize> },
-    #[error("tensor '{tensor}': expected {expected} bytes for its dtype and shape, found {actual}")]
+    #[error(
+        "tensor '{tensor}': expected {expected} bytes for its dtype and shape, found {actual}"
+    )]
     TensorSize {
         tensor: String,
         expected: usize,

@@ -171,7 +171,8 @@ impl OwnedTensors {
     ) -> Result<(), FormatError> {
         let name = name.into();
         TensorView::new(&name, dtype, &shape, &data)?;
-        self.tensors.insert(name, OwnedTensor { dtype, shape, data });
+        self.tensors
+            .insert(name, OwnedTensor { dtype, shape, data });
         Ok(())
     }
 
@@ -211,7 +212,11 @@ mod tests {
         let data = [0u8; 6];
         assert!(matches!(
             TensorView::new("t", DType::F32, &[2], &data),
-            Err(FormatError::TensorSize { expected: 8, actual: 6, .. })
+            Err(FormatError::TensorSize {
+                expected: 8,
+                actual: 6,
+                ..
+            })
         ));
         assert!(matches!(
             TensorView::new("t", DType::BF16, &[usize::MAX, 3], &data),

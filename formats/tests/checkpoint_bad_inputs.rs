@@ -2,7 +2,6 @@
 //! or allocate from an untrusted size.
 
 use sfx_formats::checkpoint::{Checkpoint, SafetensorsCheckpoint};
-use sfx_formats::TensorSource;
 use std::path::Path;
 
 const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":8,
@@ -14,7 +13,7 @@ const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llam
 fn safetensors_bytes() -> Vec<u8> {
     let header = r#"{"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}}"#;
     let mut padded = header.to_string();
-    while padded.len() % 8 != 0 {
+    while !padded.len().is_multiple_of(8) {
         padded.push(' ');
     }
     let mut out = (padded.len() as u64).to_le_bytes().to_vec();
@@ -84,9 +83,16 @@ fn overflowing_shape_is_rejected() {
 #[test]
 fn config_missing_hidden_size_is_named() {
     let d = tempfile::tempdir().unwrap();
-    write_dir(d.path(), &CONFIG.replace(r#""hidden_size":8,"#, ""), &safetensors_bytes());
+    write_dir(
+        d.path(),
+        &CONFIG.replace(r#""hidden_size":8,"#, ""),
+        &safetensors_bytes(),
+    );
     let msg = open_err(d.path());
-    assert!(msg.contains("hidden_size") && msg.contains("config.json"), "{msg}");
+    assert!(
+        msg.contains("hidden_size") && msg.contains("config.json"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -108,7 +114,11 @@ fn unsupported_dtype_is_named() {
 fn sharded_index_pointing_outside_or_missing_tensor_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     std::fs::write(d.path().join("config.json"), CONFIG).unwrap();
-    std::fs::write(d.path().join("model-00001-of-00001.safetensors"), safetensors_bytes()).unwrap();
+    std::fs::write(
+        d.path().join("model-00001-of-00001.safetensors"),
+        safetensors_bytes(),
+    )
+    .unwrap();
     let idx = d.path().join("model.safetensors.index.json");
     std::fs::write(&idx, r#"{"weight_map":{"w":"../evil.safetensors"}}"#).unwrap();
     assert!(open_err(d.path()).contains("outside"));
@@ -119,7 +129,11 @@ fn sharded_index_pointing_outside_or_missing_tensor_is_rejected() {
     .unwrap();
     let msg = open_err(d.path());
     assert!(msg.contains("'v'"), "{msg}");
-    std::fs::write(&idx, r#"{"weight_map":{"w":"model-00001-of-00001.safetensors"}}"#).unwrap();
+    std::fs::write(
+        &idx,
+        r#"{"weight_map":{"w":"model-00001-of-00001.safetensors"}}"#,
+    )
+    .unwrap();
     let c = Checkpoint::from_hf_dir(d.path()).unwrap();
     assert_eq!(c.tensors.tensor_names(), vec!["w".to_string()]);
 }

@@ -2,7 +2,7 @@
 //!
 //! cargo run --release -p sfx-runtime --example bench_decode -- \
 //!     [MODEL (.gguf / HF folder / hub id)] [--precision bf16|f32|native] [--decode N]
-//!     [--prefill N] [--context N]
+//!     [--prefill N] [--context N] [--chunk N]
 //!
 //! Prints decode tokens/s with the implied weight-streaming bandwidth next to a measured
 //! memory-read bandwidth (the ceiling for a memory-bound matvec), and prefill tokens/s for
@@ -10,9 +10,7 @@
 
 use rayon::prelude::*;
 use sfx_formats::checkpoint::Checkpoint;
-use sfx_runtime::{
-    Backend, KvCache, LogitsMode, Model, ModelOptions, WeightPrecision,
-};
+use sfx_runtime::{Backend, KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,9 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut decode_steps = 128usize;
     let mut prefill = 2048usize;
     let mut context = 16usize;
+    let mut chunk = ModelOptions::default().prefill_chunk;
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> Result<usize, Box<dyn std::error::Error>> {
-            Ok(args.next().ok_or(format!("{name} needs a value"))?.parse()?)
+            Ok(args
+                .next()
+                .ok_or(format!("{name} needs a value"))?
+                .parse()?)
         };
         match a.as_str() {
             "--precision" => {
@@ -38,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--decode" => decode_steps = num("--decode")?,
             "--prefill" => prefill = num("--prefill")?,
             "--context" => context = num("--context")?.max(1),
+            "--chunk" => chunk = num("--chunk")?,
             s if !s.starts_with("--") => model_path = s.to_string(),
             s => return Err(format!("unknown option {s}").into()),
         }
@@ -46,7 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let ck = Checkpoint::open(&model_path)?;
     let read_s = t.elapsed().as_secs_f64();
-    let opts = ModelOptions { precision, ..Default::default() };
+    let opts = ModelOptions {
+        precision,
+        prefill_chunk: chunk,
+    };
     let t = Instant::now();
     let model = Model::load_cpu(&ck.config, &*ck.tensors, &opts)?;
     drop(ck.tensors);
@@ -66,18 +72,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("memory read bandwidth (rayon, 512 MiB sum): {bw:.1} GB/s");
 
     let vocab = model.config().vocab_size as u32;
-    let prompt: Vec<u32> = (0..context as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let prompt: Vec<u32> = (0..context as u32)
+        .map(|i| (i * 7919 + 1) % vocab)
+        .collect();
     if decode_steps > 0 {
         let mut cache = model.new_cache(context + decode_steps + 1)?;
-        let mut next = argmax(model.forward(&prompt, &mut cache, LogitsMode::Last)?.last().unwrap_or(&[]));
+        let mut next = argmax(
+            model
+                .forward(&prompt, &mut cache, LogitsMode::Last)?
+                .last()
+                .unwrap_or(&[]),
+        );
         // Warm-up steps (page faults, rayon start) are not timed.
         for _ in 0..4.min(decode_steps) {
-            next = argmax(model.forward(&[next], &mut cache, LogitsMode::Last)?.last().unwrap_or(&[]));
+            next = argmax(
+                model
+                    .forward(&[next], &mut cache, LogitsMode::Last)?
+                    .last()
+                    .unwrap_or(&[]),
+            );
         }
         let steps = decode_steps - 4.min(decode_steps);
         let t = Instant::now();
         for _ in 0..steps {
-            next = argmax(model.forward(&[next], &mut cache, LogitsMode::Last)?.last().unwrap_or(&[]));
+            next = argmax(
+                model
+                    .forward(&[next], &mut cache, LogitsMode::Last)?
+                    .last()
+                    .unwrap_or(&[]),
+            );
         }
         let s = t.elapsed().as_secs_f64();
         let per_tok = s / steps.max(1) as f64;
@@ -91,7 +114,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if prefill > 0 {
-        let tokens: Vec<u32> = (0..prefill as u32).map(|i| (i * 7919 + 3) % vocab).collect();
+        let tokens: Vec<u32> = (0..prefill as u32)
+            .map(|i| (i * 7919 + 3) % vocab)
+            .collect();
         let mut cache = model.new_cache(prefill)?;
         // Warm-up on a short prefix.
         model.forward(&tokens[..64.min(prefill)], &mut cache, LogitsMode::Last)?;
@@ -114,7 +139,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn argmax(row: &[f32]) -> u32 {
     row.iter()
         .enumerate()
-        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
+        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv {
+                (i, v)
+            } else {
+                (bi, bv)
+            }
+        })
         .0 as u32
 }
 

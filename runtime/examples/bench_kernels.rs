@@ -51,8 +51,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("lm_head", vocab, hidden),
     ];
     for (name, rows, cols) in shapes {
-        let wf: Vec<f32> = (0..rows * cols).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
-        let wb: Vec<u16> = wf.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+        let wf: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+            .collect();
+        let wb: Vec<u16> = wf
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
         let mb = CpuMatrix::new(rows, cols, CpuWeights::Bf16(wb))?;
         let mf = CpuMatrix::new(rows, cols, CpuWeights::F32(wf.clone()))?;
         let x1 = CpuBuffer(vec![0.5; cols]);
@@ -89,11 +94,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Attention: a prefill chunk of m queries at the end of a ctx-token window, and decode.
-    let kv = KvLayout { kv_heads, head_dim: hd, capacity: ctx };
-    let kc = CpuBuffer((0..kv.buffer_len()).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect());
-    let vc = CpuBuffer((0..kv.buffer_len()).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect());
-    for (label, past, nq) in [("prefill chunk", ctx - m, m), ("prefill first chunk", 0, m), ("decode", ctx - 1, 1)] {
-        let s = AttentionShape { n_heads: heads, kv, past, n_queries: nq };
+    let kv = KvLayout {
+        kv_heads,
+        head_dim: hd,
+        capacity: ctx,
+    };
+    let kc = CpuBuffer(
+        (0..kv.buffer_len())
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
+            .collect(),
+    );
+    let vc = CpuBuffer(
+        (0..kv.buffer_len())
+            .map(|i| ((i % 7) as f32 - 3.0) * 0.1)
+            .collect(),
+    );
+    for (label, past, nq) in [
+        ("prefill chunk", ctx - m, m),
+        ("prefill first chunk", 0, m),
+        ("decode", ctx - 1, 1),
+    ] {
+        let s = AttentionShape {
+            n_heads: heads,
+            kv,
+            past,
+            n_queries: nq,
+        };
         let q = CpuBuffer(vec![0.1; nq * heads * hd]);
         let mut out = CpuBuffer(vec![0.0; nq * heads * hd]);
         let t = best_of(5, || b.attention(&q, &kc, &vc, &s, &mut out).unwrap());

@@ -50,7 +50,10 @@ mod tests {
     #[test]
     fn renders_chatml_style_template() {
         let t = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-        let msgs = [ChatMessage { role: "user".into(), content: "Hi".into() }];
+        let msgs = [ChatMessage {
+            role: "user".into(),
+            content: "Hi".into(),
+        }];
         let s = render_chat(t, &msgs, true, "", "").unwrap();
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     }
@@ -58,6 +61,9 @@ mod tests {
     #[test]
     fn raise_exception_is_an_error() {
         let t = "{{ raise_exception('no system role') }}";
-        assert!(render_chat(t, &[], false, "", "").unwrap_err().to_string().contains("no system role"));
+        assert!(render_chat(t, &[], false, "", "")
+            .unwrap_err()
+            .to_string()
+            .contains("no system role"));
     }
 }

@@ -44,7 +44,12 @@ pub enum RuntimeError {
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
 /// Shorthand for the length checks every op does before touching memory.
-pub(crate) fn check_len(op: &'static str, what: &str, actual: usize, expected: usize) -> Result<()> {
+pub(crate) fn check_len(
+    op: &'static str,
+    what: &str,
+    actual: usize,
+    expected: usize,
+) -> Result<()> {
     if actual == expected {
         Ok(())
     } else {

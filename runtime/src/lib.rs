@@ -10,12 +10,12 @@
 
 pub mod backend;
 pub mod chat;
-pub mod eval;
-pub mod sampling;
 pub mod error;
+pub mod eval;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;
+pub mod sampling;
 
 pub use backend::cpu::{CpuBackend, SimdLevel};
 pub use backend::{Backend, WeightPrecision};

@@ -71,7 +71,11 @@ impl<B: Backend> FloatLinear<B> {
         let weight = backend.upload_matrix(spec.weight_name, &view, precision)?;
         let bias = match spec.bias_name {
             Some(name) => {
-                let b = require(tensors, name, "bias of an attention projection (attention_bias)")?;
+                let b = require(
+                    tensors,
+                    name,
+                    "bias of an attention projection (attention_bias)",
+                )?;
                 check_shape(name, b.shape, &[spec.out_dim])?;
                 Some(b.to_f32_vec())
             }
@@ -103,7 +107,11 @@ impl<B: Backend> Linear<B> for FloatLinear<B> {
         backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y)
     }
     fn resident_bytes(&self) -> usize {
-        let bias = if self.bias.is_some() { self.out_dim * 4 } else { 0 };
+        let bias = if self.bias.is_some() {
+            self.out_dim * 4
+        } else {
+            0
+        };
         self.out_dim * self.in_dim * self.dtype.size_in_bytes() + bias
     }
     fn describe(&self) -> String {
@@ -161,8 +169,12 @@ pub struct LinearSpec<'a> {
 
 /// Builds the linear for each projection of a model being loaded.
 pub trait LinearFactory<B: Backend> {
-    fn load(&self, backend: &B, tensors: &dyn TensorSource, spec: &LinearSpec<'_>)
-        -> Result<Box<dyn Linear<B>>>;
+    fn load(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<B>>>;
 
     /// The output head of a model with tied embeddings. The default shares the resident
     /// embedding matrix (no second copy); a format that quantizes the head overrides this.
@@ -172,7 +184,11 @@ pub trait LinearFactory<B: Backend> {
         embedding: &B::Matrix,
         _spec: &LinearSpec<'_>,
     ) -> Result<Box<dyn Linear<B>>> {
-        Ok(Box::new(FloatLinear::new(backend, embedding.clone(), None)?))
+        Ok(Box::new(FloatLinear::new(
+            backend,
+            embedding.clone(),
+            None,
+        )?))
     }
 }
 
@@ -189,7 +205,12 @@ impl<B: Backend> LinearFactory<B> for FloatLinearFactory {
         tensors: &dyn TensorSource,
         spec: &LinearSpec<'_>,
     ) -> Result<Box<dyn Linear<B>>> {
-        Ok(Box::new(FloatLinear::load(backend, tensors, spec, self.precision)?))
+        Ok(Box::new(FloatLinear::load(
+            backend,
+            tensors,
+            spec,
+            self.precision,
+        )?))
     }
 }
 

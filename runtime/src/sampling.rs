@@ -108,9 +108,17 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_seed_reproducible() {
         let logits = [0.0f32, 1.0, 2.0, 0.5];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        });
         assert!((0..20).all(|_| s.sample(&logits) == 2));
-        let p = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 7,
+            ..Default::default()
+        };
         let (mut a, mut b) = (Sampler::new(p.clone()), Sampler::new(p));
         let xs: Vec<u32> = (0..50).map(|_| a.sample(&logits)).collect();
         let ys: Vec<u32> = (0..50).map(|_| b.sample(&logits)).collect();
@@ -121,7 +129,11 @@ mod tests {
     fn sampling_frequencies_follow_softmax() {
         // p = softmax([0, ln 3]) = [0.25, 0.75]; 20000 draws → within 4 standard deviations.
         let logits = [0.0f32, 3f32.ln()];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 1,
+            ..Default::default()
+        });
         let n = 20000;
         let ones = (0..n).filter(|_| s.sample(&logits) == 1).count() as f64;
         let sd = (n as f64 * 0.75 * 0.25).sqrt();
@@ -132,7 +144,12 @@ mod tests {
     fn top_p_cuts_the_tail() {
         // p ≈ [0.665, 0.245, 0.090]: top_p 0.6 keeps only the first token.
         let logits = [2.0f32, 1.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.6, seed: 3, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.6,
+            seed: 3,
+            ..Default::default()
+        });
         assert!((0..100).all(|_| s.sample(&logits) == 0));
     }
 }

@@ -24,7 +24,10 @@ fn config(arch: &str, tied: bool) -> ModelConfig {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
@@ -36,9 +39,19 @@ impl Rng {
 fn weights(c: &ModelConfig, seed: u64) -> OwnedTensors {
     let mut r = Rng(seed);
     let mut t = OwnedTensors::new();
-    let (h, q, kv, f, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+    let (h, q, kv, f, v) = (
+        c.hidden_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.intermediate_size,
+        c.vocab_size,
+    );
     let mut lin = |t: &mut OwnedTensors, name: String, out: usize, inp: usize| {
-        t.insert_f32(name, vec![out, inp], &r.vec(out * inp, 1.0 / (inp as f32).sqrt()));
+        t.insert_f32(
+            name,
+            vec![out, inp],
+            &r.vec(out * inp, 1.0 / (inp as f32).sqrt()),
+        );
     };
     lin(&mut t, "model.embed_tokens.weight".into(), v, h);
     if !c.tie_word_embeddings {
@@ -62,9 +75,21 @@ fn weights(c: &ModelConfig, seed: u64) -> OwnedTensors {
             t.insert_f32(format!("{p}.{n}.weight"), vec![h], &w);
         }
         if c.attention_bias {
-            t.insert_f32(format!("{p}.self_attn.q_proj.bias"), vec![q], &r.vec(q, 0.2));
-            t.insert_f32(format!("{p}.self_attn.k_proj.bias"), vec![kv], &r.vec(kv, 0.2));
-            t.insert_f32(format!("{p}.self_attn.v_proj.bias"), vec![kv], &r.vec(kv, 0.2));
+            t.insert_f32(
+                format!("{p}.self_attn.q_proj.bias"),
+                vec![q],
+                &r.vec(q, 0.2),
+            );
+            t.insert_f32(
+                format!("{p}.self_attn.k_proj.bias"),
+                vec![kv],
+                &r.vec(kv, 0.2),
+            );
+            t.insert_f32(
+                format!("{p}.self_attn.v_proj.bias"),
+                vec![kv],
+                &r.vec(kv, 0.2),
+            );
         }
         if c.qk_norm {
             for n in ["q_norm", "k_norm"] {
@@ -83,17 +108,27 @@ fn weights(c: &ModelConfig, seed: u64) -> OwnedTensors {
 fn reference_logits(c: &ModelConfig, t: &OwnedTensors, tokens: &[u32]) -> Vec<Vec<f64>> {
     use sfx_formats::TensorSource;
     let get = |n: &str| -> Vec<f64> {
-        t.tensor(n).unwrap().to_f32_vec().into_iter().map(|x| x as f64).collect()
+        t.tensor(n)
+            .unwrap()
+            .to_f32_vec()
+            .into_iter()
+            .map(|x| x as f64)
+            .collect()
     };
     let (h, hd) = (c.hidden_size, c.head_dim);
     let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
     let eps = c.rms_norm_eps;
     let matvec = |w: &[f64], x: &[f64]| -> Vec<f64> {
-        w.chunks(x.len()).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+        w.chunks(x.len())
+            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
     };
     let rms = |x: &[f64], w: &[f64]| -> Vec<f64> {
         let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-        x.iter().zip(w).map(|(v, g)| v / (ms + eps).sqrt() * g).collect()
+        x.iter()
+            .zip(w)
+            .map(|(v, g)| v / (ms + eps).sqrt() * g)
+            .collect()
     };
     let rope = |x: &mut [f64], pos: usize| {
         let half = hd / 2;
@@ -107,7 +142,10 @@ fn reference_logits(c: &ModelConfig, t: &OwnedTensors, tokens: &[u32]) -> Vec<Ve
         }
     };
     let embed = get("model.embed_tokens.weight");
-    let mut hs: Vec<Vec<f64>> = tokens.iter().map(|&tok| embed[tok as usize * h..][..h].to_vec()).collect();
+    let mut hs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&tok| embed[tok as usize * h..][..h].to_vec())
+        .collect();
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let (wq, wk, wv, wo) = (
@@ -123,12 +161,21 @@ fn reference_logits(c: &ModelConfig, t: &OwnedTensors, tokens: &[u32]) -> Vec<Ve
             let xn = rms(x, &get(&format!("{p}.input_layernorm.weight")));
             let (mut q, mut k, mut v) = (matvec(&wq, &xn), matvec(&wk, &xn), matvec(&wv, &xn));
             if c.attention_bias {
-                for (a, b) in q.iter_mut().zip(get(&format!("{p}.self_attn.q_proj.bias"))) { *a += b; }
-                for (a, b) in k.iter_mut().zip(get(&format!("{p}.self_attn.k_proj.bias"))) { *a += b; }
-                for (a, b) in v.iter_mut().zip(get(&format!("{p}.self_attn.v_proj.bias"))) { *a += b; }
+                for (a, b) in q.iter_mut().zip(get(&format!("{p}.self_attn.q_proj.bias"))) {
+                    *a += b;
+                }
+                for (a, b) in k.iter_mut().zip(get(&format!("{p}.self_attn.k_proj.bias"))) {
+                    *a += b;
+                }
+                for (a, b) in v.iter_mut().zip(get(&format!("{p}.self_attn.v_proj.bias"))) {
+                    *a += b;
+                }
             }
             if c.qk_norm {
-                let (qn, kn) = (get(&format!("{p}.self_attn.q_norm.weight")), get(&format!("{p}.self_attn.k_norm.weight")));
+                let (qn, kn) = (
+                    get(&format!("{p}.self_attn.q_norm.weight")),
+                    get(&format!("{p}.self_attn.k_norm.weight")),
+                );
                 q = q.chunks(hd).flat_map(|hq| rms(hq, &qn)).collect();
                 k = k.chunks(hd).flat_map(|hk| rms(hk, &kn)).collect();
             }
@@ -144,7 +191,13 @@ fn reference_logits(c: &ModelConfig, t: &OwnedTensors, tokens: &[u32]) -> Vec<Ve
                 let g = head / (nh / nkv);
                 let qh = &qs[pos][head * hd..][..hd];
                 let sc: Vec<f64> = (0..=pos)
-                    .map(|j| qh.iter().zip(&ks[j][g * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|j| {
+                        qh.iter()
+                            .zip(&ks[j][g * hd..][..hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = sc.iter().map(|s| (s - m).exp()).sum();
@@ -156,23 +209,42 @@ fn reference_logits(c: &ModelConfig, t: &OwnedTensors, tokens: &[u32]) -> Vec<Ve
                 }
             }
             let o = matvec(&wo, &attn);
-            for (a, b) in hs[pos].iter_mut().zip(o) { *a += b; }
-            let xn = rms(&hs[pos], &get(&format!("{p}.post_attention_layernorm.weight")));
+            for (a, b) in hs[pos].iter_mut().zip(o) {
+                *a += b;
+            }
+            let xn = rms(
+                &hs[pos],
+                &get(&format!("{p}.post_attention_layernorm.weight")),
+            );
             let gate = matvec(&get(&format!("{p}.mlp.gate_proj.weight")), &xn);
             let up = matvec(&get(&format!("{p}.mlp.up_proj.weight")), &xn);
-            let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             let d = matvec(&get(&format!("{p}.mlp.down_proj.weight")), &act);
-            for (a, b) in hs[pos].iter_mut().zip(d) { *a += b; }
+            for (a, b) in hs[pos].iter_mut().zip(d) {
+                *a += b;
+            }
         }
     }
-    let head = if c.tie_word_embeddings { embed.clone() } else { get("lm_head.weight") };
+    let head = if c.tie_word_embeddings {
+        embed.clone()
+    } else {
+        get("lm_head.weight")
+    };
     let norm = get("model.norm.weight");
     hs.iter().map(|x| matvec(&head, &rms(x, &norm))).collect()
 }
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
 }
 
 /// Every architecture variant, every SIMD tier, F32 weights, prefill of 40 tokens (so the
@@ -180,13 +252,23 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// of the largest |logit| — f32 arithmetic through 2 layers with sums of ≤ 80 terms.
 #[test]
 fn prefill_matches_f64_reference_for_every_arch_and_tier() {
-    for (arch, tied) in [("llama", true), ("llama", false), ("qwen2", true), ("qwen3", false)] {
+    for (arch, tied) in [
+        ("llama", true),
+        ("llama", false),
+        ("qwen2", true),
+        ("qwen3", false),
+    ] {
         let c = config(arch, tied);
         let t = weights(&c, 42);
-        let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % c.vocab_size as u32).collect();
+        let tokens: Vec<u32> = (0..40u32)
+            .map(|i| (i * 37 + 11) % c.vocab_size as u32)
+            .collect();
         let want = reference_logits(&c, &t, &tokens);
         for level in SimdLevel::supported() {
-            let opts = ModelOptions { precision: WeightPrecision::F32, ..Default::default() };
+            let opts = ModelOptions {
+                precision: WeightPrecision::F32,
+                ..Default::default()
+            };
             let m = Model::load(CpuBackend::with_simd(level).unwrap(), &c, &t, &opts).unwrap();
             let mut cache = m.new_cache(64).unwrap();
             let got = m.forward(&tokens, &mut cache, LogitsMode::All).unwrap();
@@ -195,7 +277,10 @@ fn prefill_matches_f64_reference_for_every_arch_and_tier() {
             for (p, w) in want.iter().enumerate() {
                 let w32: Vec<f32> = w.iter().map(|&x| x as f32).collect();
                 let d = max_rel_diff(got.row(p).unwrap(), &w32);
-                assert!(d < 2e-5, "{arch} tied={tied} {level:?} position {p}: rel diff {d}");
+                assert!(
+                    d < 2e-5,
+                    "{arch} tied={tied} {level:?} position {p}: rel diff {d}"
+                );
             }
         }
     }
@@ -206,17 +291,27 @@ fn prefill_matches_f64_reference_for_every_arch_and_tier() {
 /// blocked attention). Tolerance 1e-4 of the largest |logit|.
 #[test]
 fn prefill_then_decode_equals_longer_prefill() {
-    for (arch, precision) in [("llama", WeightPrecision::Bf16), ("qwen3", WeightPrecision::F32), ("qwen2", WeightPrecision::Bf16)] {
+    for (arch, precision) in [
+        ("llama", WeightPrecision::Bf16),
+        ("qwen3", WeightPrecision::F32),
+        ("qwen2", WeightPrecision::Bf16),
+    ] {
         let c = config(arch, true);
         let t = weights(&c, 7);
-        let opts = ModelOptions { precision, ..Default::default() };
+        let opts = ModelOptions {
+            precision,
+            ..Default::default()
+        };
         let m = Model::load(CpuBackend::new(), &c, &t, &opts).unwrap();
         let tokens: Vec<u32> = (0..30u32).map(|i| (i * 13 + 5) % 97).collect();
         let mut full = m.new_cache(64).unwrap();
         let want = m.forward(&tokens, &mut full, LogitsMode::Last).unwrap();
         let mut inc = m.new_cache(64).unwrap();
-        m.forward(&tokens[..29], &mut inc, LogitsMode::None).unwrap();
-        let got = m.forward(&tokens[29..], &mut inc, LogitsMode::Last).unwrap();
+        m.forward(&tokens[..29], &mut inc, LogitsMode::None)
+            .unwrap();
+        let got = m
+            .forward(&tokens[29..], &mut inc, LogitsMode::Last)
+            .unwrap();
         assert_eq!(inc.len(), 30);
         assert_eq!(got.first_position(), 29);
         let d = max_rel_diff(got.last().unwrap(), want.last().unwrap());
@@ -245,13 +340,20 @@ fn chunked_prefill_is_exact() {
         CpuBackend::new(),
         &c,
         &t,
-        &ModelOptions { prefill_chunk: 7, ..Default::default() },
+        &ModelOptions {
+            prefill_chunk: 7,
+            ..Default::default()
+        },
     )
     .unwrap();
     let mut c1 = one.new_cache(40).unwrap();
     let mut c2 = chunked.new_cache(40).unwrap();
-    let a = one.forward(&tokens, &mut c1, LogitsMode::LastN(10)).unwrap();
-    let b = chunked.forward(&tokens, &mut c2, LogitsMode::LastN(10)).unwrap();
+    let a = one
+        .forward(&tokens, &mut c1, LogitsMode::LastN(10))
+        .unwrap();
+    let b = chunked
+        .forward(&tokens, &mut c2, LogitsMode::LastN(10))
+        .unwrap();
     assert_eq!((a.rows(), b.rows(), b.first_position()), (10, 10, 30));
     assert!(max_rel_diff(b.as_slice(), a.as_slice()) < 1e-5);
 }
@@ -262,11 +364,15 @@ fn cache_clear_and_truncate_replay_identically() {
     let t = weights(&c, 3);
     let m = Model::load(CpuBackend::new(), &c, &t, &ModelOptions::default()).unwrap();
     let mut cache = m.new_cache(32).unwrap();
-    let a = m.forward(&[1, 2, 3, 4], &mut cache, LogitsMode::Last).unwrap();
+    let a = m
+        .forward(&[1, 2, 3, 4], &mut cache, LogitsMode::Last)
+        .unwrap();
     cache.truncate(2);
     let b = m.forward(&[3, 4], &mut cache, LogitsMode::Last).unwrap();
     cache.clear();
-    let c2 = m.forward(&[1, 2, 3, 4], &mut cache, LogitsMode::Last).unwrap();
+    let c2 = m
+        .forward(&[1, 2, 3, 4], &mut cache, LogitsMode::Last)
+        .unwrap();
     assert_eq!(a.last(), c2.last());
     assert!(max_rel_diff(b.last().unwrap(), a.last().unwrap()) < 1e-5);
 }
@@ -277,16 +383,47 @@ fn bad_inputs_are_errors_not_panics() {
     let t = weights(&c, 1);
     let m = Model::load(CpuBackend::new(), &c, &t, &ModelOptions::default()).unwrap();
     let mut cache = m.new_cache(4).unwrap();
-    assert!(matches!(m.forward(&[], &mut cache, LogitsMode::Last), Err(RuntimeError::EmptyInput)));
-    let e = m.forward(&[1, 97], &mut cache, LogitsMode::Last).unwrap_err();
-    assert!(matches!(e, RuntimeError::TokenOutOfRange { token: 97, index: 1, vocab: 97 }), "{e}");
-    let e = m.forward(&[1, 2, 3, 4, 5], &mut cache, LogitsMode::Last).unwrap_err();
-    assert!(matches!(e, RuntimeError::CacheFull { cached: 0, new: 5, capacity: 4 }), "{e}");
+    assert!(matches!(
+        m.forward(&[], &mut cache, LogitsMode::Last),
+        Err(RuntimeError::EmptyInput)
+    ));
+    let e = m
+        .forward(&[1, 97], &mut cache, LogitsMode::Last)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::TokenOutOfRange {
+                token: 97,
+                index: 1,
+                vocab: 97
+            }
+        ),
+        "{e}"
+    );
+    let e = m
+        .forward(&[1, 2, 3, 4, 5], &mut cache, LogitsMode::Last)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::CacheFull {
+                cached: 0,
+                new: 5,
+                capacity: 4
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(cache.len(), 0);
 
     let other = config("qwen3", true);
-    let mut wrong = sfx_runtime::F32KvCache::new(m.backend(), sfx_runtime::KvShape::of(&other), 8).unwrap();
-    assert!(matches!(m.forward(&[1], &mut wrong, LogitsMode::Last), Err(RuntimeError::CacheMismatch(_))));
+    let mut wrong =
+        sfx_runtime::F32KvCache::new(m.backend(), sfx_runtime::KvShape::of(&other), 8).unwrap();
+    assert!(matches!(
+        m.forward(&[1], &mut wrong, LogitsMode::Last),
+        Err(RuntimeError::CacheMismatch(_))
+    ));
 }
 
 #[test]
@@ -305,26 +442,46 @@ fn missing_and_misshaped_tensors_are_named() {
                 Some((n, s)) if *n == name => s.clone(),
                 _ => v.shape.to_vec(),
             };
-            t.insert_raw(name, DType::F32, shape, v.data.to_vec()).unwrap();
+            t.insert_raw(name, DType::F32, shape, v.data.to_vec())
+                .unwrap();
         }
         t
     };
     let load = |t: &OwnedTensors| Model::load(CpuBackend::new(), &c, t, &ModelOptions::default());
 
-    let e = load(&copy_without("model.layers.1.mlp.up_proj.weight", None)).err().unwrap();
+    let e = load(&copy_without("model.layers.1.mlp.up_proj.weight", None))
+        .err()
+        .unwrap();
     let msg = e.to_string();
-    assert!(msg.contains("model.layers.1.mlp.up_proj.weight") && msg.contains("up projection"), "{msg}");
+    assert!(
+        msg.contains("model.layers.1.mlp.up_proj.weight") && msg.contains("up projection"),
+        "{msg}"
+    );
 
-    let e = load(&copy_without("model.layers.0.self_attn.k_proj.bias", None)).err().unwrap();
-    assert!(e.to_string().contains("model.layers.0.self_attn.k_proj.bias"), "{e}");
+    let e = load(&copy_without("model.layers.0.self_attn.k_proj.bias", None))
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("model.layers.0.self_attn.k_proj.bias"),
+        "{e}"
+    );
 
     let e = load(&copy_without("lm_head.weight", None)).err().unwrap();
     assert!(e.to_string().contains("tie_word_embeddings"), "{e}");
 
     // Same element count, transposed shape: must be caught by the shape check.
     let name = "model.layers.0.mlp.gate_proj.weight";
-    let e = load(&copy_without("", Some((name, vec![c.hidden_size, c.intermediate_size])))).err().unwrap();
-    assert!(matches!(&e, RuntimeError::TensorShape { name: n, .. } if n == name), "{e}");
+    let e = load(&copy_without(
+        "",
+        Some((name, vec![c.hidden_size, c.intermediate_size])),
+    ))
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&e, RuntimeError::TensorShape { name: n, .. } if n == name),
+        "{e}"
+    );
 }
 
 /// BF16 storage halves the linear weights' bytes and a tied head is not counted twice.
@@ -332,10 +489,31 @@ fn missing_and_misshaped_tensors_are_named() {
 fn resident_bytes_reflect_precision_and_tying() {
     let c = config("llama", true);
     let t = weights(&c, 1);
-    let f32m = Model::load(CpuBackend::new(), &c, &t, &ModelOptions { precision: WeightPrecision::F32, ..Default::default() }).unwrap();
-    let bf16m = Model::load(CpuBackend::new(), &c, &t, &ModelOptions { precision: WeightPrecision::Bf16, ..Default::default() }).unwrap();
+    let f32m = Model::load(
+        CpuBackend::new(),
+        &c,
+        &t,
+        &ModelOptions {
+            precision: WeightPrecision::F32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let bf16m = Model::load(
+        CpuBackend::new(),
+        &c,
+        &t,
+        &ModelOptions {
+            precision: WeightPrecision::Bf16,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let params = c.vocab_size * c.hidden_size
-        + c.num_hidden_layers * (2 * c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + 3 * c.hidden_size * c.intermediate_size);
+        + c.num_hidden_layers
+            * (2 * c.hidden_size * c.q_dim()
+                + 2 * c.hidden_size * c.kv_dim()
+                + 3 * c.hidden_size * c.intermediate_size);
     assert_eq!(f32m.resident_bytes(), 4 * params);
     assert_eq!(bf16m.resident_bytes(), 2 * params);
 }

@@ -179,7 +179,10 @@ fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
         .tokenizer_config
         .as_ref()
         .and_then(|c| c.get(key))
-        .and_then(|v| v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str())))
+        .and_then(|v| {
+            v.as_str()
+                .or_else(|| v.get("content").and_then(|c| c.as_str()))
+        })
         .map(str::to_string);
     from_config
         .or_else(|| id.and_then(|i| loaded.tokenizer.id_to_token(i)))
@@ -188,14 +191,26 @@ fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
 
 fn eos_ids(loaded: &Loaded) -> Vec<u32> {
     let mut ids = loaded.ckpt.config.eos_token_ids.clone();
-    if let Some(g) = loaded.ckpt.generation_config.as_ref().and_then(|g| g.get("eos_token_id")) {
+    if let Some(g) = loaded
+        .ckpt
+        .generation_config
+        .as_ref()
+        .and_then(|g| g.get("eos_token_id"))
+    {
         let extra: Vec<u32> = match g {
-            serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            serde_json::Value::Array(a) => a
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect(),
             v => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
         };
         ids.extend(extra);
     }
-    if let Some(t) = loaded.tokenizer.token_to_id(&special_token(loaded, "eos_token", None)) {
+    if let Some(t) = loaded
+        .tokenizer
+        .token_to_id(&special_token(loaded, "eos_token", None))
+    {
         ids.push(t);
     }
     ids.sort_unstable();
@@ -205,10 +220,12 @@ fn eos_ids(loaded: &Loaded) -> Vec<u32> {
 
 fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
     let text = if cli.chat {
-        let template = loaded
-            .ckpt
-            .chat_template()
-            .ok_or_else(|| anyhow!("{}: the model has no chat template (drop --chat)", cli.model))?;
+        let template = loaded.ckpt.chat_template().ok_or_else(|| {
+            anyhow!(
+                "{}: the model has no chat template (drop --chat)",
+                cli.model
+            )
+        })?;
         let mut messages = Vec::new();
         if let Some(s) = &cli.system {
             messages.push(ChatMessage {
@@ -221,7 +238,11 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
             content: prompt.to_string(),
         });
         let bos = special_token(loaded, "bos_token", loaded.ckpt.config.bos_token_id);
-        let eos = special_token(loaded, "eos_token", loaded.ckpt.config.eos_token_ids.first().copied());
+        let eos = special_token(
+            loaded,
+            "eos_token",
+            loaded.ckpt.config.eos_token_ids.first().copied(),
+        );
         render_chat(template, &messages, true, &bos, &eos)?
     } else {
         prompt.to_string()
@@ -352,8 +373,9 @@ fn eval_parts(
             windows,
             window,
         } => {
-            let body = corpus::load_named_text(&assets, text)
-                .with_context(|| format!("loading text '{text}' (assets in {})", assets.display()))?;
+            let body = corpus::load_named_text(&assets, text).with_context(|| {
+                format!("loading text '{text}' (assets in {})", assets.display())
+            })?;
             let ids = tokenize(&loaded.tokenizer, &body)?;
             let parts = window_parts(&ids, *window, *windows);
             if parts.is_empty() {
@@ -376,11 +398,15 @@ fn eval_parts(
             let mut parts = Vec::new();
             let mut lens = serde_json::Map::new();
             for novel in LONG_NOVELS {
-                let body = corpus::austen_text(&assets, novel)
-                    .with_context(|| format!("loading austen/{novel} (assets in {})", assets.display()))?;
+                let body = corpus::austen_text(&assets, novel).with_context(|| {
+                    format!("loading austen/{novel} (assets in {})", assets.display())
+                })?;
                 let ids = tokenize(&loaded.tokenizer, &body)?;
                 if ids.len() < *context {
-                    bail!("austen/{novel} has {} tokens, fewer than the context {context}", ids.len());
+                    bail!(
+                        "austen/{novel} has {} tokens, fewer than the context {context}",
+                        ids.len()
+                    );
                 }
                 lens.insert(novel.to_string(), ids.len().into());
                 parts.push(long_context_part(novel, &ids, *context, *scored));
@@ -404,7 +430,10 @@ fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
         Some(r) => {
             let l = load(r, cli.precision)?;
             if !cli.json {
-                eprintln!("KL reference {} loaded in {:.1} s", l.ckpt.origin, l.load_seconds);
+                eprintln!(
+                    "KL reference {} loaded in {:.1} s",
+                    l.ckpt.origin, l.load_seconds
+                );
             }
             Some(l)
         }
@@ -419,7 +448,10 @@ fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
         eprintln!(
             "evaluating {spec_str}: {} part(s), {} scored tokens",
             parts.len(),
-            parts.iter().map(|p| p.tokens.len() - p.first_scored).sum::<usize>()
+            parts
+                .iter()
+                .map(|p| p.tokens.len() - p.first_scored)
+                .sum::<usize>()
         );
     }
     let t0 = Instant::now();
@@ -474,9 +506,15 @@ fn report_eval(
         return Ok(());
     }
     for p in &r.parts {
-        print!("{:>16}: PPL = {:.4} +/- {:.5}", p.name, p.ppl.ppl, p.ppl.ppl_stderr);
+        print!(
+            "{:>16}: PPL = {:.4} +/- {:.5}",
+            p.name, p.ppl.ppl, p.ppl.ppl_stderr
+        );
         if let Some(k) = &p.kl {
-            print!("  KLD = {:.6}  same top-1 = {:.2} %", k.mean, k.same_top1_pct);
+            print!(
+                "  KLD = {:.6}  same top-1 = {:.2} %",
+                k.mean, k.same_top1_pct
+            );
         }
         println!();
     }
@@ -486,7 +524,10 @@ fn report_eval(
     );
     if let Some(k) = &r.kl {
         println!();
-        println!("====== KL divergence statistics (vs {}) ======", cli.kl_ref.as_deref().unwrap_or("?"));
+        println!(
+            "====== KL divergence statistics (vs {}) ======",
+            cli.kl_ref.as_deref().unwrap_or("?")
+        );
         println!("Mean    KLD: {:10.6}", k.mean);
         println!("Maximum KLD: {:10.6}", k.max);
         println!("99.0%   KLD: {:10.6}", k.p99);

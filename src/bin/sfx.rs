@@ -8,7 +8,11 @@ use std::io::Write;
 use std::process::{Command as Proc, Stdio};
 
 #[derive(Parser)]
-#[command(name = "sfx", version, about = "StrataFlux utilities: fetch assets, inspect models")]
+#[command(
+    name = "sfx",
+    version,
+    about = "StrataFlux utilities: fetch assets, inspect models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,9 @@ fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
         e.0 += 1;
         e.1 += t.element_count() as u64;
         if list_tensors {
-            listing.push(serde_json::json!({"name": name, "dtype": t.dtype.as_str(), "shape": t.shape}));
+            listing.push(
+                serde_json::json!({"name": name, "dtype": t.dtype.as_str(), "shape": t.shape}),
+            );
         }
     }
     let params: u64 = by_dtype.values().map(|v| v.1).sum();
@@ -116,12 +122,23 @@ fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
         names.len()
     );
     for (dtype, (n, e)) in &by_dtype {
-        println!("  {dtype:5} {n:5} tensors {:.1} M elements", *e as f64 / 1e6);
+        println!(
+            "  {dtype:5} {n:5} tensors {:.1} M elements",
+            *e as f64 / 1e6
+        );
     }
     println!(
         "tokenizer    {}; chat template {}",
-        if ckpt.tokenizer_json.is_some() { "yes" } else { "no" },
-        if ckpt.chat_template().is_some() { "yes" } else { "no" }
+        if ckpt.tokenizer_json.is_some() {
+            "yes"
+        } else {
+            "no"
+        },
+        if ckpt.chat_template().is_some() {
+            "yes"
+        } else {
+            "no"
+        }
     );
     for t in listing {
         println!("  {} {} {}", t["name"], t["dtype"], t["shape"]);

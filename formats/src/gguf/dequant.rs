@@ -230,11 +230,9 @@ impl GgmlType {
 
     /// Bytes needed for `n_elements` elements, or `None` when `n_elements` is not a whole
     /// number of blocks or the size overflows.
-    // `is_multiple_of` needs Rust 1.87; the workspace's MSRV is 1.85.
-    #[allow(clippy::manual_is_multiple_of)]
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size() as u64)

@@ -120,15 +120,13 @@ pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
 /// bias, `row_len` = 1). The converter does, per head of `d = rows / n_head` rows,
 /// `reshape(n_head, 2, d/2, ...).swapaxes(1, 2)`: GGUF row `h·d + 2i + s` holds HF row
 /// `h·d + s·d/2 + i`. Works on any element type (use bytes with `row_len = cols · 4`).
-// `is_multiple_of` needs Rust 1.87; the workspace's MSRV is 1.85.
-#[allow(clippy::manual_is_multiple_of)]
 pub fn unpermute_rows<T: Copy + Send + Sync>(
     data: &[T],
     rows: usize,
     row_len: usize,
     n_head: usize,
 ) -> Result<Vec<T>, String> {
-    if n_head == 0 || rows % (2 * n_head) != 0 {
+    if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
         return Err(format!(
             "{rows} rows cannot be split into {n_head} heads of an even number of rows"
         ));

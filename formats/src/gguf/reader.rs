@@ -10,7 +10,7 @@
 use super::dequant::{dequantize, GgmlType};
 use super::GgufError;
 use memmap2::Mmap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -635,7 +635,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     let kv_count = c.count(13, &|| "metadata key/value".into())?;
 
     let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(kv_count);
-    let mut seen: HashMap<String, ()> = HashMap::with_capacity(kv_count);
+    let mut seen: HashSet<String> = HashSet::with_capacity(kv_count);
     for i in 0..kv_count {
         let key = c.string(&|| format!("metadata key #{i}"))?;
         let ty_at = c.pos;
@@ -644,7 +644,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
             GgufError::metadata(&key, format!("unknown value type {ty_id} at byte {ty_at}"))
         })?;
         let value = read_value(&mut c, ty, &key, 0)?;
-        if seen.insert(key.clone(), ()).is_some() {
+        if !seen.insert(key.clone()) {
             return Err(GgufError::metadata(&key, "duplicate key"));
         }
         metadata.push((key, value));
@@ -672,7 +672,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     }
     let tensor_count = tensor_count_raw as usize;
     let mut tensors = Vec::with_capacity(tensor_count);
-    let mut names: HashMap<String, ()> = HashMap::with_capacity(tensor_count);
+    let mut names: HashSet<String> = HashSet::with_capacity(tensor_count);
     for i in 0..tensor_count {
         let name = c.string(&|| format!("name of tensor #{i}"))?;
         let n_dims = c.u32(&|| format!("dimension count of tensor '{name}'"))? as usize;
@@ -724,7 +724,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
-        if names.insert(name.clone(), ()).is_some() {
+        if !names.insert(name.clone()) {
             return Err(GgufError::tensor(&name, "duplicate tensor name"));
         }
         tensors.push(GgufTensorInfo {

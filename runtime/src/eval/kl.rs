@@ -120,8 +120,17 @@ mod tests {
         for &i in top {
             kl += pr[i] * (pr[i] / pt[i]).ln();
         }
-        let rest_r: f64 = (0..r.len()).filter(|i| !top.contains(i)).map(|i| pr[i]).sum();
-        let rest_t: f64 = (0..r.len()).filter(|i| !top.contains(i)).map(|i| pt[i]).sum();
+        let rest_r: f64 = (0..r.len())
+            .filter(|i| !top.contains(i))
+            .map(|i| pr[i])
+            .sum();
+        let rest_t: f64 = (0..r.len())
+            .filter(|i| !top.contains(i))
+            .map(|i| pt[i])
+            .sum();
+        if top.len() == r.len() {
+            return kl;
+        }
         kl + rest_r * (rest_r / rest_t).ln()
     }
 
@@ -150,9 +159,10 @@ mod tests {
 
     #[test]
     fn summary_percentiles() {
-        let mut acc = KlAccumulator::default();
-        acc.values = (1..=101).map(|x| x as f64).collect();
-        acc.same_top1 = 50;
+        let acc = KlAccumulator {
+            values: (1..=101).map(|x| x as f64).collect(),
+            same_top1: 50,
+        };
         let s = acc.summary().unwrap();
         assert_eq!(s.median, 51.0);
         assert!((s.p99 - 100.0).abs() < 1e-12);

@@ -9,8 +9,10 @@ pub mod ppl;
 pub mod runner;
 pub mod spec;
 
-pub use model_scorer::ModelScorer;
-pub use runner::{evaluate, long_context_part, window_parts, EvalPart, EvalResult, PartResult, Scorer};
 pub use kl::{KlAccumulator, KlSummary};
+pub use model_scorer::ModelScorer;
 pub use ppl::{log_softmax_at, NllAccumulator, PplSummary};
+pub use runner::{
+    evaluate, long_context_part, window_parts, EvalPart, EvalResult, PartResult, Scorer,
+};
 pub use spec::{EvalSpec, EvalSpecError};

@@ -171,7 +171,9 @@ pub fn evaluate<S: Scorer, R: Scorer>(
         total_kl.merge(&kl);
         let result = PartResult {
             name: part.name.clone(),
-            ppl: nll.summary().ok_or_else(|| RunError::Empty(part.name.clone()))?,
+            ppl: nll
+                .summary()
+                .ok_or_else(|| RunError::Empty(part.name.clone()))?,
             kl: kl.summary(),
         };
         progress(i + 1, parts.len(), &result);
@@ -230,9 +232,20 @@ mod tests {
     #[test]
     fn window_and_decode_paths_score_the_same_predictions() {
         let tokens: Vec<u32> = (0..40).map(|i| (i * 5 % 11) as u32).collect();
-        let mut m = Bigram { vocab: 11, last: None };
-        let win = EvalPart { name: "w".into(), tokens: tokens.clone(), first_scored: 30, through_decode: false };
-        let dec = EvalPart { through_decode: true, ..win.clone() };
+        let mut m = Bigram {
+            vocab: 11,
+            last: None,
+        };
+        let win = EvalPart {
+            name: "w".into(),
+            tokens: tokens.clone(),
+            first_scored: 30,
+            through_decode: false,
+        };
+        let dec = EvalPart {
+            through_decode: true,
+            ..win.clone()
+        };
         let a = evaluate::<_, Bigram>(&[win], &mut m, None, |_, _, _| {}).unwrap();
         let b = evaluate::<_, Bigram>(&[dec], &mut m, None, |_, _, _| {}).unwrap();
         assert_eq!(a.ppl.tokens, 10);
@@ -250,8 +263,14 @@ mod tests {
         let tokens: Vec<u32> = (0..64).map(|i| (i % 9) as u32).collect();
         let parts = window_parts(&tokens, 16, 3);
         assert_eq!(parts.len(), 3);
-        let mut m = Bigram { vocab: 9, last: None };
-        let mut r = Bigram { vocab: 9, last: None };
+        let mut m = Bigram {
+            vocab: 9,
+            last: None,
+        };
+        let mut r = Bigram {
+            vocab: 9,
+            last: None,
+        };
         let res = evaluate(&parts, &mut m, Some(&mut r), |_, _, _| {}).unwrap();
         let kl = res.kl.unwrap();
         assert_eq!(kl.tokens, 45);

@@ -17,7 +17,12 @@ pub enum EvalSpec {
 
 pub const DEFAULT_WINDOW: usize = 2048;
 pub const LONG_SCORED_TOKENS: usize = 256;
-pub const LONG_NOVELS: [&str; 4] = ["emma", "mansfieldpark", "prideprejudice", "sensesensibility"];
+pub const LONG_NOVELS: [&str; 4] = [
+    "emma",
+    "mansfieldpark",
+    "prideprejudice",
+    "sensesensibility",
+];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EvalSpecError {
@@ -78,15 +83,26 @@ mod tests {
     fn parses_protocol_specs() {
         assert_eq!(
             EvalSpec::parse("wiki:8", None).unwrap(),
-            EvalSpec::Windows { text: "wiki".into(), windows: 8, window: 2048 }
+            EvalSpec::Windows {
+                text: "wiki".into(),
+                windows: 8,
+                window: 2048
+            }
         );
         assert_eq!(
             EvalSpec::parse("austen-long:2048", None).unwrap(),
-            EvalSpec::AustenLong { context: 2048, scored: 256 }
+            EvalSpec::AustenLong {
+                context: 2048,
+                scored: 256
+            }
         );
         assert_eq!(
             EvalSpec::parse("/tmp/a:b.txt:3", Some(512)).unwrap(),
-            EvalSpec::Windows { text: "/tmp/a:b.txt".into(), windows: 3, window: 512 }
+            EvalSpec::Windows {
+                text: "/tmp/a:b.txt".into(),
+                windows: 3,
+                window: 512
+            }
         );
         assert!(EvalSpec::parse("wiki", None).is_err());
         assert!(EvalSpec::parse("wiki:0", None).is_err());

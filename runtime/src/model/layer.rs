@@ -54,24 +54,74 @@ impl<B: Backend> DecoderLayer<B> {
         let qkv_bias = c.attention_bias;
         Ok(Self {
             attn_norm: norm("input_layernorm", hidden, "attention RMSNorm")?,
-            q_proj: linear(LinearRole::Query, "self_attn.q_proj", c.q_dim(), hidden, qkv_bias)?,
-            k_proj: linear(LinearRole::Key, "self_attn.k_proj", c.kv_dim(), hidden, qkv_bias)?,
-            v_proj: linear(LinearRole::Value, "self_attn.v_proj", c.kv_dim(), hidden, qkv_bias)?,
-            o_proj: linear(LinearRole::AttnOutput, "self_attn.o_proj", hidden, c.q_dim(), false)?,
+            q_proj: linear(
+                LinearRole::Query,
+                "self_attn.q_proj",
+                c.q_dim(),
+                hidden,
+                qkv_bias,
+            )?,
+            k_proj: linear(
+                LinearRole::Key,
+                "self_attn.k_proj",
+                c.kv_dim(),
+                hidden,
+                qkv_bias,
+            )?,
+            v_proj: linear(
+                LinearRole::Value,
+                "self_attn.v_proj",
+                c.kv_dim(),
+                hidden,
+                qkv_bias,
+            )?,
+            o_proj: linear(
+                LinearRole::AttnOutput,
+                "self_attn.o_proj",
+                hidden,
+                c.q_dim(),
+                false,
+            )?,
             q_norm: if c.qk_norm {
-                Some(norm("self_attn.q_norm", c.head_dim, "Qwen3 query norm (qk_norm)")?)
+                Some(norm(
+                    "self_attn.q_norm",
+                    c.head_dim,
+                    "Qwen3 query norm (qk_norm)",
+                )?)
             } else {
                 None
             },
             k_norm: if c.qk_norm {
-                Some(norm("self_attn.k_norm", c.head_dim, "Qwen3 key norm (qk_norm)")?)
+                Some(norm(
+                    "self_attn.k_norm",
+                    c.head_dim,
+                    "Qwen3 key norm (qk_norm)",
+                )?)
             } else {
                 None
             },
             mlp_norm: norm("post_attention_layernorm", hidden, "MLP RMSNorm")?,
-            gate_proj: linear(LinearRole::Gate, "mlp.gate_proj", c.intermediate_size, hidden, false)?,
-            up_proj: linear(LinearRole::Up, "mlp.up_proj", c.intermediate_size, hidden, false)?,
-            down_proj: linear(LinearRole::Down, "mlp.down_proj", hidden, c.intermediate_size, false)?,
+            gate_proj: linear(
+                LinearRole::Gate,
+                "mlp.gate_proj",
+                c.intermediate_size,
+                hidden,
+                false,
+            )?,
+            up_proj: linear(
+                LinearRole::Up,
+                "mlp.up_proj",
+                c.intermediate_size,
+                hidden,
+                false,
+            )?,
+            down_proj: linear(
+                LinearRole::Down,
+                "mlp.down_proj",
+                hidden,
+                c.intermediate_size,
+                false,
+            )?,
         })
     }
 

@@ -11,7 +11,8 @@ pub enum LogitsMode {
     Last,
     /// The last `n` input positions (clamped to the input length).
     LastN(usize),
-    /// Every input position (perplexity).
+    /// Every input position (perplexity). Costs `n × vocab × 4` bytes of host memory
+    /// (2048 × 49152: 400 MB); score long inputs in pieces or with `LastN`.
     All,
 }
 
@@ -37,7 +38,7 @@ pub struct Logits {
 
 impl Logits {
     pub(crate) fn new(data: Vec<f32>, vocab: usize, first_position: usize) -> Self {
-        debug_assert!(vocab > 0 && data.len() % vocab == 0);
+        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
         Self {
             data,
             vocab,

@@ -79,7 +79,9 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self> {
         validate_config(config)?;
         if options.prefill_chunk == 0 {
-            return Err(RuntimeError::Config("prefill_chunk must be at least 1".into()));
+            return Err(RuntimeError::Config(
+                "prefill_chunk must be at least 1".into(),
+            ));
         }
         let c = config;
         let embed_name = "model.embed_tokens.weight";
@@ -206,6 +208,17 @@ impl<B: Backend> Model<B> {
             });
         }
 
+        self.backend
+            .run(|| self.forward_checked(tokens, cache, mode))
+    }
+
+    fn forward_checked(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache<B>,
+        mode: LogitsMode,
+    ) -> Result<Logits> {
+        let vocab = self.config.vocab_size;
         let n = tokens.len();
         let rows = mode.rows(n);
         let first_row = n - rows;
@@ -233,7 +246,8 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let c = &self.config;
         let n = tokens.len();
-        let (hidden, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (hidden, q_dim, kv_dim, ffn) =
+            (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let past = cache.len();
 
         let mut h = b.alloc(n * hidden)?;
@@ -313,17 +327,23 @@ fn validate_config(c: &ModelConfig) -> Result<()> {
     if c.num_attention_heads == 0 || c.num_key_value_heads == 0 {
         return bad("zero attention heads".into());
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return bad(format!(
             "{} attention heads are not a multiple of {} KV heads",
             c.num_attention_heads, c.num_key_value_heads
         ));
     }
-    if c.head_dim % 2 != 0 {
-        return bad(format!("head_dim {} is odd; RoPE pairs dimensions", c.head_dim));
+    if !c.head_dim.is_multiple_of(2) {
+        return bad(format!(
+            "head_dim {} is odd; RoPE pairs dimensions",
+            c.head_dim
+        ));
     }
     if u32::try_from(c.vocab_size).is_err() {
-        return bad(format!("vocab_size {} does not fit token ids (u32)", c.vocab_size));
+        return bad(format!(
+            "vocab_size {} does not fit token ids (u32)",
+            c.vocab_size
+        ));
     }
     Ok(())
 }

@@ -5,13 +5,16 @@
 //!   blocks of queries × chunks of keys, with both products as faer GEMMs. The query heads
 //!   sharing a KV head are stacked into one GEMM so each key chunk is packed once per group.
 //!   Key chunks past a block's last query are never touched, so causal prefill does half the
-//!   work of full attention. Memory is O(block × chunk), not O(n²).
+//!   work of full attention. Memory is O(block × chunk), not O(n²). Measured 135–155 GF/s of
+//!   causal work on 2 cores (SmolLM2, 512-query chunks at 0–1536 past): ~30 % of a
+//!   2048-token prefill.
 //! - **Decode** (≤ 4 queries): split-K ("flash-decoding"): each task scores one chunk of keys
 //!   for one KV head and returns (max, sum, unnormalised output); partials merge exactly. This
 //!   keeps every core streaming the cache at long context, where one KV head per task would
 //!   leave cores idle (SmolLM2 has 3 KV heads).
 
 use super::math::{self, multiversioned};
+use super::scratch::with_scratch;
 use super::SimdLevel;
 use crate::backend::AttentionShape;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -65,20 +68,63 @@ fn prefill_block(
     ob: &mut [f32],
 ) {
     let hd = s.kv.head_dim;
-    let q_dim = s.q_dim();
-    let group = s.group();
-    let nb = ob.len() / q_dim;
-    let rows = group * nb;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let nb = ob.len() / s.q_dim();
+    let rows = s.group() * nb;
     // Keys up to and including the block's last query position.
     let kend = s.past + t0 + nb;
-    let head_stride = s.kv.capacity * hd;
+    let chunk_cap = PREFILL_KEY_CHUNK.min(kend);
+    with_scratch(rows * (2 * hd + chunk_cap + 2), |scratch| {
+        let (qs, rest) = scratch.split_at_mut(rows * hd);
+        let (acc, rest) = rest.split_at_mut(rows * hd);
+        let (scores, rest) = rest.split_at_mut(rows * chunk_cap);
+        let (row_max, row_sum) = rest.split_at_mut(rows);
+        let tiles = Tiles {
+            qs,
+            acc,
+            scores,
+            row_max,
+            row_sum,
+        };
+        prefill_heads(level, q, k, v, s, t0, nb, ob, tiles);
+    });
+}
 
-    let mut qs = vec![0.0f32; rows * hd];
-    let mut acc = vec![0.0f32; rows * hd];
-    let mut scores = vec![0.0f32; rows * PREFILL_KEY_CHUNK.min(kend)];
-    let mut row_max = vec![f32::NEG_INFINITY; rows];
-    let mut row_sum = vec![0.0f32; rows];
+/// Scratch of one prefill block: stacked scaled queries, output accumulator, score tile and
+/// the online-softmax row state.
+struct Tiles<'a> {
+    qs: &'a mut [f32],
+    acc: &'a mut [f32],
+    scores: &'a mut [f32],
+    row_max: &'a mut [f32],
+    row_sum: &'a mut [f32],
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prefill_heads(
+    level: SimdLevel,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttentionShape,
+    t0: usize,
+    nb: usize,
+    ob: &mut [f32],
+    tiles: Tiles<'_>,
+) {
+    let Tiles {
+        qs,
+        acc,
+        scores,
+        row_max,
+        row_sum,
+    } = tiles;
+    let hd = s.kv.head_dim;
+    let q_dim = s.q_dim();
+    let group = s.group();
+    let rows = group * nb;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let kend = s.past + t0 + nb;
+    let head_stride = s.kv.capacity * hd;
 
     for g in 0..s.kv.kv_heads {
         // Stack the group's heads: row hl·nb + i = query t0 + i of head g·group + hl, scaled.
@@ -96,7 +142,7 @@ fn prefill_block(
         row_sum.fill(0.0);
         let kh = &k[g * head_stride..][..kend * hd];
         let vh = &v[g * head_stride..][..kend * hd];
-        let qm = MatRef::from_row_major_slice(&qs, rows, hd);
+        let qm = MatRef::from_row_major_slice(qs, rows, hd);
 
         let mut c0 = 0;
         while c0 < kend {
@@ -131,7 +177,7 @@ fn prefill_block(
             }
             let vm = MatRef::from_row_major_slice(&vh[c0 * hd..(c0 + w) * hd], w, hd);
             faer::linalg::matmul::matmul(
-                MatMut::from_row_major_slice_mut(&mut acc, rows, hd),
+                MatMut::from_row_major_slice_mut(acc, rows, hd),
                 Accum::Add,
                 MatRef::from_row_major_slice(&scores[..rows * w], rows, w),
                 vm,
@@ -341,7 +387,10 @@ mod tests {
                 let key = |j: usize| &k[(g * s.kv.capacity + j) * hd..][..hd];
                 let sc: Vec<f64> = (0..=pos)
                     .map(|j| {
-                        qv.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+                        qv.iter()
+                            .zip(key(j))
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
                             / (hd as f64).sqrt()
                     })
                     .collect();
@@ -365,16 +414,33 @@ mod tests {
     fn matches_reference_attention() {
         let mut seed = 5u64;
         let mut rnd = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
         // (n_heads, kv_heads, head_dim, past, n_queries)
-        let cases = [(4, 2, 8, 0, 1), (6, 2, 16, 5, 3), (4, 4, 8, 0, 37), (6, 3, 16, 600, 1),
-            (2, 1, 32, 700, 70), (3, 1, 8, 3, 600)];
+        let cases = [
+            (4, 2, 8, 0, 1),
+            (6, 2, 16, 5, 3),
+            (4, 4, 8, 0, 37),
+            (6, 3, 16, 600, 1),
+            (2, 1, 32, 700, 70),
+            (3, 1, 8, 3, 600),
+        ];
         for &(n_heads, kv_heads, head_dim, past, n_queries) in &cases {
             let capacity = past + n_queries + 3;
-            let kv = KvLayout { kv_heads, head_dim, capacity };
-            let s = AttentionShape { n_heads, kv, past, n_queries };
+            let kv = KvLayout {
+                kv_heads,
+                head_dim,
+                capacity,
+            };
+            let s = AttentionShape {
+                n_heads,
+                kv,
+                past,
+                n_queries,
+            };
             // Scores up to ±8 exercise the max subtraction.
             let q: Vec<f32> = (0..n_queries * s.q_dim()).map(|_| rnd() * 3.0).collect();
             let k: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd() * 3.0).collect();
@@ -383,8 +449,16 @@ mod tests {
             for level in SimdLevel::supported() {
                 let mut got = vec![f32::NAN; want.len()];
                 attention(level, &q, &k, &v, &s, &mut got);
-                let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                assert!(err < 2e-5, "{level:?} case {:?}: max err {err}", (n_heads, kv_heads, head_dim, past, n_queries));
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    err < 2e-5,
+                    "{level:?} case {:?}: max err {err}",
+                    (n_heads, kv_heads, head_dim, past, n_queries)
+                );
             }
         }
     }

@@ -58,7 +58,9 @@ pub(crate) fn rms_norm_in_place(level: SimdLevel, x: &mut [f32], w: &[f32], eps:
         return;
     }
     // One row at a time through a small copy: the norm reads the whole row before writing.
-    let per = rows_per_task(x.len() / dim, dim).unwrap_or(x.len() / dim).max(1);
+    let per = rows_per_task(x.len() / dim, dim)
+        .unwrap_or(x.len() / dim)
+        .max(1);
     x.par_chunks_mut(per * dim).for_each(|xc| {
         let mut row = vec![0.0f32; dim];
         for xr in xc.chunks_exact_mut(dim) {
@@ -94,7 +96,14 @@ fn rope_body(x: &mut [f32], row_len: usize, head_dim: usize, cos: &[f32], sin: &
 }
 
 /// RoPE on `x[n, n_heads * head_dim]` with per-token `cos`/`sin` `[n, head_dim / 2]`.
-pub(crate) fn rope(level: SimdLevel, x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+pub(crate) fn rope(
+    level: SimdLevel,
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    cos: &[f32],
+    sin: &[f32],
+) {
     let row_len = n_heads * head_dim;
     let half = head_dim / 2;
     if row_len == 0 || half == 0 {
@@ -172,7 +181,9 @@ mod tests {
     use super::*;
 
     fn rnd(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -252,20 +263,33 @@ mod tests {
             for i in 0..n {
                 let gf = g[i] as f64;
                 let want = gf / (1.0 + (-gf).exp()) * u[i] as f64;
-                assert!((y[i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-12, "{level:?} {i}");
+                assert!(
+                    (y[i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-12,
+                    "{level:?} {i}"
+                );
             }
         }
         let mut acc = g.clone();
         add_assign(&mut acc, &u);
-        assert!(acc.iter().zip(g.iter().zip(&u)).all(|(a, (x, y))| *a == x + y));
+        assert!(acc
+            .iter()
+            .zip(g.iter().zip(&u))
+            .all(|(a, (x, y))| *a == x + y));
     }
 
     #[test]
     fn write_kv_scatters_heads() {
-        let l = KvLayout { kv_heads: 2, head_dim: 2, capacity: 4 };
+        let l = KvLayout {
+            kv_heads: 2,
+            head_dim: 2,
+            capacity: 4,
+        };
         let src = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]; // 2 tokens × (2 heads × 2)
         let mut dst = vec![0.0; l.buffer_len()];
         write_kv(&src, &mut dst, l, 1);
-        assert_eq!(dst, [0., 0., 1., 2., 5., 6., 0., 0., 0., 0., 3., 4., 7., 8., 0., 0.]);
+        assert_eq!(
+            dst,
+            [0., 0., 1., 2., 5., 6., 0., 0., 0., 0., 3., 4., 7., 8., 0., 0.]
+        );
     }
 }

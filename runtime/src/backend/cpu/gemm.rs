@@ -1,12 +1,18 @@
 //! Prefill linears `y[m, out] = x[m, in] · Wᵀ` through faer's f32 GEMM.
 //!
-//! faer reaches 428 GF/s f32 on this machine class where candle's BF16 GEMM is 20× slower
-//! (docs: crates.md), so BF16 weights are widened to f32 panel by panel and multiplied in f32.
-//! A panel is a block of weight rows sized to stay in L2 while its GEMM runs; widening costs
-//! one pass over the weights per call, which at m ≥ 64 tokens is < 2 % of the GEMM's work.
-//! No f32 copy of the whole matrix is kept: for an 8B model it would add 2 bytes/param.
+//! candle's BF16 GEMM is 20× slower than f32 on this machine class (docs: crates.md), so BF16
+//! weights are widened to f32 panel by panel and multiplied in f32. A panel is a block of
+//! weight rows sized to stay in L2 while its GEMM runs; widening is one pass over the weights
+//! per call, negligible next to 2·m flops per weight at m ≥ 64.
+//! Measured (2-core EPYC dev VM, m = 512, SmolLM2 shapes, `examples/bench_kernels`): BF16
+//! panels 179–197 GF/s vs one parallel f32 faer GEMM 178–201 GF/s — the ~190 GF/s 2-core FMA
+//! peak either way. So no f32 copy of the weights is kept (it would triple BF16 memory: +4
+//! bytes/param, 32 GB for an 8B model).
+//!
+//! Decision for F32 weights: one faer GEMM parallelized inside faer.
 
 use super::matvec::WeightElem;
+use super::scratch::with_scratch;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
@@ -17,7 +23,7 @@ const PANEL_BYTES: usize = 256 * 1024;
 /// `y = x · wᵀ` with `x` row-major `[m, cols]`, `w` row-major `[rows, cols]`,
 /// `y` row-major `[m, rows]`. Callers check the lengths.
 pub(crate) fn matmul_t<E: PanelSource>(x: &[f32], m: usize, w: &[E], rows: usize, y: &mut [f32]) {
-    let cols = if m == 0 { 0 } else { x.len() / m };
+    let cols = x.len().checked_div(m).unwrap_or(0);
     debug_assert_eq!(x.len(), m * cols);
     debug_assert_eq!(w.len(), rows * cols);
     debug_assert_eq!(y.len(), m * rows);
@@ -33,7 +39,14 @@ pub(crate) fn matmul_t<E: PanelSource>(x: &[f32], m: usize, w: &[E], rows: usize
         // F32 weights need no widening: one GEMM, parallelized inside faer.
         let wm = MatRef::from_row_major_slice(wf, rows, cols);
         let ym = MatMut::from_row_major_slice_mut(y, m, rows);
-        faer::linalg::matmul::matmul(ym, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::rayon(0));
+        faer::linalg::matmul::matmul(
+            ym,
+            Accum::Replace,
+            xm,
+            wm.transpose(),
+            1.0f32,
+            Par::rayon(0),
+        );
         return;
     }
     // Panels of weight rows = column blocks of y. At least two panels per thread so both
@@ -55,10 +68,13 @@ pub(crate) fn matmul_t<E: PanelSource>(x: &[f32], m: usize, w: &[E], rows: usize
     }
     blocks.into_par_iter().for_each(|(r0, yb)| {
         let width = yb.ncols();
-        let mut wide = Vec::with_capacity(width * cols);
-        wide.extend(w[r0 * cols..(r0 + width) * cols].iter().map(|v| v.to_f32()));
-        let wm = MatRef::from_row_major_slice(&wide, width, cols);
-        faer::linalg::matmul::matmul(yb, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::Seq);
+        with_scratch(width * cols, |wide| {
+            for (d, s) in wide.iter_mut().zip(&w[r0 * cols..(r0 + width) * cols]) {
+                *d = s.to_f32();
+            }
+            let wm = MatRef::from_row_major_slice(wide, width, cols);
+            faer::linalg::matmul::matmul(yb, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::Seq);
+        })
     });
 }
 
@@ -87,13 +103,18 @@ mod tests {
     fn matches_f64_reference_for_bf16_and_f32() {
         let mut seed = 11u64;
         let mut rnd = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
         for &(m, rows, cols) in &[(3, 5, 7), (17, 33, 64), (64, 200, 130), (130, 48, 577)] {
             let x: Vec<f32> = (0..m * cols).map(|_| rnd()).collect();
             let wf: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
-            let wb: Vec<u16> = wf.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            let wb: Vec<u16> = wf
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
             let mut yf = vec![f32::NAN; m * rows];
             let mut yb = vec![f32::NAN; m * rows];
             matmul_t(&x, m, &wf, rows, &mut yf);
@@ -109,8 +130,14 @@ mod tests {
                     }
                     // f32 accumulation: 1e-5 of the absolute sum (≈ cols · 2^-24 with margin).
                     let tol = 1e-5 * mag + 1e-6;
-                    assert!((yf[t * rows + r] as f64 - want_f).abs() <= tol, "f32 {m}x{rows}x{cols}");
-                    assert!((yb[t * rows + r] as f64 - want_b).abs() <= tol, "bf16 {m}x{rows}x{cols}");
+                    assert!(
+                        (yf[t * rows + r] as f64 - want_f).abs() <= tol,
+                        "f32 {m}x{rows}x{cols}"
+                    );
+                    assert!(
+                        (yb[t * rows + r] as f64 - want_b).abs() <= tol,
+                        "bf16 {m}x{rows}x{cols}"
+                    );
                 }
             }
         }

@@ -55,12 +55,10 @@ pub fn exp(x: f32) -> f32 {
     let n_int = (t.to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32);
     let r = x - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r
-        + 4.166_579_6e-2)
-        * r
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let p = p * r2 + r + 1.0;
     let scale = f32::from_bits(((n_int + 127) as u32) << 23);
     p * scale
@@ -128,7 +126,10 @@ pub fn max(a: &[f32]) -> f32 {
             acc[j] = acc[j].max(x[j]);
         }
     }
-    let m = c.remainder().iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let m = c
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     acc.iter().fold(m, |m, &x| m.max(x))
 }
 
@@ -178,7 +179,10 @@ mod tests {
         for &x in &[-100.0f32, -10.0, -1.0, -1e-3, 0.0, 0.5, 3.0, 20.0, 100.0] {
             let want = x as f64 / (1.0 + (-(x as f64)).exp());
             let got = silu(x) as f64;
-            assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-30), "x={x}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1e-30),
+                "x={x}: {got} vs {want}"
+            );
         }
     }
 }

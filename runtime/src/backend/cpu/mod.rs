@@ -6,6 +6,7 @@ mod elementwise;
 mod gemm;
 pub(crate) mod math;
 mod matvec;
+mod scratch;
 mod simd;
 
 pub use simd::SimdLevel;
@@ -68,7 +69,11 @@ impl CpuMatrix {
         })?;
         check_len("CpuMatrix::new", "weights", len, want)?;
         Ok(Self {
-            inner: Arc::new(CpuMatrixData { rows, cols, weights }),
+            inner: Arc::new(CpuMatrixData {
+                rows,
+                cols,
+                weights,
+            }),
         })
     }
     pub fn rows(&self) -> usize {
@@ -137,7 +142,7 @@ impl CpuBackend {
 }
 
 fn check_rows(op: &'static str, what: &str, len: usize, row_len: usize) -> Result<usize> {
-    if row_len == 0 || len % row_len != 0 {
+    if row_len == 0 || !len.is_multiple_of(row_len) {
         return Err(RuntimeError::Shape {
             op,
             msg: format!("{what} has {len} elements, not a multiple of the row length {row_len}"),
@@ -151,7 +156,16 @@ impl Backend for CpuBackend {
     type Matrix = CpuMatrix;
 
     fn name(&self) -> String {
-        format!("cpu ({}, {} threads)", self.simd.as_str(), rayon::current_num_threads())
+        format!(
+            "cpu ({}, {} threads)",
+            self.simd.as_str(),
+            rayon::current_num_threads()
+        )
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // `scope` executes its closure on a worker of the global pool (blocking this thread).
+        rayon::scope(|_| f())
     }
 
     fn alloc(&self, len: usize) -> Result<CpuBuffer> {
@@ -181,11 +195,19 @@ impl Backend for CpuBackend {
         let &[rows, cols] = view.shape else {
             return Err(RuntimeError::Shape {
                 op: "upload_matrix",
-                msg: format!("tensor '{name}' has shape {:?}, expected 2 dimensions", view.shape),
+                msg: format!(
+                    "tensor '{name}' has shape {:?}, expected 2 dimensions",
+                    view.shape
+                ),
             });
         };
         let weights = match precision.resident_dtype(view.dtype) {
-            DType::BF16 => CpuWeights::Bf16(view.to_bf16_vec().into_iter().map(|v| v.to_bits()).collect()),
+            DType::BF16 => CpuWeights::Bf16(
+                view.to_bf16_vec()
+                    .into_iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+            ),
             _ => CpuWeights::F32(view.to_f32_vec()),
         };
         CpuMatrix::new(rows, cols, weights)
@@ -202,10 +224,12 @@ impl Backend for CpuBackend {
     fn embedding(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuBuffer) -> Result<()> {
         let cols = table.cols();
         check_len("embedding", "output", out.len(), tokens.len() * cols)?;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= table.rows()) {
-            let index = tokens.iter().position(|&t| t == bad).unwrap_or(0);
+        if cols == 0 {
+            return Ok(());
+        }
+        if let Some(index) = tokens.iter().position(|&t| t as usize >= table.rows()) {
             return Err(RuntimeError::TokenOutOfRange {
-                token: bad,
+                token: tokens[index],
                 index,
                 vocab: table.rows(),
             });
@@ -233,7 +257,10 @@ impl Backend for CpuBackend {
         }
         let (x, y) = (&x.0[..], &mut y.0[..]);
         if m <= MATVEC_MAX_ROWS {
-            for (xr, yr) in x.chunks_exact(cols.max(1)).zip(y.chunks_exact_mut(rows.max(1))) {
+            for (xr, yr) in x
+                .chunks_exact(cols.max(1))
+                .zip(y.chunks_exact_mut(rows.max(1)))
+            {
                 match w.weights() {
                     CpuWeights::Bf16(wv) => matvec::matvec(self.simd, wv, xr, yr),
                     CpuWeights::F32(wv) => matvec::matvec(self.simd, wv, xr, yr),
@@ -255,7 +282,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CpuBuffer, weight: &CpuBuffer, eps: f32, out: &mut CpuBuffer) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &CpuBuffer,
+        weight: &CpuBuffer,
+        eps: f32,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         check_rows("rms_norm", "input", x.len(), weight.len())?;
         check_len("rms_norm", "output", out.len(), x.len())?;
         elementwise::rms_norm(self.simd, &x.0, &weight.0, eps, &mut out.0);
@@ -276,7 +309,7 @@ impl Backend for CpuBackend {
         cos: &CpuBuffer,
         sin: &CpuBuffer,
     ) -> Result<()> {
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(RuntimeError::Shape {
                 op: "rope",
                 msg: format!("head_dim {head_dim} is odd"),
@@ -289,13 +322,28 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn write_kv(&self, src: &CpuBuffer, dst: &mut CpuBuffer, layout: KvLayout, start: usize) -> Result<()> {
-        let n = check_rows("write_kv", "source", src.len(), layout.kv_heads * layout.head_dim)?;
+    fn write_kv(
+        &self,
+        src: &CpuBuffer,
+        dst: &mut CpuBuffer,
+        layout: KvLayout,
+        start: usize,
+    ) -> Result<()> {
+        let n = check_rows(
+            "write_kv",
+            "source",
+            src.len(),
+            layout.kv_heads * layout.head_dim,
+        )?;
         check_len("write_kv", "cache", dst.len(), layout.buffer_len())?;
         if start + n > layout.capacity {
             return Err(RuntimeError::Shape {
                 op: "write_kv",
-                msg: format!("positions {start}..{} exceed capacity {}", start + n, layout.capacity),
+                msg: format!(
+                    "positions {start}..{} exceed capacity {}",
+                    start + n,
+                    layout.capacity
+                ),
             });
         }
         elementwise::write_kv(&src.0, &mut dst.0, layout, start);
@@ -311,16 +359,29 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         let s = shape;
-        if s.kv.kv_heads == 0 || s.n_heads % s.kv.kv_heads != 0 {
+        if s.kv.head_dim == 0 {
             return Err(RuntimeError::Shape {
                 op: "attention",
-                msg: format!("{} query heads are not a multiple of {} KV heads", s.n_heads, s.kv.kv_heads),
+                msg: "head_dim is 0".into(),
+            });
+        }
+        if s.kv.kv_heads == 0 || !s.n_heads.is_multiple_of(s.kv.kv_heads) {
+            return Err(RuntimeError::Shape {
+                op: "attention",
+                msg: format!(
+                    "{} query heads are not a multiple of {} KV heads",
+                    s.n_heads, s.kv.kv_heads
+                ),
             });
         }
         if s.past + s.n_queries > s.kv.capacity {
             return Err(RuntimeError::Shape {
                 op: "attention",
-                msg: format!("{} positions exceed cache capacity {}", s.past + s.n_queries, s.kv.capacity),
+                msg: format!(
+                    "{} positions exceed cache capacity {}",
+                    s.past + s.n_queries,
+                    s.kv.capacity
+                ),
             });
         }
         check_len("attention", "queries", q.len(), s.n_queries * s.q_dim())?;
@@ -343,13 +404,23 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn copy_rows(&self, src: &CpuBuffer, row_len: usize, first: usize, dst: &mut CpuBuffer) -> Result<()> {
+    fn copy_rows(
+        &self,
+        src: &CpuBuffer,
+        row_len: usize,
+        first: usize,
+        dst: &mut CpuBuffer,
+    ) -> Result<()> {
         let n = check_rows("copy_rows", "destination", dst.len(), row_len)?;
         let end = (first + n) * row_len;
         if end > src.len() {
             return Err(RuntimeError::Shape {
                 op: "copy_rows",
-                msg: format!("rows {first}..{} exceed the source's {} rows", first + n, src.len() / row_len),
+                msg: format!(
+                    "rows {first}..{} exceed the source's {} rows",
+                    first + n,
+                    src.len() / row_len
+                ),
             });
         }
         dst.0.copy_from_slice(&src.0[first * row_len..end]);

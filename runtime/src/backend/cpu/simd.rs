@@ -31,7 +31,10 @@ impl SimdLevel {
 
     /// Every tier this CPU can run (tests compare each against the reference loops).
     pub fn supported() -> Vec<SimdLevel> {
-        Self::all().into_iter().filter(|l| l.is_supported()).collect()
+        Self::all()
+            .into_iter()
+            .filter(|l| l.is_supported())
+            .collect()
     }
 
     pub fn is_supported(self) -> bool {
