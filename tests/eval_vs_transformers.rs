@@ -37,6 +37,19 @@ fn ids_sha256(ids: &[u32]) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// The GGUF dequantized in memory with F32 weights: the exact path, comparable to transformers'
+/// float32 evaluation.
+fn gguf_model() -> (Checkpoint, Model) {
+    let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
+    let model = Model::load_cpu(
+        &ckpt.config,
+        ckpt.tensors.as_ref(),
+        &ModelOptions::default(),
+    )
+    .unwrap();
+    (ckpt, model)
+}
+
 fn tokenizer(ckpt: &Checkpoint) -> Tokenizer {
     Tokenizer::from_bytes(ckpt.tokenizer_json.as_ref().unwrap().as_bytes()).unwrap()
 }
@@ -79,13 +92,7 @@ fn token_streams_match_transformers_on_every_text() {
 #[test]
 fn wiki_window_nll_matches_transformers() {
     let fx = fixture();
-    let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-    let model = Model::load_cpu(
-        &ckpt.config,
-        ckpt.tensors.as_ref(),
-        &ModelOptions::default(),
-    )
-    .unwrap();
+    let (ckpt, model) = gguf_model();
     let ids = encode(&tokenizer(&ckpt), &corpus::wiki_text(&assets()).unwrap());
     let parts = window_parts(&ids, 2048, 2);
     let mut scorer = ModelScorer::new(&model, 2048).unwrap();
@@ -121,13 +128,7 @@ fn wiki_window_nll_matches_transformers() {
 fn long_context_decode_path_matches_transformers_per_token() {
     let fx = fixture();
     let want = &fx["austen-long:2048"]["novels"]["emma"];
-    let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-    let model = Model::load_cpu(
-        &ckpt.config,
-        ckpt.tensors.as_ref(),
-        &ModelOptions::default(),
-    )
-    .unwrap();
+    let (ckpt, model) = gguf_model();
     let ids = encode(
         &tokenizer(&ckpt),
         &corpus::austen_text(&assets(), "emma").unwrap(),

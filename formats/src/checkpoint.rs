@@ -315,8 +315,22 @@ pub mod hub {
             Some((id, rev)) => (id.to_string(), rev.to_string()),
             None => (spec.to_string(), "main".to_string()),
         };
-        let repo = hf_hub::Repo::with_revision(repo_id.clone(), hf_hub::RepoType::Model, revision);
-        let cache = hf_hub::Cache::from_env();
+        let repo =
+            hf_hub::Repo::with_revision(repo_id.clone(), hf_hub::RepoType::Model, revision.clone());
+        // transformers honours HF_HUB_CACHE before HF_HOME; hf-hub 0.4 only reads HF_HOME.
+        let cache = match std::env::var_os("HF_HUB_CACHE") {
+            Some(dir) if !dir.is_empty() => hf_hub::Cache::new(PathBuf::from(dir)),
+            _ => hf_hub::Cache::from_env(),
+        };
+        // A full commit hash names a snapshot folder directly (no ref file points to it).
+        let pinned = cache
+            .path()
+            .join(repo.folder_name())
+            .join("snapshots")
+            .join(&revision);
+        if revision.len() == 40 && pinned.join("config.json").is_file() {
+            return Ok(pinned);
+        }
         if let Some(config) = cache.repo(repo.clone()).get("config.json") {
             let dir = config
                 .parent()

@@ -35,15 +35,13 @@ fn source_name(name: &str) -> Option<String> {
 #[test]
 fn corpus_canonical_texts_match_reference() {
     let path = fixture_path();
-    let Ok(raw) = std::fs::read(&path) else {
-        eprintln!("skipping: no reference fixture at {}", path.display());
-        return;
-    };
+    let raw = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let assets = corpus::assets_dir();
-    if !assets.join("wiki").is_dir() || !assets.join("austen").is_dir() {
-        eprintln!("skipping: assets not found at {}", assets.display());
-        return;
-    }
+    assert!(
+        assets.join("wiki").is_dir() && assets.join("austen").is_dir(),
+        "assets not found at {}: run scripts/fetch_assets.sh (make test does)",
+        assets.display()
+    );
     let fixture: serde_json::Map<String, Value> =
         serde_json::from_slice(&raw).expect("fixture is a JSON object");
 

@@ -2,7 +2,10 @@
 //! allocation sized by an untrusted count. A counting global allocator records the largest
 //! single allocation made while each hostile file is opened.
 
-#[path = "gguf_writer.rs"]
+#[path = "common/assets.rs"]
+mod assets;
+
+#[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
 use gguf_writer::{put_str, s, GgufBuilder, V};
@@ -97,19 +100,6 @@ fn prefix(version: u32, n_tensors: u64, n_kv: u64) -> Vec<u8> {
     out
 }
 
-fn real_model() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: {} not present (run scripts/fetch_assets.sh)",
-            p.display()
-        );
-        None
-    }
-}
-
 #[test]
 fn allocation_counter_sees_large_allocations() {
     let _g = MEASURE.lock().unwrap_or_else(|e| e.into_inner());
@@ -154,7 +144,7 @@ fn truncated_synthetic_file_at_every_byte() {
 
 #[test]
 fn truncated_real_model_header() {
-    let Some(model) = real_model() else { return };
+    let model = assets::smollm2_gguf();
     let head = {
         use std::io::Read;
         let mut buf = vec![0u8; 2_000_000];

@@ -2,7 +2,7 @@
 //! the Q/K un-permutation (llama/mistral only), config.json fields, rope scaling, and the
 //! errors for incomplete or inconsistent files.
 
-#[path = "gguf_writer.rs"]
+#[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
 use gguf_writer::{s, tiny_tokenizer, GgufBuilder, V};

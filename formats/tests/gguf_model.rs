@@ -10,41 +10,26 @@
 //!   summation, whose error here is a few ulps of the sum, so 1e-12 relative is generous
 //!   (squares of f32 values are exact in f64).
 //!
-//! Absent model or fixture → the test says SKIPPED and passes (assets are fetched by
-//! `scripts/fetch_assets.sh`, fixtures made by `scripts/golden`).
+//! The model comes from `scripts/fetch_assets.sh` (run by `make test`), the fixtures from
+//! `scripts/golden`; a missing one fails the test.
+
+#[path = "common/assets.rs"]
+mod assets;
 
 use serde_json::Value;
 use sfx_formats::gguf::{import_gguf, GgufFile};
 use sfx_formats::TensorSource;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
-fn model_path() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: {} not present (run scripts/fetch_assets.sh)",
-            p.display()
-        );
-        None
-    }
-}
-
-fn fixture(name: &str) -> Option<Value> {
+fn fixture(name: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures")
         .join(name);
-    match std::fs::read_to_string(&p) {
-        Ok(s) => Some(serde_json::from_str(&s).unwrap()),
-        Err(_) => {
-            eprintln!("SKIPPED: fixture {} not present", p.display());
-            None
-        }
-    }
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
 }
 
 /// Neumaier-compensated sum (plus sum of squares and of absolute values).
@@ -92,9 +77,8 @@ fn bits(hex: &Value) -> u32 {
 
 #[test]
 fn every_tensor_matches_gguf_py_reference() {
-    let (Some(path), Some(fx)) = (model_path(), fixture("gguf_dequant_reference.json")) else {
-        return;
-    };
+    let path = assets::smollm2_gguf();
+    let fx = fixture("gguf_dequant_reference.json");
     let g = GgufFile::open(&path).unwrap();
     let refs = fx["tensors"].as_array().unwrap();
     assert_eq!(refs.len(), g.tensors().len());
@@ -168,9 +152,8 @@ fn every_tensor_matches_gguf_py_reference() {
 
 #[test]
 fn hf_layout_matches_transformers_unpermutation() {
-    let (Some(path), Some(fx)) = (model_path(), fixture("gguf_dequant_reference.json")) else {
-        return;
-    };
+    let path = assets::smollm2_gguf();
+    let fx = fixture("gguf_dequant_reference.json");
     let m = import_gguf(&path).unwrap();
     let g = GgufFile::open(&path).unwrap();
     for (hf_name, r) in fx["hf_layout"].as_object().unwrap() {
@@ -228,7 +211,7 @@ fn hf_layout_matches_transformers_unpermutation() {
 
 #[test]
 fn dequantizing_the_whole_model_is_fast() {
-    let Some(path) = model_path() else { return };
+    let path = assets::smollm2_gguf();
     let t0 = Instant::now();
     let g = GgufFile::open(&path).unwrap();
     let opened = t0.elapsed();
@@ -261,7 +244,7 @@ fn dequantizing_the_whole_model_is_fast() {
 
 #[test]
 fn import_and_write_hf_folder() {
-    let Some(path) = model_path() else { return };
+    let path = assets::smollm2_gguf();
     let t0 = Instant::now();
     let m = import_gguf(&path).unwrap();
     let import_s = t0.elapsed().as_secs_f64();

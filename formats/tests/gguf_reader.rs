@@ -1,7 +1,7 @@
 //! The GGUF reader on well-formed synthetic files: every metadata value type, nested arrays,
 //! the typed accessors and their errors, tensor infos and raw/dequantized data.
 
-#[path = "gguf_writer.rs"]
+#[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
 use gguf_writer::{s, GgufBuilder, V};

@@ -2,37 +2,22 @@
 //! ids made with transformers (with llama.cpp's "smollm" digit split), and the pre-tokenizer
 //! wiring of every supported `tokenizer.ggml.pre` on a synthetic vocabulary.
 
-#[path = "gguf_writer.rs"]
+#[path = "common/assets.rs"]
+mod assets;
+
+#[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
 use gguf_writer::{s, tiny_tokenizer, V};
 use serde_json::Value;
 use sfx_formats::gguf::{tokenizer_from_gguf, GgufFile};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
-fn model_path() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: {} not present (run scripts/fetch_assets.sh)",
-            p.display()
-        );
-        None
-    }
-}
-
-fn golden() -> Option<Value> {
+fn golden() -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/golden_smollm2.json");
-    match std::fs::read_to_string(&p) {
-        Ok(s) => Some(serde_json::from_str(&s).unwrap()),
-        Err(_) => {
-            eprintln!("SKIPPED: fixture {} not present", p.display());
-            None
-        }
-    }
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
@@ -45,9 +30,8 @@ fn u32s(v: &Value) -> Vec<u32> {
 
 #[test]
 fn golden_prompts_tokenize_exactly_and_round_trip() {
-    let (Some(path), Some(gold)) = (model_path(), golden()) else {
-        return;
-    };
+    let path = assets::smollm2_gguf();
+    let gold = golden();
     let g = GgufFile::open(&path).unwrap();
     let tok = tokenizer_from_gguf(&g).unwrap().tokenizer;
     let prompts = gold["prompts"].as_array().unwrap();
@@ -95,7 +79,7 @@ fn golden_prompts_tokenize_exactly_and_round_trip() {
 
 #[test]
 fn real_model_special_tokens_and_configs() {
-    let Some(path) = model_path() else { return };
+    let path = assets::smollm2_gguf();
     let g = GgufFile::open(&path).unwrap();
     let t = tokenizer_from_gguf(&g).unwrap();
     assert_eq!(t.special.bos, Some(1));

@@ -418,8 +418,7 @@ fn eval_parts(
 }
 
 fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
-    let window = (cli.ctx != 2048).then_some(cli.ctx);
-    let spec = EvalSpec::parse(spec_str, window)?;
+    let spec = EvalSpec::parse(spec_str, Some(cli.ctx))?;
     let (parts, meta) = eval_parts(loaded, &spec, !cli.json)?;
     let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
     let max_ctx = loaded.ckpt.config.max_position_embeddings;

@@ -85,6 +85,17 @@ fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
         }
     }
     let params: u64 = by_dtype.values().map(|v| v.1).sum();
+    // A GGUF is dequantized on open; its stored block types are what a user wants to see.
+    let mut stored: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
+    if spec.to_ascii_lowercase().ends_with(".gguf") {
+        let g =
+            sfx_formats::gguf::GgufFile::open(spec).with_context(|| format!("opening {spec}"))?;
+        for t in g.tensors() {
+            let e = stored.entry(t.ggml_type.name()).or_default();
+            e.0 += 1;
+            e.1 += t.n_bytes as u64;
+        }
+    }
     if json {
         let v = serde_json::json!({
             "origin": ckpt.origin,
@@ -92,6 +103,7 @@ fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
             "parameters": params,
             "tensor_count": names.len(),
             "dtypes": by_dtype.iter().map(|(k, v)| (k.to_string(), serde_json::json!({"tensors": v.0, "elements": v.1}))).collect::<BTreeMap<_,_>>(),
+            "gguf_stored_types": stored.iter().map(|(k, v)| (k.to_string(), serde_json::json!({"tensors": v.0, "bytes": v.1}))).collect::<BTreeMap<_,_>>(),
             "has_tokenizer": ckpt.tokenizer_json.is_some(),
             "has_chat_template": ckpt.chat_template().is_some(),
             "tensors": if list_tensors { Some(listing) } else { None },
@@ -125,6 +137,12 @@ fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
         println!(
             "  {dtype:5} {n:5} tensors {:.1} M elements",
             *e as f64 / 1e6
+        );
+    }
+    for (ty, (n, bytes)) in &stored {
+        println!(
+            "  stored as {ty:5} {n:5} tensors {:.1} MB",
+            *bytes as f64 / 1e6
         );
     }
     println!(

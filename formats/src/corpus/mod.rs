@@ -323,15 +323,15 @@ pub fn load_file_text(path: &Path) -> Result<String, CorpusError> {
 mod tests {
     use super::*;
 
-    /// The real assets, or `None` (with a note) when they have not been fetched.
-    fn real_assets() -> Option<PathBuf> {
+    /// The real assets (`make test` fetches them first; missing assets fail the test).
+    fn real_assets() -> PathBuf {
         let dir = assets_dir();
-        if dir.join("wiki").is_dir() && dir.join("austen").is_dir() && dir.join("brown").is_dir() {
-            Some(dir)
-        } else {
-            eprintln!("skipping: assets not found at {}", dir.display());
-            None
-        }
+        assert!(
+            dir.join("wiki").is_dir() && dir.join("austen").is_dir() && dir.join("brown").is_dir(),
+            "assets not found at {}: run scripts/fetch_assets.sh",
+            dir.display()
+        );
+        dir
     }
 
     fn stats(name: &str, text: &str) {
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn real_austen_database() {
-        let Some(assets) = real_assets() else { return };
+        let assets = real_assets();
         let db = austen_db(&assets).expect("austen db");
         let names: Vec<&str> = db.names().collect();
         eprintln!("austen objects: {names:?}");
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn real_wiki_text() {
-        let Some(assets) = real_assets() else { return };
+        let assets = real_assets();
         let text = wiki_text(&assets).expect("wiki");
         stats("wiki", &text);
         // Figures from assets.md.
@@ -484,7 +484,7 @@ mod tests {
 
     #[test]
     fn real_brown_text() {
-        let Some(assets) = real_assets() else { return };
+        let assets = real_assets();
         let text = brown_text(&assets).expect("brown");
         stats("brown", &text);
         let head: String = text.chars().take(300).collect();
