@@ -1,4 +1,5 @@
 # StrataFlux developer entry points. `make test` is what CI runs (via .ci/run).
+SHELL := /bin/bash
 SFX_ASSETS ?= $(CURDIR)/assets
 export SFX_ASSETS
 CARGO ?= cargo
@@ -22,7 +23,9 @@ clippy:
 
 # Unit and integration tests; integration tests run the real SmolLM2 model and texts.
 unit: assets
-	$(CARGO) test --workspace
+	mkdir -p target; set -o pipefail; $(CARGO) test --workspace 2>&1 | tee target/test.log
+	@awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i } } \
+	     END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' target/test.log
 
 test: fmt-check clippy unit
 

@@ -96,3 +96,25 @@ fn missing_model_and_bad_eval_spec_are_clear() {
     let (code, err) = run(RUN, &[gguf.to_str().unwrap(), "--ppl", "nosuchfile.txt:1"]);
     assert_clean_failure(code, &err, "nosuchfile.txt");
 }
+
+#[test]
+fn truncated_safetensors_folder_is_rejected() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("hf");
+    let gguf = real_gguf();
+    let (code, err) = run(
+        CONVERT,
+        &[
+            "import-gguf",
+            gguf.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let st = out.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    let (code, err) = run(RUN, &[out.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    assert_clean_failure(code, &err, "model.safetensors");
+}
