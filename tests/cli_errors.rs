@@ -118,3 +118,26 @@ fn truncated_safetensors_folder_is_rejected() {
     let (code, err) = run(RUN, &[out.to_str().unwrap(), "-p", "hi", "-n", "1"]);
     assert_clean_failure(code, &err, "model.safetensors");
 }
+
+#[test]
+fn sfx_verify_names_a_corrupted_section() {
+    use sfx_formats::sfx::{Codec, Layout, SectionSpec, SfxMetadata, SfxWriter, Tier};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.sfx");
+    let mut w = SfxWriter::create(&p).unwrap();
+    w.add_section(
+        SectionSpec::new("layers.0.refine.qkv", Tier::Ram, Codec::Raw, Layout::Bytes),
+        &[7u8; 10_000],
+    )
+    .unwrap();
+    w.finish(&SfxMetadata::default()).unwrap();
+    let sfx = env!("CARGO_BIN_EXE_sfx");
+    let (code, err) = run(sfx, &["verify", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    // Flip one bit inside the section's data (sections start at the first 4 KiB boundary).
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[4096 + 123] ^= 0x10;
+    std::fs::write(&p, bytes).unwrap();
+    let (code, err) = run(sfx, &["verify", p.to_str().unwrap()]);
+    assert_clean_failure(code, &err, "layers.0.refine.qkv");
+}

@@ -4,3 +4,7 @@
 //! trait, calibration statistics M = E[zzᵀ] and G = E[xzᵀ], the fitted refinement solve
 //! C (M + λI) = R G + λR) lands here. Calibration text comes from
 //! `sfx_formats::corpus` (`brown` by default).
+
+pub mod quant;
+pub mod refine;
+pub mod stats;

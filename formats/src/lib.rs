@@ -13,6 +13,8 @@ pub mod config;
 pub mod corpus;
 pub mod error;
 pub mod gguf;
+pub mod resident;
+pub mod sfx;
 pub mod tensor;
 
 pub use config::ModelConfig;

@@ -15,6 +15,8 @@ pub mod eval;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;
+pub mod observe;
+pub mod resident;
 pub mod sampling;
 
 pub use backend::cpu::{CpuBackend, SimdLevel};
@@ -23,3 +25,4 @@ pub use error::RuntimeError;
 pub use kv_cache::{F32KvCache, KvCache, KvShape};
 pub use linear::{FloatLinear, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec};
 pub use model::{Logits, LogitsMode, Model, ModelOptions};
+pub use observe::{ActivationObserver, ProjectionSet};

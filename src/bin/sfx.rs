@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::sfx::SfxFile;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command as Proc, Stdio};
@@ -25,7 +26,7 @@ enum Command {
     /// every sha256. Needs python3 + pip, npm and apt-get.
     Fetch,
     /// Show a model's configuration, tensors and tokenizer: a .gguf file, a Hugging Face
-    /// folder, or a Hub repo id.
+    /// folder, a Hub repo id, or a .sfx container (sections with tiers and bytes).
     Inspect {
         model: String,
         /// Print JSON instead of text.
@@ -34,6 +35,13 @@ enum Command {
         /// List every tensor.
         #[arg(long)]
         tensors: bool,
+    },
+    /// Check every section checksum of a .sfx container (the structure is validated on open).
+    Verify {
+        file: std::path::PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -47,6 +55,7 @@ fn main() -> Result<()> {
             json,
             tensors,
         } => inspect(&model, json, tensors),
+        Command::Verify { file, json } => verify(&file, json),
     }
 }
 
@@ -68,7 +77,76 @@ fn fetch() -> Result<()> {
     Ok(())
 }
 
+fn verify(path: &std::path::Path, json: bool) -> Result<()> {
+    let f = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let report = f
+        .verify()
+        .with_context(|| format!("verifying {}", path.display()))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"file": path.display().to_string(), "ok": true,
+                "sections": report.sections, "bytes": report.bytes})
+        );
+    } else {
+        println!(
+            "{}: OK ({} sections, {} bytes checked)",
+            path.display(),
+            report.sections,
+            report.bytes
+        );
+    }
+    Ok(())
+}
+
+fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
+    let f = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut tiers: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
+    let mut sections = Vec::new();
+    for s in f.sections() {
+        let e = tiers.entry(s.tier.as_str()).or_default();
+        e.0 += 1;
+        e.1 += s.bytes.len() as u64;
+        sections.push(serde_json::json!({"name": s.name, "tier": s.tier.as_str(),
+            "stored_bytes": s.bytes.len(), "decoded_bytes": s.decoded_len,
+            "layout": format!("{:?}", s.layout), "codec": format!("{:?}", s.codec)}));
+    }
+    let meta = f.metadata();
+    if json {
+        let v = serde_json::json!({"file": path.display().to_string(), "config": meta.config,
+            "provenance": meta.provenance, "params": meta.params,
+            "tiers": tiers.iter().map(|(k, v)| (k.to_string(), serde_json::json!({"sections": v.0, "bytes": v.1}))).collect::<BTreeMap<_, _>>(),
+            "sections": sections});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("container    {}", path.display());
+    if let Some(c) = &meta.config {
+        println!(
+            "model        {:?}, {} layers, hidden {}, vocab {}",
+            c.arch, c.num_hidden_layers, c.hidden_size, c.vocab_size
+        );
+    }
+    println!(
+        "provenance   {} {} from {}",
+        meta.provenance.tool, meta.provenance.tool_version, meta.provenance.source_id
+    );
+    for (tier, (n, bytes)) in &tiers {
+        println!(
+            "  tier {tier:8} {n:5} sections {:.1} MB",
+            *bytes as f64 / 1e6
+        );
+    }
+    for (k, v) in &meta.params {
+        println!("  param {k} = {v}");
+    }
+    Ok(())
+}
+
 fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
+    if spec.to_ascii_lowercase().ends_with(".sfx") {
+        return inspect_sfx(std::path::Path::new(spec), json);
+    }
     let ckpt = Checkpoint::open(spec).with_context(|| format!("opening {spec}"))?;
     let names = ckpt.tensors.tensor_names();
     let mut by_dtype: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();

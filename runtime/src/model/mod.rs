@@ -18,6 +18,7 @@ use crate::kv_cache::{F32KvCache, KvCache, KvShape};
 use crate::linear::{
     check_shape, require, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec,
 };
+use crate::observe::{ActivationObserver, ProjectionSet};
 use sfx_formats::{ModelConfig, TensorSource};
 
 /// Load- and run-time options.
@@ -181,6 +182,28 @@ impl<B: Backend> Model<B> {
         cache: &mut dyn KvCache<B>,
         mode: LogitsMode,
     ) -> Result<Logits> {
+        self.forward_inner(tokens, cache, mode, None)
+    }
+
+    /// [`Model::forward`] that also hands every projection set's input to `observer`
+    /// (downloaded to the host; see [`crate::observe`]).
+    pub fn forward_observed(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache<B>,
+        mode: LogitsMode,
+        observer: &mut dyn ActivationObserver,
+    ) -> Result<Logits> {
+        self.forward_inner(tokens, cache, mode, Some(observer))
+    }
+
+    fn forward_inner(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache<B>,
+        mode: LogitsMode,
+        observer: Option<&mut dyn ActivationObserver>,
+    ) -> Result<Logits> {
         if tokens.is_empty() {
             return Err(RuntimeError::EmptyInput);
         }
@@ -209,7 +232,7 @@ impl<B: Backend> Model<B> {
         }
 
         self.backend
-            .run(|| self.forward_checked(tokens, cache, mode))
+            .run(|| self.forward_checked(tokens, cache, mode, observer))
     }
 
     fn forward_checked(
@@ -217,6 +240,7 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         cache: &mut dyn KvCache<B>,
         mode: LogitsMode,
+        mut observer: Option<&mut dyn ActivationObserver>,
     ) -> Result<Logits> {
         let vocab = self.config.vocab_size;
         let n = tokens.len();
@@ -229,7 +253,7 @@ impl<B: Backend> Model<B> {
             let end = start + chunk.len();
             // Rows of this chunk that fall in the selected tail.
             let chunk_rows = end - first_row.clamp(start, end);
-            self.forward_chunk(chunk, cache, chunk_rows, &mut logits)?;
+            self.forward_chunk(chunk, cache, chunk_rows, &mut logits, &mut observer)?;
             start = end;
         }
         Ok(Logits::new(logits, vocab, first_position))
@@ -242,6 +266,7 @@ impl<B: Backend> Model<B> {
         cache: &mut dyn KvCache<B>,
         logit_rows: usize,
         logits: &mut Vec<f32>,
+        observer: &mut Option<&mut dyn ActivationObserver>,
     ) -> Result<()> {
         let b = &self.backend;
         let c = &self.config;
@@ -266,6 +291,7 @@ impl<B: Backend> Model<B> {
 
         for (li, l) in self.layers.iter().enumerate() {
             b.rms_norm(&h, &l.attn_norm, self.eps, &mut xn)?;
+            observe(b, observer, li, ProjectionSet::Qkv, &xn, n)?;
             l.q_proj.forward(b, &xn, n, &mut q)?;
             l.k_proj.forward(b, &xn, n, &mut k)?;
             l.v_proj.forward(b, &xn, n, &mut v)?;
@@ -276,13 +302,16 @@ impl<B: Backend> Model<B> {
             b.rope(&mut q, c.num_attention_heads, c.head_dim, &cos, &sin)?;
             b.rope(&mut k, c.num_key_value_heads, c.head_dim, &cos, &sin)?;
             cache.append_and_attend(b, li, c.num_attention_heads, n, &q, &k, &v, &mut attn)?;
+            observe(b, observer, li, ProjectionSet::O, &attn, n)?;
             l.o_proj.forward(b, &attn, n, &mut tmp)?;
             b.add_assign(&mut h, &tmp)?;
 
             b.rms_norm(&h, &l.mlp_norm, self.eps, &mut xn)?;
+            observe(b, observer, li, ProjectionSet::GateUp, &xn, n)?;
             l.gate_proj.forward(b, &xn, n, &mut gate)?;
             l.up_proj.forward(b, &xn, n, &mut up)?;
             b.silu_mul(&mut gate, &up)?;
+            observe(b, observer, li, ProjectionSet::Down, &gate, n)?;
             l.down_proj.forward(b, &gate, n, &mut tmp)?;
             b.add_assign(&mut h, &tmp)?;
         }
@@ -312,6 +341,23 @@ impl Model<CpuBackend> {
     ) -> Result<Self> {
         Self::load(CpuBackend::new(), config, tensors, options)
     }
+}
+
+/// Downloads `x` (`rows` rows) and hands it to the observer, if there is one.
+fn observe<B: Backend>(
+    b: &B,
+    observer: &mut Option<&mut dyn ActivationObserver>,
+    layer: usize,
+    set: ProjectionSet,
+    x: &B::Buffer,
+    rows: usize,
+) -> Result<()> {
+    if let Some(o) = observer.as_deref_mut() {
+        let mut host = vec![0.0f32; b.buffer_len(x)];
+        b.download(x, &mut host)?;
+        o.observe(layer, set, &host, rows);
+    }
+    Ok(())
 }
 
 /// Rejects configs the graph cannot run (ModelConfig's fields are public, so a hand-built one

@@ -1,0 +1,510 @@
+//! [`GroupQuantLinear`]: `y = x·Ŵᵀ` for group-quantized weights
+//! (`ŵ[r, i] = (q[r, i] − z[r, g])·s[r, g]`, layout in `sfx_formats::resident`).
+//!
+//! Decode (m ≤ 2, per token): never dequantizes the matrix. Per row the affine form
+//! `y_r = Σ_g s_{r,g} (Σ_{i∈g} q_{r,i} x_i − z_{r,g} Σ_{i∈g} x_i)` needs one integer-code ×
+//! activation dot per group plus one multiply-add per group; the group sums `Σ x` are
+//! computed once per token and shared by all rows. Codes are unpacked 8 at a time from
+//! `bits` bytes (one u32, constant shifts per lane, so LLVM vectorizes the unpack, convert
+//! and FMA 8 lanes wide); one body is compiled per SIMD tier (`multiversioned!`). Rows are
+//! split into ~4 blocks per rayon thread like the float matvec; f32 accumulation.
+//!
+//! Prefill (m > 2): each rayon task dequantizes a panel of rows to f32 (sized for L2) and runs
+//! faer's f32 GEMM on it — the float path's strategy, with unpacking in place of widening.
+
+use crate::backend::cpu::math::multiversioned;
+use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
+use crate::backend::WeightPrecision;
+use crate::error::{check_len, Result, RuntimeError};
+use crate::linear::{
+    check_shape, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
+};
+use faer::{Accum, MatMut, MatRef, Par};
+use half::f16;
+use rayon::prelude::*;
+use sfx_formats::resident::{minmax_grid, GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
+use sfx_formats::TensorSource;
+
+/// Token counts up to this run the decode matvec once per token (as the float backend).
+const MATVEC_MAX_ROWS: usize = 2;
+/// Below this many code bytes a matvec stays on one thread (a fork/join costs a few µs).
+const MIN_PARALLEL_BYTES: usize = 32 * 1024;
+/// Target size of one dequantized f32 panel in the prefill GEMM (as the float GEMM).
+const PANEL_BYTES: usize = 256 * 1024;
+
+fn layout_err(op: &'static str, e: ResidentError) -> RuntimeError {
+    RuntimeError::Shape {
+        op,
+        msg: e.to_string(),
+    }
+}
+
+/// A group-quantized projection with an optional f32 bias, on the CPU backend.
+#[derive(Debug, Clone)]
+pub struct GroupQuantLinear {
+    weight: GroupQuantized,
+    bias: Option<Vec<f32>>,
+}
+
+impl GroupQuantLinear {
+    pub fn new(weight: GroupQuantized, bias: Option<Vec<f32>>) -> Result<Self> {
+        if let Some(b) = &bias {
+            check_len("GroupQuantLinear::new", "bias", b.len(), weight.rows())?;
+        }
+        Ok(Self { weight, bias })
+    }
+
+    pub fn weight(&self) -> &GroupQuantized {
+        &self.weight
+    }
+
+    /// `y = Ŵ·x` for one token (`x.len() == cols`, `y.len() == rows`), bias excluded.
+    pub fn matvec(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) {
+        let w = &self.weight;
+        let (rows, cols, gs) = (w.rows(), w.cols(), w.group_size());
+        debug_assert_eq!((x.len(), y.len()), (cols, rows));
+        let gsum: Vec<f32> = x.chunks(gs).map(|c| c.iter().sum()).collect();
+        let xp = plane_order(x, gs, w.bits() as usize);
+        let rb = w.row_bytes();
+        let gpr = w.groups_per_row();
+        let block = |r0: usize, yb: &mut [f32]| {
+            let n = yb.len();
+            let args = Rows {
+                codes: &w.codes()[r0 * rb..(r0 + n) * rb],
+                scales: &w.scales()[r0 * gpr..(r0 + n) * gpr],
+                zeros: &w.zeros()[r0 * gpr..(r0 + n) * gpr],
+                x,
+                xp: &xp,
+                gsum: &gsum,
+                group: gs,
+            };
+            match w.bits() {
+                4 => rows_b4(level, &args, yb),
+                3 => rows_b3(level, &args, yb),
+                _ => rows_b2(level, &args, yb),
+            }
+        };
+        let threads = rayon::current_num_threads();
+        if w.codes().len() < MIN_PARALLEL_BYTES || threads == 1 {
+            block(0, y);
+            return;
+        }
+        let per_task = rows.div_ceil(threads * 4).max(1);
+        y.par_chunks_mut(per_task)
+            .enumerate()
+            .for_each(|(b, yb)| block(b * per_task, yb));
+    }
+
+    /// `y[m, rows] = x[m, cols] · Ŵᵀ` through dequantized panels and faer, bias excluded.
+    fn matmul_panels(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        let w = &self.weight;
+        let (rows, cols) = (w.rows(), w.cols());
+        let xm = MatRef::from_row_major_slice(x, m, cols);
+        let threads = rayon::current_num_threads().max(1);
+        let by_cache = (PANEL_BYTES / (4 * cols)).max(16);
+        let by_threads = rows.div_ceil(2 * threads);
+        let panel = by_cache.min(by_threads).next_multiple_of(16).max(16);
+        let mut blocks: Vec<(usize, MatMut<'_, f32>)> = Vec::with_capacity(rows.div_ceil(panel));
+        let mut rest = MatMut::from_row_major_slice_mut(y, m, rows);
+        let mut start = 0;
+        while start < rows {
+            let width = panel.min(rows - start);
+            let (block, tail) = rest.split_at_col_mut(width);
+            blocks.push((start, block));
+            rest = tail;
+            start += width;
+        }
+        blocks.into_par_iter().for_each(|(r0, yb)| {
+            let width = yb.ncols();
+            let mut wide = vec![0.0f32; width * cols];
+            for (i, row) in wide.chunks_exact_mut(cols).enumerate() {
+                dequantize_row_fast(w, r0 + i, row);
+            }
+            let wm = MatRef::from_row_major_slice(&wide, width, cols);
+            faer::linalg::matmul::matmul(yb, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::Seq);
+        });
+    }
+}
+
+impl Linear<CpuBackend> for GroupQuantLinear {
+    fn in_dim(&self) -> usize {
+        self.weight.cols()
+    }
+    fn out_dim(&self) -> usize {
+        self.weight.rows()
+    }
+    fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+    fn forward(
+        &self,
+        backend: &CpuBackend,
+        x: &CpuBuffer,
+        m: usize,
+        y: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (rows, cols) = (self.weight.rows(), self.weight.cols());
+        check_len("GroupQuantLinear::forward", "input", x.len(), m * cols)?;
+        check_len("GroupQuantLinear::forward", "output", y.len(), m * rows)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let (x, y) = (x.as_slice(), y.as_mut_slice());
+        if m <= MATVEC_MAX_ROWS {
+            for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+                self.matvec(backend.simd(), xr, yr);
+            }
+        } else {
+            self.matmul_panels(x, m, y);
+        }
+        if let Some(b) = &self.bias {
+            for yr in y.chunks_exact_mut(rows) {
+                for (v, bv) in yr.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn resident_bytes(&self) -> usize {
+        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| 4 * b.len())
+    }
+    fn describe(&self) -> String {
+        format!(
+            "q{}g{} {}×{} ({:.3} bits/weight){}",
+            self.weight.bits(),
+            self.weight.group_size(),
+            self.weight.cols(),
+            self.weight.rows(),
+            self.weight.bits_per_weight(),
+            if self.bias.is_some() { " +bias" } else { "" }
+        )
+    }
+}
+
+/// One block of rows for the decode kernel.
+struct Rows<'a> {
+    codes: &'a [u8],
+    scales: &'a [f16],
+    zeros: &'a [u8],
+    x: &'a [f32],
+    /// `x` in bit-plane order (`plane_order`), read by the 2/4-bit block loop.
+    xp: &'a [f32],
+    /// Σ x per group.
+    gsum: &'a [f32],
+    group: usize,
+}
+
+/// 8 codes of `B` bits from `B` little-endian bytes (8·B ≤ 32 bits).
+#[inline(always)]
+fn unpack8<const B: usize>(p: &[u8]) -> [f32; 8] {
+    let mut v = 0u32;
+    for (k, &b) in p[..B].iter().enumerate() {
+        v |= u32::from(b) << (8 * k);
+    }
+    let mask = (1u32 << B) - 1;
+    std::array::from_fn(|j| ((v >> (B * j)) & mask) as f32)
+}
+
+/// Codes per block of the planar fast path: 16 lanes × (8 / bits) codes from 16 bytes at
+/// 2 and 4 bits (64, 32 codes); 16 lanes × 8 codes from 48 bytes (3 bytes a lane) at 3 bits.
+const fn block_codes(bits: usize) -> usize {
+    if bits == 3 {
+        128
+    } else {
+        128 / bits
+    }
+}
+
+/// Reorders `x` so that the kernels read codes as bit planes: in each full block of a group,
+/// lane `k` (byte `k`, or bytes `3k..3k+3` at 3 bits) holds codes `per·k + j`
+/// (`per = block / 16`) at bit `bits·j`, so `xp[base + 16·j + k] = x[base + per·k + j]`;
+/// then plane `j` of the 16 lanes meets 16 consecutive `xp` values (a straight
+/// shift-mask-convert-FMA loop). Values past the last full block of a group keep their
+/// order. O(cols) once per token, shared by all rows.
+fn plane_order(x: &[f32], group: usize, bits: usize) -> Vec<f32> {
+    let mut xp = x.to_vec();
+    let blk = block_codes(bits);
+    let per = blk / 16;
+    for (xg, pg) in x.chunks(group).zip(xp.chunks_mut(group)) {
+        for (xb, pb) in xg.chunks_exact(blk).zip(pg.chunks_exact_mut(blk)) {
+            for j in 0..per {
+                for k in 0..16 {
+                    pb[16 * j + k] = xb[per * k + j];
+                }
+            }
+        }
+    }
+    xp
+}
+
+/// Σ q·x over codes `first..first + xs.len()` of a group's bit stream, 8 at a time.
+#[inline(always)]
+fn dot_chunks<const B: usize>(bytes: &[u8], first: usize, xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut xc = xs.chunks_exact(8);
+    let b0 = first * B / 8;
+    for (c, x8) in (&mut xc).enumerate() {
+        let q = unpack8::<B>(&bytes[b0 + c * B..]);
+        for j in 0..8 {
+            acc[j] += q[j] * x8[j];
+        }
+    }
+    let mut dot: f32 = acc.iter().sum();
+    let done = first + xs.len() - xc.remainder().len();
+    for (j, &xv) in xc.remainder().iter().enumerate() {
+        dot += f32::from(sfx_formats::resident::get_code(bytes, done + j, B as u8)) * xv;
+    }
+    dot
+}
+
+#[inline(always)]
+fn rows_generic<const B: usize>(a: &Rows<'_>, y: &mut [f32]) {
+    let cols = a.x.len();
+    let rb = (cols * B).div_ceil(8);
+    let gpr = a.gsum.len();
+    let blk = block_codes(B);
+    let block_bytes = blk * B / 8;
+    let mask = (1u32 << B) - 1;
+    for (r, yr) in y.iter_mut().enumerate() {
+        let row = &a.codes[r * rb..(r + 1) * rb];
+        // Σ_g s_g·(block dots) kept as 16 lanes (no horizontal sum per group); the scalar
+        // part carries the tails and −Σ_g s_g z_g Σx_g.
+        let mut lanes = [0.0f32; 16];
+        let mut total = 0.0f32;
+        for (g, xg) in a.x.chunks(a.group).enumerate() {
+            let bytes = &row[g * a.group * B / 8..];
+            let s = a.scales[r * gpr + g].to_f32();
+            let z = f32::from(a.zeros[r * gpr + g]);
+            let rest = {
+                let xpg = &a.xp[g * a.group..g * a.group + xg.len()];
+                let nb = xg.len() / blk;
+                let mut acc = [0.0f32; 16];
+                for (by, xb) in bytes[..nb * block_bytes]
+                    .chunks_exact(block_bytes)
+                    .zip(xpg.chunks_exact(blk))
+                {
+                    if B == 3 {
+                        // Lane k = bytes 3k..3k+3 = codes 8k..8k+7.
+                        let v: [u32; 16] = std::array::from_fn(|k| {
+                            u32::from(by[3 * k])
+                                | u32::from(by[3 * k + 1]) << 8
+                                | u32::from(by[3 * k + 2]) << 16
+                        });
+                        for j in 0..8 {
+                            let xj = &xb[16 * j..16 * j + 16];
+                            for k in 0..16 {
+                                acc[k] += ((v[k] >> (3 * j)) & mask) as f32 * xj[k];
+                            }
+                        }
+                    } else {
+                        // Byte-wide lanes measured 2× faster than u32 lanes at 2 bits.
+                        for j in 0..blk / 16 {
+                            let xj = &xb[16 * j..16 * j + 16];
+                            for k in 0..16 {
+                                acc[k] += f32::from((by[k] >> (B * j)) & mask as u8) * xj[k];
+                            }
+                        }
+                    }
+                }
+                for k in 0..16 {
+                    lanes[k] += s * acc[k];
+                }
+                if nb * blk < xg.len() {
+                    dot_chunks::<B>(bytes, nb * blk, &xg[nb * blk..])
+                } else {
+                    0.0
+                }
+            };
+            total += s * (rest - z * a.gsum[g]);
+        }
+        *yr = total + lanes.iter().sum::<f32>();
+    }
+}
+
+#[inline(always)]
+fn rows_4(a: &Rows<'_>, y: &mut [f32]) {
+    rows_generic::<4>(a, y)
+}
+#[inline(always)]
+fn rows_3(a: &Rows<'_>, y: &mut [f32]) {
+    rows_generic::<3>(a, y)
+}
+#[inline(always)]
+fn rows_2(a: &Rows<'_>, y: &mut [f32]) {
+    rows_generic::<2>(a, y)
+}
+
+multiversioned! { fn rows_b4(a: &Rows<'_>, y: &mut [f32]) = rows_4; }
+multiversioned! { fn rows_b3(a: &Rows<'_>, y: &mut [f32]) = rows_3; }
+multiversioned! { fn rows_b2(a: &Rows<'_>, y: &mut [f32]) = rows_2; }
+
+/// Dequantizes row `r` with the 8-at-a-time unpack (prefill panels).
+fn dequantize_row_fast(w: &GroupQuantized, r: usize, out: &mut [f32]) {
+    fn go<const B: usize>(w: &GroupQuantized, r: usize, out: &mut [f32]) {
+        let rb = w.row_bytes();
+        let gpr = w.groups_per_row();
+        let row = &w.codes()[r * rb..(r + 1) * rb];
+        for (g, og) in out.chunks_mut(w.group_size()).enumerate() {
+            let bytes = &row[g * w.group_size() * B / 8..];
+            let s = w.scales()[r * gpr + g].to_f32();
+            let zs = f32::from(w.zeros()[r * gpr + g]) * s;
+            let glen = og.len();
+            let mut oc = og.chunks_exact_mut(8);
+            for (c, o8) in (&mut oc).enumerate() {
+                let q = unpack8::<B>(&bytes[c * B..]);
+                for j in 0..8 {
+                    o8[j] = q[j] * s - zs;
+                }
+            }
+            let rem = oc.into_remainder();
+            let done = glen - rem.len();
+            for (j, o) in rem.iter_mut().enumerate() {
+                *o = f32::from(sfx_formats::resident::get_code(bytes, done + j, B as u8)) * s - zs;
+            }
+        }
+    }
+    match w.bits() {
+        4 => go::<4>(w, r, out),
+        3 => go::<3>(w, r, out),
+        _ => go::<2>(w, r, out),
+    }
+}
+
+/// Loads every decoder projection as RTN group-quantized weights (quantized at load from the
+/// float checkpoint); an untied output head stays float at `head_precision` and a tied one
+/// shares the float embedding. The embedding is never quantized.
+#[derive(Debug, Clone, Copy)]
+pub struct RtnFactory {
+    pub bits: u8,
+    pub group_size: usize,
+    pub head_precision: WeightPrecision,
+}
+
+impl RtnFactory {
+    /// `bits`-bit RTN, group 128, BF16 head.
+    pub fn new(bits: u8) -> Self {
+        Self {
+            bits,
+            group_size: DEFAULT_GROUP_SIZE,
+            head_precision: WeightPrecision::Bf16,
+        }
+    }
+}
+
+impl LinearFactory<CpuBackend> for RtnFactory {
+    fn load(
+        &self,
+        backend: &CpuBackend,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<CpuBackend>>> {
+        if spec.role == LinearRole::LmHead {
+            return Ok(Box::new(FloatLinear::load(
+                backend,
+                tensors,
+                spec,
+                self.head_precision,
+            )?));
+        }
+        let view = require(tensors, spec.weight_name, spec.role.describe())?;
+        check_shape(spec.weight_name, view.shape, &[spec.out_dim, spec.in_dim])?;
+        let w = view.to_f32_vec();
+        let q = GroupQuantized::quantize_with(
+            &w,
+            spec.out_dim,
+            spec.in_dim,
+            self.bits,
+            self.group_size,
+            minmax_grid,
+        )
+        .map_err(|e| layout_err("RtnFactory::load", e))?;
+        let bias = match spec.bias_name {
+            Some(name) => {
+                let b = require(tensors, name, "bias of an attention projection")?;
+                check_shape(name, b.shape, &[spec.out_dim])?;
+                Some(b.to_f32_vec())
+            }
+            None => None,
+        };
+        Ok(Box::new(GroupQuantLinear::new(q, bias)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `forward` on every SIMD tier and bit width vs the f64 reference `dequantize → matmul`,
+    /// for m = 1, 2 (decode kernel) and m = 5 (panel GEMM), shapes with tail groups
+    /// (576 = 4·128 plus 64, 200 = 128 plus 72) and a tail inside a group (cols 61: not a
+    /// multiple of 8). Tolerance: f32 accumulation over `cols` terms plus the affine
+    /// regrouping — we allow 2e-5·Σ|ŵ·x| + 1e-5 (ŵ and x are O(1) here, so Σ|ŵx| ≈ cols/4).
+    #[test]
+    fn forward_matches_f64_dequantized_reference() {
+        let mut seed = 5u64;
+        for &(rows, cols, group) in &[
+            (1, 8, 8),
+            (13, 61, 16),
+            (64, 200, 128),
+            (130, 576, 128),
+            (300, 576, 64),
+        ] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+            let bias: Vec<f32> = (0..rows).map(|_| lcg(&mut seed)).collect();
+            for bits in 2..=4u8 {
+                let q = GroupQuantized::quantize_with(&w, rows, cols, bits, group, minmax_grid)
+                    .unwrap();
+                let deq = q.dequantize();
+                let lin = GroupQuantLinear::new(q, Some(bias.clone())).unwrap();
+                for m in [1usize, 2, 5] {
+                    let x: Vec<f32> = (0..m * cols).map(|_| lcg(&mut seed)).collect();
+                    for level in SimdLevel::supported() {
+                        let backend = CpuBackend::with_simd(level).unwrap();
+                        let mut y = CpuBuffer(vec![f32::NAN; m * rows]);
+                        lin.forward(&backend, &CpuBuffer(x.clone()), m, &mut y)
+                            .unwrap();
+                        for t in 0..m {
+                            for r in 0..rows {
+                                let (mut want, mut mag) = (bias[r] as f64, bias[r].abs() as f64);
+                                for i in 0..cols {
+                                    let p = deq[r * cols + i] as f64 * x[t * cols + i] as f64;
+                                    want += p;
+                                    mag += p.abs();
+                                }
+                                let got = y.0[t * rows + r] as f64;
+                                assert!(
+                                    (got - want).abs() <= 2e-5 * mag + 1e-5,
+                                    "{level:?} {bits}b {rows}x{cols} g{group} m{m} [{t},{r}]: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let q = GroupQuantized::quantize_with(&[0.5; 16], 2, 8, 4, 8, minmax_grid).unwrap();
+        assert!(GroupQuantLinear::new(q.clone(), Some(vec![0.0; 3])).is_err());
+        let lin = GroupQuantLinear::new(q, None).unwrap();
+        let b = CpuBackend::new();
+        let mut y = CpuBuffer(vec![0.0; 2]);
+        assert!(lin
+            .forward(&b, &CpuBuffer(vec![0.0; 7]), 1, &mut y)
+            .is_err());
+        assert!(lin
+            .forward(&b, &CpuBuffer(vec![0.0; 8]), 2, &mut y)
+            .is_err());
+        assert!(lin.describe().starts_with("q4g8 8×2"));
+    }
+}

@@ -1,0 +1,11 @@
+//! Resident (fast-tier) quantized linears, one file per format (mistral.rs `QuantMethod`
+//! layout). Each implements [`crate::Linear`] for the backends it has kernels for and comes
+//! with a [`crate::LinearFactory`] so a whole model loads with it.
+//!
+//! - [`group`]: group-wise asymmetric integer weights (`sfx_formats::resident::GroupQuantized`,
+//!   RTN / AWQ codes) — CPU decode matvec unpacking codes on the fly, dequantized-panel GEMM
+//!   for prefill, and [`RtnFactory`] quantizing every projection at load.
+
+pub mod group;
+
+pub use group::{GroupQuantLinear, RtnFactory};
