@@ -3,27 +3,12 @@
 
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_runtime::chat::{render_chat, ChatMessage};
-use std::path::{Path, PathBuf};
-
-fn assets() -> PathBuf {
-    std::env::var_os("SFX_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
-}
-
-fn gguf() -> PathBuf {
-    assets().join("SmolLM2-135M-Instruct.Q4_1.gguf")
-}
+mod common;
+use common::{fixture, gguf};
 
 #[test]
 fn chat_template_renders_like_transformers() {
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden_smollm2.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let golden = fixture("golden_smollm2.json");
     let chat = golden["prompts"]
         .as_array()
         .unwrap()

@@ -1,24 +1,9 @@
 //! The CLIs must turn bad input into a clear message and a non-zero exit — never a panic.
 //! Each case builds its broken file from the real model (or from scratch) in a temp dir.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::gguf;
 use std::process::Command;
-
-fn assets() -> PathBuf {
-    std::env::var_os("SFX_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
-}
-
-fn real_gguf() -> PathBuf {
-    let p = assets().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} missing: run `make assets` first",
-        p.display()
-    );
-    p
-}
 
 /// Runs a binary; returns (exit code, stderr).
 fn run(bin: &str, args: &[&str]) -> (i32, String) {
@@ -47,7 +32,7 @@ const CONVERT: &str = env!("CARGO_BIN_EXE_sfx-convert");
 #[test]
 fn truncated_gguf_is_rejected_by_run_and_convert() {
     let d = tempfile::tempdir().unwrap();
-    let bytes = std::fs::read(real_gguf()).unwrap();
+    let bytes = std::fs::read(gguf()).unwrap();
     // Cut inside the metadata, inside the tensor table, and inside the tensor data.
     for cut in [100usize, 2_000_000, bytes.len() - 1000] {
         let p = d.path().join(format!("cut{cut}.gguf"));
@@ -66,7 +51,7 @@ fn truncated_gguf_is_rejected_by_run_and_convert() {
 fn wrong_magic_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("bad.gguf");
-    let mut bytes = std::fs::read(real_gguf()).unwrap()[..4096].to_vec();
+    let mut bytes = std::fs::read(gguf()).unwrap()[..4096].to_vec();
     bytes[..4].copy_from_slice(b"GGML");
     std::fs::write(&p, bytes).unwrap();
     let (code, err) = run(RUN, &[p.to_str().unwrap(), "-p", "hi"]);
@@ -90,7 +75,7 @@ fn config_missing_hidden_size_is_named() {
 fn missing_model_and_bad_eval_spec_are_clear() {
     let (code, err) = run(RUN, &["/nonexistent/model.gguf", "-p", "hi"]);
     assert_clean_failure(code, &err, "/nonexistent/model.gguf");
-    let gguf = real_gguf();
+    let gguf = gguf();
     let (code, err) = run(RUN, &[gguf.to_str().unwrap(), "--ppl", "wiki"]);
     assert_clean_failure(code, &err, "wiki");
     let (code, err) = run(RUN, &[gguf.to_str().unwrap(), "--ppl", "nosuchfile.txt:1"]);
@@ -101,7 +86,7 @@ fn missing_model_and_bad_eval_spec_are_clear() {
 fn truncated_safetensors_folder_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("hf");
-    let gguf = real_gguf();
+    let gguf = gguf();
     let (code, err) = run(
         CONVERT,
         &[

@@ -10,24 +10,10 @@ use sfx_runtime::eval::spec::LONG_SCORED_TOKENS;
 use sfx_runtime::eval::{evaluate, long_context_part, window_parts, ModelScorer};
 use sfx_runtime::{Model, ModelOptions};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+mod common;
+use common::{assets, fixture, gguf};
 use std::process::Command;
 use tokenizers::Tokenizer;
-
-fn assets() -> PathBuf {
-    std::env::var_os("SFX_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
-}
-
-fn gguf() -> PathBuf {
-    assets().join("SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
-fn fixture() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transformers_eval.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
 
 fn ids_sha256(ids: &[u32]) -> String {
     let mut h = Sha256::new();
@@ -60,7 +46,7 @@ fn encode(tok: &Tokenizer, text: &str) -> Vec<u32> {
 
 #[test]
 fn token_streams_match_transformers_on_every_text() {
-    let fx = fixture();
+    let fx = fixture("transformers_eval.json");
     let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
     let tok = tokenizer(&ckpt);
     let mut texts = vec![("wiki".to_string(), corpus::wiki_text(&assets()).unwrap())];
@@ -91,7 +77,7 @@ fn token_streams_match_transformers_on_every_text() {
 /// kernels, so the windows agree to 0.05 % (measured: see docs/results.md).
 #[test]
 fn wiki_window_nll_matches_transformers() {
-    let fx = fixture();
+    let fx = fixture("transformers_eval.json");
     let (ckpt, model) = gguf_model();
     let ids = encode(&tokenizer(&ckpt), &corpus::wiki_text(&assets()).unwrap());
     let parts = window_parts(&ids, 2048, 2);
@@ -126,7 +112,7 @@ fn wiki_window_nll_matches_transformers() {
 /// f32 accumulation-order noise on logits is ~1e-4, measured max in docs/results.md).
 #[test]
 fn long_context_decode_path_matches_transformers_per_token() {
-    let fx = fixture();
+    let fx = fixture("transformers_eval.json");
     let want = &fx["austen-long:2048"]["novels"]["emma"];
     let (ckpt, model) = gguf_model();
     let ids = encode(
@@ -176,7 +162,7 @@ fn long_context_decode_path_matches_transformers_per_token() {
 /// PPL slightly; the acceptance bound for the float reference is 0.5 %.
 #[test]
 fn imported_bf16_folder_evaluates_within_half_a_percent() {
-    let fx = fixture();
+    let fx = fixture("transformers_eval.json");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smollm2");
     let st = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))

@@ -12,6 +12,7 @@
 //! Prefill (m > 2): each rayon task dequantizes a panel of rows to f32 (sized for L2) and runs
 //! faer's f32 GEMM on it — the float path's strategy, with unpacking in place of widening.
 
+use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::multiversioned;
 use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
 use crate::backend::WeightPrecision;
@@ -19,7 +20,6 @@ use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
     check_shape, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
 };
-use faer::{Accum, MatMut, MatRef, Par};
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::resident::{minmax_grid, GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
@@ -29,8 +29,6 @@ use sfx_formats::TensorSource;
 const MATVEC_MAX_ROWS: usize = 2;
 /// Below this many code bytes a matvec stays on one thread (a fork/join costs a few µs).
 const MIN_PARALLEL_BYTES: usize = 32 * 1024;
-/// Target size of one dequantized f32 panel in the prefill GEMM (as the float GEMM).
-const PANEL_BYTES: usize = 256 * 1024;
 
 fn layout_err(op: &'static str, e: ResidentError) -> RuntimeError {
     RuntimeError::Shape {
@@ -98,30 +96,11 @@ impl GroupQuantLinear {
     /// `y[m, rows] = x[m, cols] · Ŵᵀ` through dequantized panels and faer, bias excluded.
     fn matmul_panels(&self, x: &[f32], m: usize, y: &mut [f32]) {
         let w = &self.weight;
-        let (rows, cols) = (w.rows(), w.cols());
-        let xm = MatRef::from_row_major_slice(x, m, cols);
-        let threads = rayon::current_num_threads().max(1);
-        let by_cache = (PANEL_BYTES / (4 * cols)).max(16);
-        let by_threads = rows.div_ceil(2 * threads);
-        let panel = by_cache.min(by_threads).next_multiple_of(16).max(16);
-        let mut blocks: Vec<(usize, MatMut<'_, f32>)> = Vec::with_capacity(rows.div_ceil(panel));
-        let mut rest = MatMut::from_row_major_slice_mut(y, m, rows);
-        let mut start = 0;
-        while start < rows {
-            let width = panel.min(rows - start);
-            let (block, tail) = rest.split_at_col_mut(width);
-            blocks.push((start, block));
-            rest = tail;
-            start += width;
-        }
-        blocks.into_par_iter().for_each(|(r0, yb)| {
-            let width = yb.ncols();
-            let mut wide = vec![0.0f32; width * cols];
-            for (i, row) in wide.chunks_exact_mut(cols).enumerate() {
+        let cols = w.cols();
+        matmul_t_panels(x, m, w.rows(), y, |r0, panel| {
+            for (i, row) in panel.chunks_exact_mut(cols).enumerate() {
                 dequantize_row_fast(w, r0 + i, row);
             }
-            let wm = MatRef::from_row_major_slice(&wide, width, cols);
-            faer::linalg::matmul::matmul(yb, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::Seq);
         });
     }
 }

@@ -49,6 +49,33 @@ pub(crate) fn matmul_t<E: PanelSource>(x: &[f32], m: usize, w: &[E], rows: usize
         );
         return;
     }
+    matmul_t_panels(x, m, rows, y, |r0, panel| {
+        for (d, s) in panel.iter_mut().zip(&w[r0 * cols..]) {
+            *d = s.to_f32();
+        }
+    });
+}
+
+/// `y = x · Ŵᵀ` where `fill(first_row, panel)` writes f32 weight rows
+/// `first_row..first_row + panel.len() / cols` of Ŵ (row-major) into `panel`. Every weight
+/// format without an f32 copy (BF16, packed integer codes) goes through this: widen or decode
+/// one L2-sized panel, then one sequential faer GEMM per panel, panels in parallel.
+pub(crate) fn matmul_t_panels(
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    y: &mut [f32],
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let cols = x.len().checked_div(m).unwrap_or(0);
+    if m == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let xm = MatRef::from_row_major_slice(x, m, cols);
     // Panels of weight rows = column blocks of y. At least two panels per thread so both
     // cores stay busy on the small k/v projections (192 rows for SmolLM2).
     let threads = rayon::current_num_threads().max(1);
@@ -69,9 +96,7 @@ pub(crate) fn matmul_t<E: PanelSource>(x: &[f32], m: usize, w: &[E], rows: usize
     blocks.into_par_iter().for_each(|(r0, yb)| {
         let width = yb.ncols();
         with_scratch(width * cols, |wide| {
-            for (d, s) in wide.iter_mut().zip(&w[r0 * cols..(r0 + width) * cols]) {
-                *d = s.to_f32();
-            }
+            fill(r0, wide);
             let wm = MatRef::from_row_major_slice(wide, width, cols);
             faer::linalg::matmul::matmul(yb, Accum::Replace, xm, wm.transpose(), 1.0f32, Par::Seq);
         })

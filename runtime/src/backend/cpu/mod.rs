@@ -3,7 +3,7 @@
 
 mod attention;
 mod elementwise;
-mod gemm;
+pub(crate) mod gemm;
 pub(crate) mod math;
 mod matvec;
 mod scratch;
