@@ -18,6 +18,8 @@ pub mod model;
 pub mod observe;
 pub mod resident;
 pub mod sampling;
+#[cfg(test)]
+mod test_util;
 
 pub use backend::cpu::{CpuBackend, SimdLevel};
 pub use backend::{Backend, WeightPrecision};

@@ -414,12 +414,7 @@ impl LinearFactory<CpuBackend> for RtnFactory {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::test_util::lcg;
 
     /// `forward` on every SIMD tier and bit width vs the f64 reference `dequantize → matmul`,
     /// for m = 1, 2 (decode kernel) and m = 5 (panel GEMM), shapes with tail groups

@@ -241,12 +241,7 @@ unsafe fn rows_avx2<E: WeightElem>(w: &[E], x: &[f32], y: &mut [f32]) {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::test_util::lcg;
 
     /// Every tier against an f64 reference, for shapes exercising the unrolled loop, SIMD
     /// tails and the parallel split. Tolerance: f32 accumulation of `cols` products
