@@ -5,6 +5,7 @@
 //!
 //! - [`rtn`]: asymmetric min/max round-to-nearest per group of 128 input channels.
 
+pub mod awq;
 pub mod rtn;
 
 pub use rtn::Rtn;
