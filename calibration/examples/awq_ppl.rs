@@ -17,6 +17,8 @@
 //! cargo run --release -p sfx-calibration --example awq_ppl -- [calib_seqs=8] [stride=4] [clip_steps=20]
 //! ```
 
+mod common;
+
 use anyhow::{anyhow, Context, Result};
 use sfx_calibration::quant::awq::{fold_into_norm, fold_into_rows, Awq};
 use sfx_calibration::quant::{Rtn, WeightView};
@@ -29,22 +31,6 @@ use std::time::Instant;
 use tokenizers::Tokenizer;
 
 const SEQ: usize = 512;
-
-fn tokens(tok: &Tokenizer, text: &str, want: usize) -> Result<Vec<u32>> {
-    let mut end = (want * 8).min(text.len());
-    while !text.is_char_boundary(end) {
-        end += 1;
-    }
-    let ids = tok
-        .encode(&text[..end], false)
-        .map_err(|e| anyhow!("tokenize: {e}"))?
-        .get_ids()
-        .to_vec();
-    if ids.len() < want {
-        return Err(anyhow!("text gives only {} tokens, need {want}", ids.len()));
-    }
-    Ok(ids[..want].to_vec())
-}
 
 /// All tensors as f32, by name, with shapes.
 type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
@@ -238,8 +224,8 @@ fn main() -> Result<()> {
         let v = ckpt.tensors.tensor(&name)?;
         base.insert(name, (v.shape.to_vec(), v.to_f32_vec()));
     }
-    let calib = tokens(&tok, &corpus::brown_text(&assets)?, n_calib * SEQ)?;
-    let window = tokens(&tok, &corpus::wiki_text(&assets)?, SEQ)?;
+    let calib = common::prefix_tokens(&tok, &corpus::brown_text(&assets)?, n_calib * SEQ)?;
+    let window = common::prefix_tokens(&tok, &corpus::wiki_text(&assets)?, SEQ)?;
 
     // Calibration pass on the float model: every `stride`-th input row per (layer, set).
     let t1 = Instant::now();

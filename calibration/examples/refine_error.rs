@@ -10,6 +10,8 @@
 //! cargo run --release -p sfx-calibration --example refine_error -- [calib_seqs] [heldout_seqs] [layers,...]
 //! ```
 
+mod common;
+
 use anyhow::{anyhow, Context, Result};
 use faer::Mat;
 use sfx_calibration::quant::{Rtn, WeightView};
@@ -36,21 +38,8 @@ fn projections(set: ProjectionSet) -> &'static [&'static str] {
 
 /// Token sequences of `SEQ` tokens from `text`.
 fn sequences(tok: &Tokenizer, text: &str, count: usize) -> Result<Vec<Vec<u32>>> {
-    // Tokenize a prefix long enough for `count` sequences (≈ 4 chars per token, generous).
-    let want = count * SEQ;
-    let mut end = (want * 8).min(text.len());
-    while !text.is_char_boundary(end) {
-        end += 1;
-    }
-    let ids = tok
-        .encode(&text[..end], false)
-        .map_err(|e| anyhow!("tokenize: {e}"))?
-        .get_ids()
-        .to_vec();
-    if ids.len() < want {
-        return Err(anyhow!("text gives only {} tokens, need {want}", ids.len()));
-    }
-    Ok(ids[..want].chunks(SEQ).map(|c| c.to_vec()).collect())
+    let ids = common::prefix_tokens(tok, text, count * SEQ)?;
+    Ok(ids.chunks(SEQ).map(|c| c.to_vec()).collect())
 }
 
 /// Mean over rows of ‖X Rᵀ − Z Cᵀ‖² (per row, summed over outputs); `c = None` → Z Cᵀ = 0.
