@@ -517,3 +517,58 @@ fn resident_bytes_reflect_precision_and_tying() {
     assert_eq!(f32m.resident_bytes(), 4 * params);
     assert_eq!(bf16m.resident_bytes(), 2 * params);
 }
+
+#[test]
+fn layerwise_runner_sees_what_the_full_forward_sees() {
+    // The converter's block-at-a-time pass must hand every projection set exactly the inputs
+    // the whole-model forward produces (same kernels, so equal up to f32 rounding noise).
+    use sfx_runtime::{FloatLinearFactory, LayerwiseRunner, ProjectionSet};
+    use std::collections::BTreeMap;
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let c = config(arch, true);
+        let t = weights(&c, 11);
+        let tokens: Vec<u32> = (0..19).map(|i| (i * 7 % 97) as u32).collect();
+        let opts = ModelOptions {
+            precision: WeightPrecision::F32,
+            ..Default::default()
+        };
+        let model = Model::load_cpu(&c, &t, &opts).unwrap();
+        let mut full: BTreeMap<(usize, ProjectionSet), Vec<f32>> = BTreeMap::new();
+        let mut cache = model.new_cache(tokens.len()).unwrap();
+        let mut obs = |l: usize, s: ProjectionSet, x: &[f32], _rows: usize| {
+            full.insert((l, s), x.to_vec());
+        };
+        model
+            .forward_observed(&tokens, &mut cache, LogitsMode::None, &mut obs)
+            .unwrap();
+
+        let runner = LayerwiseRunner::new(CpuBackend::new(), &c).unwrap();
+        let factory = FloatLinearFactory {
+            precision: WeightPrecision::F32,
+        };
+        let mut h = runner.embed(&t, &tokens).unwrap();
+        for l in 0..c.num_hidden_layers {
+            let block = runner.load_layer(&t, &factory, l).unwrap();
+            let mut seen: BTreeMap<(usize, ProjectionSet), Vec<f32>> = BTreeMap::new();
+            let mut obs = |l: usize, s: ProjectionSet, x: &[f32], _rows: usize| {
+                seen.insert((l, s), x.to_vec());
+            };
+            runner
+                .forward_layer(&block, l, &mut h, Some(&mut obs))
+                .unwrap();
+            for set in ProjectionSet::ALL {
+                let a = &full[&(l, set)];
+                let b = &seen[&(l, set)];
+                assert!(
+                    max_rel_diff(a, b) < 1e-5,
+                    "{arch} layer {l} {set:?}: {}",
+                    max_rel_diff(a, b)
+                );
+            }
+        }
+        assert!(runner
+            .load_layer(&t, &factory, c.num_hidden_layers)
+            .is_err());
+        assert!(runner.embed(&t, &[97]).is_err());
+    }
+}

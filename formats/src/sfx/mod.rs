@@ -144,6 +144,13 @@ pub enum Layout {
     /// `[i * ceil(out/2), (i + 1) * ceil(out/2))`, element 2j in the low nibble of byte j.
     /// One selected input channel is one contiguous read. Scales live in their own section.
     ColumnNibbles { out: u64, inp: u64 },
+    /// MLP neuron bundles (method.md eq. 5–6) for `neurons` intermediate channels of a model
+    /// with `hidden` channels: bundle j is `4 · ceil(hidden/2)` consecutive bytes at
+    /// `j · 4 · ceil(hidden/2)` holding four nibble vectors of `hidden` values each, in order
+    /// gate refinement row j, up refinement row j, down refinement column j, 4-bit copy of
+    /// the float down column j (nibble order as in [`Layout::ColumnNibbles`]). One bundle is
+    /// one contiguous read; the scales live in resident sections.
+    NeuronBundles { neurons: u64, hidden: u64 },
 }
 
 impl Layout {
@@ -153,6 +160,7 @@ impl Layout {
             Layout::Dense { .. } => 1,
             Layout::PackedCodes { .. } => 2,
             Layout::ColumnNibbles { .. } => 3,
+            Layout::NeuronBundles { .. } => 4,
         }
     }
 
@@ -160,6 +168,14 @@ impl Layout {
     pub fn column_bytes(&self) -> Option<u64> {
         match self {
             Layout::ColumnNibbles { out, .. } => Some(out.div_ceil(2)),
+            _ => None,
+        }
+    }
+
+    /// Bytes per bundle of a [`Layout::NeuronBundles`] section; `None` for other layouts.
+    pub fn bundle_bytes(&self) -> Option<u64> {
+        match self {
+            Layout::NeuronBundles { hidden, .. } => Some(4 * hidden.div_ceil(2)),
             _ => None,
         }
     }
@@ -177,6 +193,12 @@ impl Layout {
             Layout::ColumnNibbles { out, inp } => {
                 out.div_ceil(2).checked_mul(*inp).map(Some).ok_or(())
             }
+            Layout::NeuronBundles { neurons, hidden } => hidden
+                .div_ceil(2)
+                .checked_mul(4)
+                .and_then(|b| b.checked_mul(*neurons))
+                .map(Some)
+                .ok_or(()),
         }
     }
 
@@ -202,6 +224,11 @@ impl Layout {
                 dims[0] = *out;
                 dims[1] = *inp;
                 (3, 0, 2, dims)
+            }
+            Layout::NeuronBundles { neurons, hidden } => {
+                dims[0] = *neurons;
+                dims[1] = *hidden;
+                (4, 0, 2, dims)
             }
         }
     }
@@ -272,6 +299,14 @@ impl Layout {
                 Ok(Layout::ColumnNibbles {
                     out: dims[0],
                     inp: dims[1],
+                })
+            }
+            4 => {
+                want(2)?;
+                no_dtype()?;
+                Ok(Layout::NeuronBundles {
+                    neurons: dims[0],
+                    hidden: dims[1],
                 })
             }
             _ => Err(format!("unknown layout code {code}")),

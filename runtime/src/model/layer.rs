@@ -2,7 +2,9 @@
 
 use crate::backend::Backend;
 use crate::error::Result;
+use crate::kv_cache::KvCache;
 use crate::linear::{check_shape, require, Linear, LinearFactory, LinearRole, LinearSpec};
+use crate::observe::{ActivationObserver, ProjectionSet};
 use sfx_formats::{ModelConfig, TensorSource};
 
 /// Weights of one Llama-family block: pre-norm attention and pre-norm SwiGLU MLP.
@@ -137,4 +139,97 @@ impl<B: Backend> DecoderLayer<B> {
             (LinearRole::Down, &*self.down_proj),
         ]
     }
+}
+
+/// Activation buffers of one chunk of `n` tokens, reused by every layer of that chunk.
+pub(crate) struct LayerScratch<B: Backend> {
+    xn: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    attn: B::Buffer,
+    tmp: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+}
+
+impl<B: Backend> LayerScratch<B> {
+    pub(crate) fn new(b: &B, c: &ModelConfig, n: usize) -> Result<Self> {
+        let (hidden, q_dim, kv_dim, ffn) =
+            (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        Ok(Self {
+            xn: b.alloc(n * hidden)?,
+            q: b.alloc(n * q_dim)?,
+            k: b.alloc(n * kv_dim)?,
+            v: b.alloc(n * kv_dim)?,
+            attn: b.alloc(n * q_dim)?,
+            tmp: b.alloc(n * hidden)?,
+            gate: b.alloc(n * ffn)?,
+            up: b.alloc(n * ffn)?,
+        })
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// Runs the block on the residual stream `h` (`n` tokens): attention over `cache`'s layer
+    /// `cache_layer` (the full model uses its layer index; the layer-wise runner a one-layer
+    /// cache), observer calls tagged with `layer`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        b: &B,
+        c: &ModelConfig,
+        eps: f32,
+        (cos, sin): (&B::Buffer, &B::Buffer),
+        h: &mut B::Buffer,
+        n: usize,
+        s: &mut LayerScratch<B>,
+        cache: &mut dyn KvCache<B>,
+        cache_layer: usize,
+        layer: usize,
+        observer: &mut Option<&mut dyn ActivationObserver>,
+    ) -> Result<()> {
+        b.rms_norm(h, &self.attn_norm, eps, &mut s.xn)?;
+        observe(b, observer, layer, ProjectionSet::Qkv, &s.xn, n)?;
+        self.q_proj.forward(b, &s.xn, n, &mut s.q)?;
+        self.k_proj.forward(b, &s.xn, n, &mut s.k)?;
+        self.v_proj.forward(b, &s.xn, n, &mut s.v)?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            b.rms_norm_in_place(&mut s.q, qn, eps)?;
+            b.rms_norm_in_place(&mut s.k, kn, eps)?;
+        }
+        b.rope(&mut s.q, c.num_attention_heads, c.head_dim, cos, sin)?;
+        b.rope(&mut s.k, c.num_key_value_heads, c.head_dim, cos, sin)?;
+        let heads = c.num_attention_heads;
+        cache.append_and_attend(b, cache_layer, heads, n, &s.q, &s.k, &s.v, &mut s.attn)?;
+        observe(b, observer, layer, ProjectionSet::O, &s.attn, n)?;
+        self.o_proj.forward(b, &s.attn, n, &mut s.tmp)?;
+        b.add_assign(h, &s.tmp)?;
+
+        b.rms_norm(h, &self.mlp_norm, eps, &mut s.xn)?;
+        observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
+        self.gate_proj.forward(b, &s.xn, n, &mut s.gate)?;
+        self.up_proj.forward(b, &s.xn, n, &mut s.up)?;
+        b.silu_mul(&mut s.gate, &s.up)?;
+        observe(b, observer, layer, ProjectionSet::Down, &s.gate, n)?;
+        self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
+        b.add_assign(h, &s.tmp)
+    }
+}
+
+/// Downloads `x` (`rows` rows) and hands it to the observer, if there is one.
+fn observe<B: Backend>(
+    b: &B,
+    observer: &mut Option<&mut dyn ActivationObserver>,
+    layer: usize,
+    set: ProjectionSet,
+    x: &B::Buffer,
+    rows: usize,
+) -> Result<()> {
+    if let Some(o) = observer.as_deref_mut() {
+        let mut host = vec![0.0f32; b.buffer_len(x)];
+        b.download(x, &mut host)?;
+        o.observe(layer, set, &host, rows);
+    }
+    Ok(())
 }

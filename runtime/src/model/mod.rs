@@ -4,10 +4,13 @@
 //! RMSNorm → gate, up → SiLU·mul → down → residual] → RMSNorm → output head.
 
 mod layer;
+mod layerwise;
 mod logits;
 mod rope;
 
 pub use layer::DecoderLayer;
+pub(crate) use layer::LayerScratch;
+pub use layerwise::LayerwiseRunner;
 pub use logits::{Logits, LogitsMode};
 pub use rope::rope_cos_sin;
 
@@ -18,7 +21,7 @@ use crate::kv_cache::{F32KvCache, KvCache, KvShape};
 use crate::linear::{
     check_shape, require, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec,
 };
-use crate::observe::{ActivationObserver, ProjectionSet};
+use crate::observe::ActivationObserver;
 use sfx_formats::{ModelConfig, TensorSource};
 
 /// Load- and run-time options.
@@ -271,8 +274,7 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let c = &self.config;
         let n = tokens.len();
-        let (hidden, q_dim, kv_dim, ffn) =
-            (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let hidden = c.hidden_size;
         let past = cache.len();
 
         let mut h = b.alloc(n * hidden)?;
@@ -280,40 +282,22 @@ impl<B: Backend> Model<B> {
         let (cos, sin) = rope_cos_sin(&self.inv_freq, past, n);
         let (cos, sin) = (b.upload(&cos)?, b.upload(&sin)?);
 
-        let mut xn = b.alloc(n * hidden)?;
-        let mut q = b.alloc(n * q_dim)?;
-        let mut k = b.alloc(n * kv_dim)?;
-        let mut v = b.alloc(n * kv_dim)?;
-        let mut attn = b.alloc(n * q_dim)?;
-        let mut tmp = b.alloc(n * hidden)?;
-        let mut gate = b.alloc(n * ffn)?;
-        let mut up = b.alloc(n * ffn)?;
-
+        let mut scratch = LayerScratch::new(b, c, n)?;
         for (li, l) in self.layers.iter().enumerate() {
-            b.rms_norm(&h, &l.attn_norm, self.eps, &mut xn)?;
-            observe(b, observer, li, ProjectionSet::Qkv, &xn, n)?;
-            l.q_proj.forward(b, &xn, n, &mut q)?;
-            l.k_proj.forward(b, &xn, n, &mut k)?;
-            l.v_proj.forward(b, &xn, n, &mut v)?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                b.rms_norm_in_place(&mut q, qn, self.eps)?;
-                b.rms_norm_in_place(&mut k, kn, self.eps)?;
-            }
-            b.rope(&mut q, c.num_attention_heads, c.head_dim, &cos, &sin)?;
-            b.rope(&mut k, c.num_key_value_heads, c.head_dim, &cos, &sin)?;
-            cache.append_and_attend(b, li, c.num_attention_heads, n, &q, &k, &v, &mut attn)?;
-            observe(b, observer, li, ProjectionSet::O, &attn, n)?;
-            l.o_proj.forward(b, &attn, n, &mut tmp)?;
-            b.add_assign(&mut h, &tmp)?;
-
-            b.rms_norm(&h, &l.mlp_norm, self.eps, &mut xn)?;
-            observe(b, observer, li, ProjectionSet::GateUp, &xn, n)?;
-            l.gate_proj.forward(b, &xn, n, &mut gate)?;
-            l.up_proj.forward(b, &xn, n, &mut up)?;
-            b.silu_mul(&mut gate, &up)?;
-            observe(b, observer, li, ProjectionSet::Down, &gate, n)?;
-            l.down_proj.forward(b, &gate, n, &mut tmp)?;
-            b.add_assign(&mut h, &tmp)?;
+            let rope = (&cos, &sin);
+            l.forward(
+                b,
+                c,
+                self.eps,
+                rope,
+                &mut h,
+                n,
+                &mut scratch,
+                cache,
+                li,
+                li,
+                observer,
+            )?;
         }
         cache.commit(n)?;
 
@@ -343,26 +327,9 @@ impl Model<CpuBackend> {
     }
 }
 
-/// Downloads `x` (`rows` rows) and hands it to the observer, if there is one.
-fn observe<B: Backend>(
-    b: &B,
-    observer: &mut Option<&mut dyn ActivationObserver>,
-    layer: usize,
-    set: ProjectionSet,
-    x: &B::Buffer,
-    rows: usize,
-) -> Result<()> {
-    if let Some(o) = observer.as_deref_mut() {
-        let mut host = vec![0.0f32; b.buffer_len(x)];
-        b.download(x, &mut host)?;
-        o.observe(layer, set, &host, rows);
-    }
-    Ok(())
-}
-
 /// Rejects configs the graph cannot run (ModelConfig's fields are public, so a hand-built one
 /// has not necessarily been through the config.json checks).
-fn validate_config(c: &ModelConfig) -> Result<()> {
+pub(crate) fn validate_config(c: &ModelConfig) -> Result<()> {
     let bad = |msg: String| Err(RuntimeError::Config(msg));
     if c.hidden_size == 0 || c.intermediate_size == 0 || c.vocab_size == 0 || c.head_dim == 0 {
         return bad(format!(
