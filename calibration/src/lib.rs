@@ -5,6 +5,7 @@
 //! C (M + λI) = R G + λR) lands here. Calibration text comes from
 //! `sfx_formats::corpus` (`brown` by default).
 
+pub mod convert;
 pub mod quant;
 pub mod refine;
 pub mod stats;

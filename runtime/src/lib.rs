@@ -18,6 +18,7 @@ pub mod model;
 pub mod observe;
 pub mod resident;
 pub mod sampling;
+pub mod sfx_model;
 #[cfg(test)]
 mod test_util;
 
@@ -26,5 +27,6 @@ pub use backend::{Backend, WeightPrecision};
 pub use error::RuntimeError;
 pub use kv_cache::{F32KvCache, KvCache, KvShape};
 pub use linear::{FloatLinear, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec};
-pub use model::{Logits, LogitsMode, Model, ModelOptions};
+pub use model::{LayerwiseRunner, Logits, LogitsMode, Model, ModelOptions};
 pub use observe::{ActivationObserver, ProjectionSet};
+pub use sfx_model::{load_sfx_model, SfxLinearFactory, SfxTensors};

@@ -1,24 +1,95 @@
 //! `sfx-convert`: turn checkpoints into what the runtime runs.
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use sfx_calibration::convert::{
+    convert, ConvertOptions, ConvertReport, LayerReport, MlpScheme, QuantSpec,
+};
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
+use sfx_runtime::ProjectionSet;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tokenizers::Tokenizer;
 
 #[derive(Parser)]
 #[command(
     name = "sfx-convert",
     version,
-    about = "Convert model checkpoints for StrataFlux",
-    long_about = "Convert model checkpoints for StrataFlux.\n\n\
-        Today this imports llama.cpp GGUF models into standard Hugging Face checkpoint folders \
-        (the float reference every later step starts from). Resident low-bit quantization and \
-        refinement fitting into .sfx containers are not part of this build yet."
+    about = "Convert a float checkpoint into a tiered .sfx container (low-bit resident codes + refinement)",
+    long_about = "Convert a float checkpoint into a tiered .sfx container.\n\n\
+        sfx-convert --quant awq3 --fit <hf-dir | hub-id | model.gguf> -o model.sfx\n\n\
+        The model is processed one decoder block at a time: calibration text (Brown by default) \
+        runs through the float block, the projections are quantized to the resident base \
+        (RTN or AWQ, group 128; AWQ scales folded into the preceding RMSNorm / linear), the \
+        refinement statistics M = E[zz^T], G = E[xz^T] (z = top-k-per-1024 masked input) are \
+        accumulated without storing activations, and the refinement (plain residual R, or with \
+        --fit the ridge solve C (M + lambda I) = R G + lambda R) is stored as 4-bit columns in the \
+        ram/ssd tier. A held-out text (wiki by default) measures the projection-output error of \
+        the base, plain and fitted refinement per layer. The output is written atomically (temp \
+        file, fsync, rename); the byte layout is in docs/format.md.\n\n\
+        `sfx-convert import-gguf model.gguf -o dir/` imports a llama.cpp GGUF into a Hugging \
+        Face folder instead.",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    convert: ConvertArgs,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// Float model: a Hugging Face folder, a Hub repo id (org/name[@revision]) or a .gguf file.
+    #[arg(required = true)]
+    model: Option<String>,
+    /// Output .sfx file (replaced atomically; nothing appears there if conversion fails).
+    #[arg(short, long, required = true)]
+    output: Option<PathBuf>,
+    /// Resident base: rtn2, rtn3, rtn4 (round-to-nearest) or awq2, awq3, awq4 (activation-aware
+    /// scale + clip search). All asymmetric with group 128.
+    #[arg(long, required = true)]
+    quant: Option<String>,
+    /// Store the fitted refinement C instead of the plain residual R = W - Q(W).
+    #[arg(long)]
+    fit: bool,
+    /// Refinement budgets k per 1024 input channels for the projection sets qkv,o,gu,d
+    /// (one number applies to all four). The statistics and the fit depend on k.
+    #[arg(long, default_value = "16")]
+    k: String,
+    /// Ridge lambda of the fit (default: mean of diag(M) per projection set).
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// MLP refinement: channel-wise columns, neuron bundles, or both.
+    #[arg(long, default_value = "channels")]
+    mlp: String,
+    /// Tier of the refinement sections: ram (mmapped) or ssd (read through a cache).
+    #[arg(long, default_value = "ram")]
+    refine_tier: String,
+    /// Calibration text: brown, wiki, austen/<novel>, or a .txt / .jsonl file.
+    #[arg(long, default_value = "brown")]
+    calib: String,
+    /// Calibration sequences (windows spread evenly over the text).
+    #[arg(long, default_value_t = 32)]
+    calib_seqs: usize,
+    /// Tokens per calibration sequence.
+    #[arg(long, default_value_t = 512)]
+    calib_len: usize,
+    /// Held-out text for the per-layer error report (must differ from --calib), or "none".
+    #[arg(long, default_value = "wiki")]
+    heldout: String,
+    /// Held-out sequences (of --calib-len tokens).
+    #[arg(long, default_value_t = 4)]
+    heldout_seqs: usize,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -46,8 +117,360 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::ImportGguf { gguf, output, json } => import_gguf(gguf, output, json),
+        Some(Command::ImportGguf { gguf, output, json }) => import_gguf(gguf, output, json),
+        None => run_convert(cli.convert),
     }
+}
+
+fn parse_k(s: &str) -> Result<[usize; 4]> {
+    let parts: Vec<usize> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<usize>()
+                .map_err(|_| anyhow!("--k {s:?}: {p:?} is not a non-negative integer"))
+        })
+        .collect::<Result<_>>()?;
+    match parts.as_slice() {
+        [k] => Ok([*k; 4]),
+        [a, b, c, d] => Ok([*a, *b, *c, *d]),
+        _ => bail!("--k {s:?}: give one budget or four (qkv,o,gu,d)"),
+    }
+}
+
+/// `count` windows of `len` tokens spread evenly over `text`: window i tokenizes the text
+/// from character offset ≈ i·|text|/count (snapped forward to a line start) and keeps its
+/// first `len` tokens. Deterministic, covers every part of the text (Brown is ordered by
+/// genre), and never tokenizes the whole 6 MB text.
+fn token_windows(tok: &Tokenizer, text: &str, count: usize, len: usize) -> Result<Vec<Vec<u32>>> {
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut start = (text.len() as u128 * i as u128 / count.max(1) as u128) as usize;
+        if start > 0 {
+            start = text[start.min(text.len())..]
+                .find('\n')
+                .map_or(text.len(), |p| start + p + 1);
+        }
+        let mut end = (start + len * 8).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        let ids = tok
+            .encode(&text[start..end], false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?
+            .get_ids()
+            .to_vec();
+        if ids.len() < len {
+            bail!(
+                "the text yields only {} tokens at window {i} (offset {start}); need {len}: \
+                 use fewer or shorter sequences",
+                ids.len()
+            );
+        }
+        out.push(ids[..len].to_vec());
+    }
+    Ok(out)
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", path.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Hashes of the source's files: the .gguf itself, or every regular file of the folder.
+fn source_hashes(spec: &str, origin_dir: Option<&Path>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let path = Path::new(spec);
+    if path.is_file() {
+        let name = path
+            .file_name()
+            .map_or(spec.into(), |n| n.to_string_lossy().into_owned());
+        out.insert(name, sha256_file(path)?);
+        return Ok(out);
+    }
+    let dir = origin_dir.unwrap_or(path);
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.insert(name, sha256_file(&p)?);
+    }
+    Ok(out)
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), in bytes.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn layer_line(r: &LayerReport, layers: usize) -> String {
+    let mut s = format!("layer {:>3}/{layers}", r.layer + 1);
+    for set in &r.sets {
+        let base = set.base.max(f64::MIN_POSITIVE);
+        s += &format!(
+            "  {}: base {:.2e} plain {:.3} fit {:.3}",
+            set.set,
+            set.base / set.signal.max(f64::MIN_POSITIVE),
+            set.plain / base,
+            set.fitted / base
+        );
+    }
+    s + &format!("  ({:.1} s)", r.seconds)
+}
+
+fn run_convert(a: ConvertArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let (Some(spec), Some(output), Some(quant)) = (a.model, a.output, a.quant) else {
+        bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <model.sfx>");
+    };
+    let quant = QuantSpec::parse(&quant)?;
+    let options = ConvertOptions {
+        quant,
+        fit: a.fit,
+        k: parse_k(&a.k)?,
+        lambda: a.lambda,
+        mlp: MlpScheme::parse(&a.mlp)?,
+        refine_tier: match a.refine_tier.as_str() {
+            "ram" => Tier::Ram,
+            "ssd" => Tier::Ssd,
+            other => bail!("--refine-tier {other:?}: expected ram or ssd"),
+        },
+    };
+    if a.calib_seqs == 0 || a.calib_len == 0 {
+        bail!("--calib-seqs and --calib-len must be at least 1");
+    }
+    if a.heldout != "none" && a.heldout == a.calib {
+        bail!(
+            "--heldout {:?} is the calibration text; held-out errors need other text",
+            a.heldout
+        );
+    }
+    let ckpt = Checkpoint::open(&spec).with_context(|| format!("opening model {spec}"))?;
+    let tok_json = ckpt.tokenizer_json.as_deref().ok_or_else(|| {
+        anyhow!("{spec}: no tokenizer.json (needed to tokenize calibration text)")
+    })?;
+    let tokenizer = Tokenizer::from_bytes(tok_json.as_bytes())
+        .map_err(|e| anyhow!("{spec}: tokenizer.json: {e}"))?;
+    let assets = sfx_formats::corpus::assets_dir();
+    let calib_text = sfx_formats::corpus::load_named_text(&assets, &a.calib)
+        .with_context(|| format!("--calib {}", a.calib))?;
+    let calib = token_windows(&tokenizer, &calib_text, a.calib_seqs, a.calib_len)
+        .with_context(|| format!("--calib {}", a.calib))?;
+    drop(calib_text);
+    let heldout = if a.heldout == "none" || a.heldout_seqs == 0 {
+        Vec::new()
+    } else {
+        let text = sfx_formats::corpus::load_named_text(&assets, &a.heldout)
+            .with_context(|| format!("--heldout {}", a.heldout))?;
+        token_windows(&tokenizer, &text, a.heldout_seqs, a.calib_len)
+            .with_context(|| format!("--heldout {}", a.heldout))?
+    };
+    let mut calib_hash = Sha256::new();
+    for w in &calib {
+        for t in w {
+            calib_hash.update(t.to_le_bytes());
+        }
+    }
+
+    let origin_dir = if Path::new(&spec).exists() {
+        None
+    } else {
+        sfx_formats::checkpoint::hub::resolve(&spec).ok()
+    };
+    let (source_id, source_revision) = match spec.split_once('@') {
+        Some((id, rev)) if !Path::new(&spec).exists() => (id.to_string(), Some(rev.to_string())),
+        _ => (spec.clone(), None),
+    };
+    let provenance = Provenance {
+        tool: "sfx-convert".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        source_id,
+        source_revision,
+        source_files_sha256: source_hashes(&spec, origin_dir.as_deref())?,
+        calibration_text_sha256: Some(format!("{:x}", calib_hash.finalize())),
+        seed: None,
+    };
+
+    let layers = ckpt.config.num_hidden_layers;
+    let tty = std::io::stderr().is_terminal() && !a.json;
+    let bar = tty.then(|| {
+        let b = ProgressBar::new(layers as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {pos}/{len} layers {elapsed_precise} ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("{} {}", quant_name(&options), spec));
+        b
+    });
+    let mut writer =
+        SfxWriter::create(&output).with_context(|| format!("creating {}", output.display()))?;
+    let mut on_layer = |r: &LayerReport, n: usize| {
+        let line = layer_line(r, n);
+        match &bar {
+            Some(b) => {
+                b.println(line);
+                b.inc(1);
+            }
+            None => eprintln!("{line}"),
+        }
+    };
+    let report = convert(
+        &ckpt.config,
+        &*ckpt.tensors,
+        &calib,
+        &heldout,
+        &options,
+        &mut writer,
+        &mut on_layer,
+    )
+    .with_context(|| format!("converting {spec}"))?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let mut params = report.params.clone();
+    params.insert(
+        "calibration".into(),
+        serde_json::json!({
+            "source": a.calib,
+            "sequences": a.calib_seqs,
+            "length": a.calib_len,
+            "tokens": report.calib_tokens,
+            "windows": "evenly spaced line starts",
+        }),
+    );
+    let metadata = SfxMetadata {
+        config: Some(ckpt.config.clone()),
+        tokenizer_json: ckpt.tokenizer_json.clone(),
+        tokenizer_config: ckpt.tokenizer_config.clone(),
+        provenance,
+        params,
+    };
+    writer
+        .finish(&metadata)
+        .with_context(|| format!("writing {}", output.display()))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let file_bytes = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+    print_report(
+        &a.heldout, &options, &report, &output, seconds, file_bytes, a.json,
+    )
+}
+
+fn quant_name(o: &ConvertOptions) -> String {
+    format!(
+        "{}{}{}",
+        o.quant.method_name(),
+        o.quant.bits,
+        if o.fit { " --fit" } else { "" }
+    )
+}
+
+/// Held-out error totals per set over all layers: (set, k, base/signal, plain/base, fit/base).
+fn totals(report: &ConvertReport) -> Vec<(String, usize, f64, f64, f64)> {
+    ProjectionSet::ALL
+        .iter()
+        .filter_map(|s| {
+            let rows: Vec<_> = report
+                .layers
+                .iter()
+                .flat_map(|l| l.sets.iter().filter(|r| r.set == s.name()))
+                .collect();
+            let k = rows.first()?.k;
+            let sum = |f: fn(&sfx_calibration::convert::SetReport) -> f64| -> f64 {
+                rows.iter().map(|r| f(r)).sum()
+            };
+            let (sig, base) = (sum(|r| r.signal), sum(|r| r.base));
+            Some((
+                s.name().to_string(),
+                k,
+                base / sig,
+                sum(|r| r.plain) / base,
+                sum(|r| r.fitted) / base,
+            ))
+        })
+        .collect()
+}
+
+fn print_report(
+    heldout: &str,
+    o: &ConvertOptions,
+    r: &ConvertReport,
+    output: &Path,
+    seconds: f64,
+    file_bytes: u64,
+    json: bool,
+) -> Result<()> {
+    let rss = peak_rss_bytes();
+    let totals = totals(r);
+    if json {
+        let v = serde_json::json!({
+            "output": output.display().to_string(),
+            "quant": quant_name(o),
+            "seconds": seconds,
+            "peak_rss_bytes": rss,
+            "file_bytes": file_bytes,
+            "bytes_by_tier": r.bytes_by_tier,
+            "linear_bits_per_weight": r.linear_bits_per_weight,
+            "refine_bytes": r.refine_bytes,
+            "refine_zstd3_bytes": r.refine_zstd_bytes,
+            "calib_tokens": r.calib_tokens,
+            "heldout": heldout,
+            "heldout_tokens": r.heldout_tokens,
+            "heldout_error": totals.iter().map(|(s, k, b, p, f)| serde_json::json!({
+                "set": s, "k": k, "base_rel": b, "plain_over_base": p, "fitted_over_base": f,
+            })).collect::<Vec<_>>(),
+            "layers": r.layers,
+            "params": r.params,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "wrote {} ({:.1} MiB) in {:.1} s, peak RSS {}",
+        output.display(),
+        file_bytes as f64 / (1 << 20) as f64,
+        seconds,
+        rss.map_or("?".into(), |b| format!(
+            "{:.0} MiB",
+            b as f64 / (1 << 20) as f64
+        ))
+    );
+    for (tier, bytes) in &r.bytes_by_tier {
+        println!("  {tier:<8} {:>10.2} MiB", *bytes as f64 / (1 << 20) as f64);
+    }
+    println!(
+        "  resident linears: {:.3} bits/weight; refinement zstd-3 ratio {:.3}",
+        r.linear_bits_per_weight,
+        r.refine_bytes as f64 / r.refine_zstd_bytes.max(1) as f64
+    );
+    if !totals.is_empty() {
+        println!(
+            "  held-out ({heldout}, {} tokens) projection error, all layers:",
+            r.heldout_tokens
+        );
+        for (s, k, b, p, f) in totals {
+            println!(
+                "    {s:<3} k={k:<4} base/signal {b:.3e}  plain/base {p:.3}  fitted/base {f:.3}"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn import_gguf(gguf: PathBuf, output: PathBuf, json: bool) -> Result<()> {

@@ -5,12 +5,15 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::corpus;
+use sfx_formats::sfx::SfxFile;
+use sfx_formats::ModelConfig;
 use sfx_runtime::chat::{render_chat, ChatMessage};
 use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
 use sfx_runtime::eval::{
     evaluate, long_context_part, window_parts, EvalPart, EvalResult, ModelScorer, PartResult,
 };
 use sfx_runtime::sampling::{Sampler, SamplingParams};
+use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model, sfx_tokenizer_json};
 use sfx_runtime::{KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::io::Write;
 use std::time::Instant;
@@ -23,8 +26,10 @@ use tokenizers::Tokenizer;
     about = "Run a model: generate text, or measure perplexity / KL",
     long_about = "Run a model: generate text, or measure perplexity / KL.\n\n\
         MODEL is a .gguf file (dequantized in memory), a Hugging Face folder (safetensors, \
-        memory-mapped) or a Hub repo id (org/name[@revision]; the standard HF cache is used, \
-        HF_HUB_OFFLINE=1 forbids downloads).\n\n\
+        memory-mapped), a Hub repo id (org/name[@revision]; the standard HF cache is used, \
+        HF_HUB_OFFLINE=1 forbids downloads) or a .sfx container written by sfx-convert \
+        (recognised by its magic bytes; its resident quantized base is run, refinement is not \
+        used yet; tokenizer and chat template come from its metadata).\n\n\
         Generation: sfx-run MODEL -p \"prompt\" [--chat] streams the continuation to stdout and \
         reports prompt and generation speed on stderr.\n\n\
         Evaluation (protocol in shared assets.md): --ppl wiki:N scores the first N \
@@ -35,7 +40,7 @@ use tokenizers::Tokenizer;
         Texts come from $SFX_ASSETS (default ./assets); fetch them with `sfx fetch`."
 )]
 struct Cli {
-    /// Model: .gguf file, Hugging Face folder, or Hub repo id.
+    /// Model: .gguf file, Hugging Face folder, Hub repo id, or .sfx container.
     model: String,
 
     /// Prompt to continue (or, with --chat, the user message).
@@ -75,7 +80,7 @@ struct Cli {
     /// Window length in tokens for windowed --ppl texts.
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
-    /// Reference model for KL divergence (same forms as MODEL).
+    /// Reference model for KL divergence (same forms as MODEL, .sfx included).
     #[arg(long, value_name = "MODEL", requires = "ppl")]
     kl_ref: Option<String>,
 
@@ -107,14 +112,39 @@ impl From<Precision> for WeightPrecision {
     }
 }
 
+/// What the CLI needs besides the model: where it came from, its config and the tokenizer
+/// side files. Filled from a checkpoint (float path) or from a `.sfx` container's metadata.
+struct ModelInfo {
+    origin: String,
+    config: ModelConfig,
+    tokenizer_config: Option<serde_json::Value>,
+    /// `generation_config.json`; a `.sfx` container does not carry one (the eos ids come from
+    /// the config and the tokenizer config).
+    generation_config: Option<serde_json::Value>,
+}
+
+impl ModelInfo {
+    fn chat_template(&self) -> Option<&str> {
+        self.tokenizer_config
+            .as_ref()?
+            .get("chat_template")?
+            .as_str()
+    }
+}
+
 struct Loaded {
-    ckpt: Checkpoint,
+    info: ModelInfo,
     model: Model,
     tokenizer: Tokenizer,
     load_seconds: f64,
 }
 
 fn load(spec: &str, precision: Precision) -> Result<Loaded> {
+    // A `.sfx` container is recognised by its magic bytes, not its name, so a renamed file
+    // still loads and a folder or GGUF never takes this path.
+    if is_sfx_file(std::path::Path::new(spec)) {
+        return load_sfx(spec, precision);
+    }
     let t0 = Instant::now();
     let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
     let options = ModelOptions {
@@ -130,7 +160,41 @@ fn load(spec: &str, precision: Precision) -> Result<Loaded> {
     let tokenizer = Tokenizer::from_bytes(json.as_bytes())
         .map_err(|e| anyhow!("{spec}: tokenizer.json: {e}"))?;
     Ok(Loaded {
-        ckpt,
+        info: ModelInfo {
+            origin: ckpt.origin,
+            config: ckpt.config,
+            tokenizer_config: ckpt.tokenizer_config,
+            generation_config: ckpt.generation_config,
+        },
+        model,
+        tokenizer,
+        load_seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Loads the resident base of a converter-written `.sfx` container (refinement sections are
+/// not used yet); tokenizer and chat template come from its metadata. `precision` applies to
+/// the float tables (embedding, untied head) as for float models.
+fn load_sfx(spec: &str, precision: Precision) -> Result<Loaded> {
+    let t0 = Instant::now();
+    let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
+    let options = ModelOptions {
+        precision: precision.into(),
+        ..ModelOptions::default()
+    };
+    let model = load_sfx_model(&file, &options).with_context(|| format!("loading model {spec}"))?;
+    let json = sfx_tokenizer_json(&file)
+        .ok_or_else(|| anyhow!("{spec}: the container's metadata has no tokenizer_json"))?;
+    let tokenizer = Tokenizer::from_bytes(json.as_bytes())
+        .map_err(|e| anyhow!("{spec}: embedded tokenizer.json: {e}"))?;
+    let meta = file.metadata();
+    Ok(Loaded {
+        info: ModelInfo {
+            origin: spec.to_string(),
+            config: model.config().clone(),
+            tokenizer_config: meta.tokenizer_config.clone(),
+            generation_config: None,
+        },
         model,
         tokenizer,
         load_seconds: t0.elapsed().as_secs_f64(),
@@ -152,9 +216,9 @@ fn main() -> Result<()> {
     if !cli.json {
         eprintln!(
             "loaded {} ({:?}, {} layers, {:.1} MB resident) in {:.1} s on {} thread(s)",
-            loaded.ckpt.origin,
-            loaded.ckpt.config.arch,
-            loaded.ckpt.config.num_hidden_layers,
+            loaded.info.origin,
+            loaded.info.config.arch,
+            loaded.info.config.num_hidden_layers,
             loaded.model.resident_bytes() as f64 / 1e6,
             loaded.load_seconds,
             rayon::current_num_threads()
@@ -175,7 +239,7 @@ fn main() -> Result<()> {
 /// Text of a special token, for chat templates that reference `bos_token` / `eos_token`.
 fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
     let from_config = loaded
-        .ckpt
+        .info
         .tokenizer_config
         .as_ref()
         .and_then(|c| c.get(key))
@@ -190,9 +254,9 @@ fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
 }
 
 fn eos_ids(loaded: &Loaded) -> Vec<u32> {
-    let mut ids = loaded.ckpt.config.eos_token_ids.clone();
+    let mut ids = loaded.info.config.eos_token_ids.clone();
     if let Some(g) = loaded
-        .ckpt
+        .info
         .generation_config
         .as_ref()
         .and_then(|g| g.get("eos_token_id"))
@@ -220,7 +284,7 @@ fn eos_ids(loaded: &Loaded) -> Vec<u32> {
 
 fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
     let text = if cli.chat {
-        let template = loaded.ckpt.chat_template().ok_or_else(|| {
+        let template = loaded.info.chat_template().ok_or_else(|| {
             anyhow!(
                 "{}: the model has no chat template (drop --chat)",
                 cli.model
@@ -237,11 +301,11 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
             role: "user".into(),
             content: prompt.to_string(),
         });
-        let bos = special_token(loaded, "bos_token", loaded.ckpt.config.bos_token_id);
+        let bos = special_token(loaded, "bos_token", loaded.info.config.bos_token_id);
         let eos = special_token(
             loaded,
             "eos_token",
-            loaded.ckpt.config.eos_token_ids.first().copied(),
+            loaded.info.config.eos_token_ids.first().copied(),
         );
         render_chat(template, &messages, true, &bos, &eos)?
     } else {
@@ -256,7 +320,7 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
-    let max_ctx = loaded.ckpt.config.max_position_embeddings;
+    let max_ctx = loaded.info.config.max_position_embeddings;
     if prompt_ids.len() >= max_ctx {
         bail!(
             "prompt has {} tokens; the model's context is {max_ctx}",
@@ -327,7 +391,7 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
     let gen_tps = decode_steps as f64 / gen_s.max(1e-9);
     if cli.json {
         let v = serde_json::json!({
-            "model": loaded.ckpt.origin,
+            "model": loaded.info.origin,
             "prompt": prompt,
             "completion": text,
             "prompt_tokens": prompt_ids.len(),
@@ -421,7 +485,7 @@ fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
     let spec = EvalSpec::parse(spec_str, Some(cli.ctx))?;
     let (parts, meta) = eval_parts(loaded, &spec, !cli.json)?;
     let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
-    let max_ctx = loaded.ckpt.config.max_position_embeddings;
+    let max_ctx = loaded.info.config.max_position_embeddings;
     if longest > max_ctx {
         bail!("evaluation needs {longest} positions; the model's context is {max_ctx}");
     }
@@ -431,7 +495,7 @@ fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
             if !cli.json {
                 eprintln!(
                     "KL reference {} loaded in {:.1} s",
-                    l.ckpt.origin, l.load_seconds
+                    l.info.origin, l.load_seconds
                 );
             }
             Some(l)
@@ -486,7 +550,7 @@ fn report_eval(
 ) -> Result<()> {
     if cli.json {
         let v = serde_json::json!({
-            "model": loaded.ckpt.origin,
+            "model": loaded.info.origin,
             "kl_reference": cli.kl_ref,
             "eval": spec,
             "data": meta,

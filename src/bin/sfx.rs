@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use sfx_formats::checkpoint::Checkpoint;
-use sfx_formats::sfx::SfxFile;
+use sfx_formats::sfx::{Layout, SfxFile};
+use sfx_runtime::sfx_model::is_sfx_file;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command as Proc, Stdio};
@@ -99,6 +100,48 @@ fn verify(path: &std::path::Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Size of the resident quantized linears of a converter-written container: every
+/// `packed_codes` section `P.weight` with its `P.weight.scales` and `P.weight.zeros`.
+#[derive(Default)]
+struct ResidentLinears {
+    count: usize,
+    weights: u64,
+    codes_bytes: u64,
+    scales_bytes: u64,
+    zeros_bytes: u64,
+}
+
+impl ResidentLinears {
+    fn of(f: &SfxFile) -> Self {
+        let mut r = Self::default();
+        for s in f.sections() {
+            let Layout::PackedCodes { rows, cols, .. } = *s.layout else {
+                continue;
+            };
+            r.count += 1;
+            r.weights = r.weights.saturating_add(rows.saturating_mul(cols));
+            // Decoded lengths: what the runtime holds, whatever codec the file uses.
+            r.codes_bytes += s.decoded_len;
+            let side = |suffix: &str| {
+                f.section(&format!("{}.{suffix}", s.name))
+                    .map_or(0, |v| v.decoded_len)
+            };
+            r.scales_bytes += side("scales");
+            r.zeros_bytes += side("zeros");
+        }
+        r
+    }
+
+    fn bytes(&self) -> u64 {
+        self.codes_bytes + self.scales_bytes + self.zeros_bytes
+    }
+
+    /// (codes + scales + zeros bytes) · 8 / weights; `None` without quantized linears.
+    fn bits_per_weight(&self) -> Option<f64> {
+        (self.weights > 0).then(|| self.bytes() as f64 * 8.0 / self.weights as f64)
+    }
+}
+
 fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
     let f = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut tiers: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
@@ -112,9 +155,17 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             "layout": format!("{:?}", s.layout), "codec": format!("{:?}", s.codec)}));
     }
     let meta = f.metadata();
+    let lin = ResidentLinears::of(&f);
+    let quant = meta.params.get("quant");
+    let refine = meta.params.get("refine");
     if json {
         let v = serde_json::json!({"file": path.display().to_string(), "config": meta.config,
             "provenance": meta.provenance, "params": meta.params,
+            "quant": quant,
+            "resident_linears": {"count": lin.count, "weights": lin.weights,
+                "codes_bytes": lin.codes_bytes, "scales_bytes": lin.scales_bytes,
+                "zeros_bytes": lin.zeros_bytes, "bits_per_weight": lin.bits_per_weight()},
+            "refine": refine,
             "tiers": tiers.iter().map(|(k, v)| (k.to_string(), serde_json::json!({"sections": v.0, "bytes": v.1}))).collect::<BTreeMap<_, _>>(),
             "sections": sections});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -127,10 +178,66 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             c.arch, c.num_hidden_layers, c.hidden_size, c.vocab_size
         );
     }
+    if let Some(q) = quant {
+        // Fields as the converter writes them; absent ones print as "?".
+        let field = |k: &str| q.get(k).map_or("?".to_string(), json_scalar);
+        println!(
+            "quant        {} {} bits, group {}, packing {} (converter's bits/weight {})",
+            field("method"),
+            field("bits"),
+            field("group"),
+            field("packing"),
+            field("bits_per_weight")
+        );
+    }
+    if let Some(bpw) = lin.bits_per_weight() {
+        println!(
+            "resident     {} quantized linears, {:.1} M weights, {:.1} MB (codes {:.1} + scales {:.1} + zeros {:.1}): {bpw:.3} bits/weight",
+            lin.count,
+            lin.weights as f64 / 1e6,
+            lin.bytes() as f64 / 1e6,
+            lin.codes_bytes as f64 / 1e6,
+            lin.scales_bytes as f64 / 1e6,
+            lin.zeros_bytes as f64 / 1e6
+        );
+    }
+    if let Some(r) = refine {
+        let field = |k: &str| r.get(k).map_or("?".to_string(), json_scalar);
+        let budgets = match r.get("k").and_then(|k| k.as_object()) {
+            Some(k) => k
+                .iter()
+                .map(|(set, v)| format!("{set} {}", json_scalar(v)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "?".to_string(),
+        };
+        println!(
+            "refinement   k per 1024 channels: {budgets}; fitted {}, lambda {}, mlp {}, tier {}",
+            field("fit"),
+            field("lambda"),
+            field("mlp"),
+            field("tier")
+        );
+    }
+    let p = &meta.provenance;
     println!(
-        "provenance   {} {} from {}",
-        meta.provenance.tool, meta.provenance.tool_version, meta.provenance.source_id
+        "provenance   {} {} from {}{}",
+        p.tool,
+        p.tool_version,
+        p.source_id,
+        p.source_revision
+            .as_deref()
+            .map_or(String::new(), |r| format!(" @ {r}"))
     );
+    for (file, sha) in &p.source_files_sha256 {
+        println!("  source {file} sha256 {sha}");
+    }
+    if let Some(c) = &p.calibration_text_sha256 {
+        println!("  calibration text sha256 {c}");
+    }
+    if let Some(seed) = p.seed {
+        println!("  seed {seed}");
+    }
     for (tier, (n, bytes)) in &tiers {
         println!(
             "  tier {tier:8} {n:5} sections {:.1} MB",
@@ -143,8 +250,18 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// A JSON value for a text line: strings without quotes, everything else as JSON.
+fn json_scalar(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn inspect(spec: &str, json: bool, list_tensors: bool) -> Result<()> {
-    if spec.to_ascii_lowercase().ends_with(".sfx") {
+    // By extension, or by magic bytes for a renamed container.
+    let path = std::path::Path::new(spec);
+    if spec.to_ascii_lowercase().ends_with(".sfx") || is_sfx_file(path) {
         return inspect_sfx(std::path::Path::new(spec), json);
     }
     let ckpt = Checkpoint::open(spec).with_context(|| format!("opening {spec}"))?;

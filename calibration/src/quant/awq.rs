@@ -87,10 +87,29 @@ impl Awq {
         let cols = check_set(weights, x, n, clip)?;
         let g = gram(x, n, cols);
         let mean = channel_abs_mean(x, n, cols);
+        self.quantize_set_from_stats(weights, &g, &mean, clip)
+    }
+
+    /// [`Awq::quantize_set`] from accumulated statistics: `g` = `E[x xᵀ]` (`[cols, cols]`)
+    /// and `mean` = `E[|x_i|]` over all calibration tokens, so no activations are stored.
+    pub fn quantize_set_from_stats(
+        &self,
+        weights: &[WeightView<'_>],
+        g: &[f32],
+        mean: &[f32],
+        clip: &[bool],
+    ) -> Result<AwqSet, QuantError> {
+        let cols = check_weights(weights, clip)?;
+        if g.len() != cols * cols || mean.len() != cols {
+            return Err(layout(
+                weights[0].name,
+                "statistics are not [cols, cols] and [cols]",
+            ));
+        }
         let mut best: Option<AwqSet> = None;
         let mut rtn_error = 0.0;
         for alpha in self.alphas() {
-            let cand = self.with_scales(weights, &g, awq_scales(&mean, alpha), alpha)?;
+            let cand = self.with_scales(weights, g, awq_scales(mean, alpha), alpha)?;
             if alpha == 0.0 {
                 rtn_error = cand.error;
             }
@@ -107,7 +126,7 @@ impl Awq {
             for (i, w) in weights.iter().enumerate() {
                 let unclipped = best.errors[i];
                 if clip[i] {
-                    let (q, e) = self.clip_one(w, &g, &best.scales, &ratios)?;
+                    let (q, e) = self.clip_one(w, g, &best.scales, &ratios)?;
                     if e < unclipped {
                         best.weights[i] = q;
                         best.errors[i] = e;
@@ -291,6 +310,14 @@ fn check_set(
     n: usize,
     clip: &[bool],
 ) -> Result<usize, QuantError> {
+    let cols = check_weights(weights, clip)?;
+    if n == 0 || x.len() != n * cols {
+        return Err(layout(weights[0].name, "input sample is not [n, cols]"));
+    }
+    Ok(cols)
+}
+
+fn check_weights(weights: &[WeightView<'_>], clip: &[bool]) -> Result<usize, QuantError> {
     let first = weights
         .first()
         .ok_or_else(|| layout("awq", "empty projection set"))?;
@@ -299,9 +326,6 @@ fn check_set(
         if w.cols != cols || w.data.len() != w.rows * w.cols {
             return Err(layout(w.name, "weights of a set must share cols"));
         }
-    }
-    if n == 0 || x.len() != n * cols {
-        return Err(layout(first.name, "input sample is not [n, cols]"));
     }
     if clip.len() != weights.len() {
         return Err(layout(first.name, "one clip flag per weight"));
@@ -432,5 +456,63 @@ pub fn fold_into_rows(weight: &mut [f32], cols: usize, s: &[f32]) {
         for v in row {
             *v /= si;
         }
+    }
+}
+
+impl super::ResidentQuantizer for Awq {
+    fn name(&self) -> String {
+        format!("awq{}-g{}", self.bits, self.group_size)
+    }
+
+    fn needs_calibration(&self) -> bool {
+        true
+    }
+
+    /// For the q/k/v set the weights must come in that order: llm-awq skips the clip search
+    /// for q and k (their errors are amplified by the softmax, not measured by the output
+    /// MSE). Without foldable scales (o under GQA) only the clip search runs.
+    fn quantize_set(
+        &self,
+        weights: &[WeightView<'_>],
+        stats: Option<&super::InputStats>,
+        context: super::SetContext,
+    ) -> Result<super::QuantizedSet, QuantError> {
+        let name = weights.first().map_or("awq", |w| w.name);
+        let stats = stats.ok_or_else(|| QuantError::MissingStats {
+            name: name.to_string(),
+            method: "awq",
+            what: "input Gram matrix and mean |x| per channel",
+        })?;
+        let clip: Vec<bool> = (0..weights.len())
+            .map(|i| !(context.set == sfx_runtime::ProjectionSet::Qkv && i < 2))
+            .collect();
+        let search = if context.scales_foldable {
+            *self
+        } else {
+            // α grid {0}: s = 1, i.e. RTN plus the clip search.
+            Awq {
+                alpha_steps: 1,
+                ..*self
+            }
+        };
+        let set = search.quantize_set_from_stats(weights, &stats.gram, &stats.abs_mean, &clip)?;
+        let info = [
+            ("alpha", set.alpha as f64),
+            ("objective", set.error),
+            ("objective_rtn", set.rtn_error),
+            ("objective_scaled", set.scaled_error),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        Ok(super::QuantizedSet {
+            weights: set
+                .weights
+                .into_iter()
+                .map(super::ResidentWeight::Group)
+                .collect(),
+            input_scales: context.scales_foldable.then_some(set.scales),
+            info,
+        })
     }
 }

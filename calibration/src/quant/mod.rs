@@ -4,12 +4,17 @@
 //! calibration statistics they need from [`CalibrationStats`].
 //!
 //! - [`rtn`]: asymmetric min/max round-to-nearest per group of 128 input channels.
+//! - [`awq`]: activation-aware per-channel scales (folded into the input's producer) and
+//!   clipping on top of the same group layout.
 
 pub mod awq;
 pub mod rtn;
 
+pub use awq::Awq;
 pub use rtn::Rtn;
 pub use sfx_formats::resident::{GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
+use sfx_runtime::ProjectionSet;
+use std::collections::BTreeMap;
 
 /// A borrowed row-major float weight `[rows (out), cols (in)]` of one projection.
 #[derive(Debug, Clone, Copy)]
@@ -21,15 +26,41 @@ pub struct WeightView<'a> {
     pub cols: usize,
 }
 
-/// Per-projection calibration statistics an activation-aware quantizer consumes.
-/// Placeholder until the calibration pass lands: AWQ needs the per-input-channel mean |x|
-/// (`channel_abs_mean`, length `cols`) and a sample of inputs for its output-MSE searches.
-#[derive(Debug, Clone, Default)]
-pub struct CalibrationStats {
-    /// Mean |x_i| over calibration tokens, one per input channel.
-    pub channel_abs_mean: Vec<f32>,
-    /// Sampled input rows, row-major `[samples, cols]`.
-    pub samples: Vec<f32>,
+/// Input statistics of one projection set from the calibration pass, everything an
+/// activation-aware quantizer consumes: AWQ's scale and clip searches need `gram` and
+/// `abs_mean`; QTIP/YAQA's LDLQ needs the same `H = E[x xᵀ]` (= `gram`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InputStats {
+    /// Input channels.
+    pub cols: usize,
+    /// Tokens accumulated.
+    pub tokens: u64,
+    /// `E[x xᵀ]`, row-major `[cols, cols]`.
+    pub gram: Vec<f32>,
+    /// `E[|x_i|]` per input channel.
+    pub abs_mean: Vec<f32>,
+}
+
+/// What the converter tells a quantizer about the set it quantizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetContext {
+    pub set: ProjectionSet,
+    /// Whether per-input-channel scales can be folded into the op that produces the set's
+    /// input (an RMSNorm, `up_proj` rows, or `v_proj` rows when o's input channels map 1:1
+    /// to v's outputs, i.e. without GQA). When false, input scales must not be returned.
+    pub scales_foldable: bool,
+}
+
+/// A quantized projection set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizedSet {
+    /// One resident weight per input weight, in order. They act on `x / s` when
+    /// `input_scales` is `Some(s)`, i.e. they hold `Q(W·diag(s))`.
+    pub weights: Vec<ResidentWeight>,
+    /// Per-input-channel scales `s` the caller folds into the input's producer.
+    pub input_scales: Option<Vec<f32>>,
+    /// Quantizer-specific record for the container metadata (e.g. AWQ's α).
+    pub info: BTreeMap<String, f64>,
 }
 
 /// Every resident format a quantizer can produce. Non-uniform (SqueezeLLM LUT) and trellis
@@ -70,19 +101,21 @@ pub enum QuantError {
     },
 }
 
-/// A resident quantizer: float weight (+ optional statistics) → resident layout.
+/// A resident quantizer: the float weights of one projection set (linears sharing one input)
+/// plus, for activation-aware methods, the set's [`InputStats`] → resident layouts.
 /// Must be deterministic: converting twice gives identical bytes.
 pub trait ResidentQuantizer: Send + Sync {
-    /// Short name for logs and container metadata, e.g. `"rtn4-g128"`.
+    /// Short name for logs and container metadata, e.g. `"awq3-g128"`.
     fn name(&self) -> String;
-    /// Whether [`ResidentQuantizer::quantize`] needs `stats` (the converter then runs the
-    /// calibration pass first).
+    /// Whether [`ResidentQuantizer::quantize_set`] needs `stats` (the converter then runs the
+    /// statistics pass first).
     fn needs_calibration(&self) -> bool {
         false
     }
-    fn quantize(
+    fn quantize_set(
         &self,
-        weight: WeightView<'_>,
-        stats: Option<&CalibrationStats>,
-    ) -> Result<ResidentWeight, QuantError>;
+        weights: &[WeightView<'_>],
+        stats: Option<&InputStats>,
+        context: SetContext,
+    ) -> Result<QuantizedSet, QuantError>;
 }

@@ -6,8 +6,8 @@
 //! and AWQ's inner quantizer.
 
 use super::{
-    CalibrationStats, GroupQuantized, QuantError, ResidentQuantizer, ResidentWeight, WeightView,
-    DEFAULT_GROUP_SIZE,
+    GroupQuantized, InputStats, QuantError, QuantizedSet, ResidentQuantizer, ResidentWeight,
+    SetContext, WeightView, DEFAULT_GROUP_SIZE,
 };
 use sfx_formats::resident::minmax_grid;
 
@@ -49,18 +49,32 @@ impl ResidentQuantizer for Rtn {
         format!("rtn{}-g{}", self.bits, self.group_size)
     }
 
-    fn quantize(
+    fn quantize_set(
         &self,
-        weight: WeightView<'_>,
-        _stats: Option<&CalibrationStats>,
-    ) -> Result<ResidentWeight, QuantError> {
-        self.quantize_group(weight).map(ResidentWeight::Group)
+        weights: &[WeightView<'_>],
+        _stats: Option<&InputStats>,
+        _context: SetContext,
+    ) -> Result<QuantizedSet, QuantError> {
+        let weights = weights
+            .iter()
+            .map(|w| self.quantize_group(*w).map(ResidentWeight::Group))
+            .collect::<Result<_, _>>()?;
+        Ok(QuantizedSet {
+            weights,
+            input_scales: None,
+            info: Default::default(),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CTX: SetContext = SetContext {
+        set: sfx_runtime::ProjectionSet::Qkv,
+        scales_foldable: true,
+    };
 
     fn view<'a>(data: &'a [f32], rows: usize, cols: usize) -> WeightView<'a> {
         WeightView {
@@ -164,8 +178,12 @@ mod tests {
     #[test]
     fn bad_shapes_are_errors() {
         let w = [0.0f32; 10];
-        assert!(Rtn::new(4).quantize(view(&w, 3, 3), None).is_err());
-        assert!(Rtn::new(5).quantize(view(&w, 1, 10), None).is_err());
+        assert!(Rtn::new(4)
+            .quantize_set(&[view(&w, 3, 3)], None, CTX)
+            .is_err());
+        assert!(Rtn::new(5)
+            .quantize_set(&[view(&w, 1, 10)], None, CTX)
+            .is_err());
         assert_eq!(Rtn::new(3).name(), "rtn3-g128");
     }
 }

@@ -7,7 +7,10 @@
 //!   fp16 scale from a 32-point MSE grid search, column-major nibbles).
 //! - [`RefinementColumns::apply`]: reference y' = Ŵx + Σ_{i∈S(x)} x_i C[:, i].
 //!
-//! Plain (DecDEC) refinement is `quantize_columns_4bit(R)`.
+//! Plain (DecDEC) refinement is `quantize_columns_4bit(R)`. [`bundles`]: the neuron-wise MLP
+//! alternative (eq. 5–6).
+
+pub mod bundles;
 
 use crate::stats::RefinementStats;
 use faer::linalg::solvers::Solve;

@@ -1,0 +1,401 @@
+//! The converter pipeline: float checkpoint → resident codes + refinement in a `.sfx`.
+//!
+//! Block by block (GPTQ/AWQ style), with only one block's weights and the statistics in
+//! memory: the calibration sequences' residual streams are held on the host and pushed
+//! through the *float* block, so every statistic describes the float model's activations.
+//! Per block:
+//! 1. input statistics per projection set (`E[xxᵀ]`, `E|x|`) when the quantizer needs them;
+//! 2. resident quantization per set in the order o, down, qkv, gate/up — AWQ scales of o fold
+//!    into v's rows and those of down into up's rows, so those sets must be settled before
+//!    the sets that contain v and up are quantized;
+//! 3. a second pass collects the refinement statistics M = E[zzᵀ], G = E[xzᵀ] on the inputs
+//!    the quantized weights will actually see (`x / s` under AWQ), measures the held-out
+//!    inputs, and advances the residual streams to the next block;
+//! 4. refinement R = W' − Ŵ (W' = W·diag(s)), fitted C if asked, 4-bit columns, neuron
+//!    bundles, and the block's sections are streamed to the writer.
+
+mod layer;
+
+use crate::quant::{Awq, QuantError, ResidentQuantizer, Rtn};
+use crate::refine::RefineError;
+use sfx_formats::sfx::{Codec, Layout, SectionSpec, SfxWriter, Tier};
+use sfx_formats::{DType, FormatError, ModelConfig, TensorSource};
+use sfx_runtime::{CpuBackend, LayerwiseRunner, ProjectionSet, RuntimeError};
+use std::collections::BTreeMap;
+
+pub use layer::{LayerReport, SetReport};
+
+/// Errors of a conversion; each names the tensor, option or stage at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("refinement of layer {layer} set {set}: {source}")]
+    Refine {
+        layer: usize,
+        set: &'static str,
+        #[source]
+        source: RefineError,
+    },
+}
+
+/// Resident quantization methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMethod {
+    Rtn,
+    Awq,
+}
+
+/// `rtn{2,3,4}` or `awq{2,3,4}` at a group size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub method: QuantMethod,
+    pub bits: u8,
+    pub group: usize,
+}
+
+impl QuantSpec {
+    /// Parses `rtn2`…`rtn4`, `awq2`…`awq4` (group 128).
+    pub fn parse(s: &str) -> Result<Self, ConvertError> {
+        let bad = || {
+            ConvertError::Options(format!(
+                "--quant {s:?}: expected rtn2, rtn3, rtn4, awq2, awq3 or awq4"
+            ))
+        };
+        let (method, bits) = if let Some(b) = s.strip_prefix("rtn") {
+            (QuantMethod::Rtn, b)
+        } else if let Some(b) = s.strip_prefix("awq") {
+            (QuantMethod::Awq, b)
+        } else {
+            return Err(bad());
+        };
+        let bits = match bits {
+            "2" => 2,
+            "3" => 3,
+            "4" => 4,
+            _ => return Err(bad()),
+        };
+        Ok(Self {
+            method,
+            bits,
+            group: crate::quant::DEFAULT_GROUP_SIZE,
+        })
+    }
+
+    pub fn quantizer(&self) -> Box<dyn ResidentQuantizer> {
+        match self.method {
+            QuantMethod::Rtn => Box::new(Rtn {
+                bits: self.bits,
+                group_size: self.group,
+            }),
+            QuantMethod::Awq => Box::new(Awq {
+                group_size: self.group,
+                ..Awq::new(self.bits)
+            }),
+        }
+    }
+
+    pub fn method_name(&self) -> &'static str {
+        match self.method {
+            QuantMethod::Rtn => "rtn",
+            QuantMethod::Awq => "awq",
+        }
+    }
+}
+
+/// How the MLP's refinement is stored (method.md §2: neither wins everywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpScheme {
+    /// Channel-wise columns for gate/up and down.
+    Channels,
+    /// Neuron bundles only.
+    Bundles,
+    /// Both; the runtime (or tuner) picks.
+    Both,
+}
+
+impl MlpScheme {
+    pub fn parse(s: &str) -> Result<Self, ConvertError> {
+        match s {
+            "channels" => Ok(Self::Channels),
+            "bundles" => Ok(Self::Bundles),
+            "both" => Ok(Self::Both),
+            _ => Err(ConvertError::Options(format!(
+                "--mlp {s:?}: expected channels, bundles or both"
+            ))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Channels => "channels",
+            Self::Bundles => "bundles",
+            Self::Both => "both",
+        }
+    }
+
+    fn channels(self) -> bool {
+        self != Self::Bundles
+    }
+
+    fn bundles(self) -> bool {
+        self != Self::Channels
+    }
+}
+
+/// Everything that changes the converter's output bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertOptions {
+    pub quant: QuantSpec,
+    /// Fitted refinement C (true) or the plain residual R (false, DecDEC).
+    pub fit: bool,
+    /// Refinement budgets k per 1024 input channels, indexed by [`ProjectionSet::index`].
+    pub k: [usize; 4],
+    /// Ridge λ; `None`: mean of diag(M) per set.
+    pub lambda: Option<f64>,
+    pub mlp: MlpScheme,
+    /// Tier of the refinement sections (`ram` or `ssd`).
+    pub refine_tier: Tier,
+}
+
+impl ConvertOptions {
+    /// Neurons per 1024 selected by bundles: k_n = round(3·k_d / 4), the method's pairing of
+    /// bundle and channel budgets (method.md §6).
+    pub fn bundle_k(&self) -> usize {
+        (3 * self.k[ProjectionSet::Down.index()] + 2) / 4
+    }
+
+    fn validate(&self) -> Result<(), ConvertError> {
+        if let Some(&k) = self.k.iter().find(|&&k| k > 1024) {
+            return Err(ConvertError::Options(format!(
+                "--k {k}: a budget is per 1024 input channels, at most 1024"
+            )));
+        }
+        if let Some(l) = self.lambda {
+            if !(l.is_finite() && l > 0.0) {
+                return Err(ConvertError::Options(format!(
+                    "--lambda {l}: must be a positive finite number"
+                )));
+            }
+        }
+        if self.refine_tier == Tier::Resident {
+            return Err(ConvertError::Options(
+                "--refine-tier: refinement lives in the ram or ssd tier".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a conversion produced, for logs, `--json` and docs/results.md.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertReport {
+    pub layers: Vec<LayerReport>,
+    /// Container metadata `params` entries written by the converter (`quant`, `refine`,
+    /// `awq`); the caller adds `calibration`.
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Decoded bytes per tier name.
+    pub bytes_by_tier: BTreeMap<String, u64>,
+    /// Resident bits per weight of the quantized linears, scales and zeros included.
+    pub linear_bits_per_weight: f64,
+    /// Refinement bytes (columns + bundles) and their zstd level-3 compressed size.
+    pub refine_bytes: u64,
+    pub refine_zstd_bytes: u64,
+    pub calib_tokens: u64,
+    pub heldout_tokens: u64,
+}
+
+/// Section accounting shared by the pipeline's writers.
+struct Sink<'w> {
+    writer: &'w mut SfxWriter,
+    bytes_by_tier: BTreeMap<String, u64>,
+    refine_bytes: u64,
+    refine_zstd_bytes: u64,
+}
+
+impl Sink<'_> {
+    fn put(
+        &mut self,
+        name: String,
+        tier: Tier,
+        layout: Layout,
+        bytes: &[u8],
+    ) -> Result<(), ConvertError> {
+        *self
+            .bytes_by_tier
+            .entry(tier.as_str().to_string())
+            .or_default() += bytes.len() as u64;
+        if tier != Tier::Resident {
+            self.refine_bytes += bytes.len() as u64;
+            let z = zstd::bulk::compress(bytes, Codec::ZSTD_LEVEL)
+                .map_err(|e| FormatError::invalid(std::path::Path::new(&name), e.to_string()))?;
+            self.refine_zstd_bytes += z.len() as u64;
+        }
+        self.writer
+            .add_section(SectionSpec::new(name, tier, Codec::Raw, layout), bytes)?;
+        Ok(())
+    }
+
+    fn put_f32(&mut self, name: String, shape: Vec<u64>, v: &[f32]) -> Result<(), ConvertError> {
+        let layout = Layout::Dense {
+            dtype: DType::F32,
+            shape,
+        };
+        self.put(name, Tier::Resident, layout, bytemuck::cast_slice(v))
+    }
+
+    fn put_f16(
+        &mut self,
+        name: String,
+        shape: Vec<u64>,
+        v: &[half::f16],
+    ) -> Result<(), ConvertError> {
+        let layout = Layout::Dense {
+            dtype: DType::F16,
+            shape,
+        };
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.put(name, Tier::Resident, layout, &bytes)
+    }
+
+    /// A float tensor copied in its source dtype.
+    fn put_source(&mut self, tensors: &dyn TensorSource, name: &str) -> Result<(), ConvertError> {
+        let view = tensors.tensor(name)?;
+        let layout = Layout::Dense {
+            dtype: view.dtype,
+            shape: view.shape.iter().map(|&d| d as u64).collect(),
+        };
+        self.put(name.to_string(), Tier::Resident, layout, view.data)
+    }
+}
+
+/// Converts the float model in `tensors` into sections of `writer` (the caller writes the
+/// metadata and finishes the file). `calib` and `heldout` are token sequences (each run from
+/// position 0); `on_layer(report, layers)` is called after every block.
+pub fn convert(
+    config: &ModelConfig,
+    tensors: &dyn TensorSource,
+    calib: &[Vec<u32>],
+    heldout: &[Vec<u32>],
+    options: &ConvertOptions,
+    writer: &mut SfxWriter,
+    on_layer: &mut dyn FnMut(&LayerReport, usize),
+) -> Result<ConvertReport, ConvertError> {
+    options.validate()?;
+    if calib.is_empty() || calib.iter().any(|s| s.is_empty()) {
+        return Err(ConvertError::Options(
+            "no calibration tokens (empty calibration sequence)".into(),
+        ));
+    }
+    let runner = LayerwiseRunner::new(CpuBackend::new(), config)?;
+    let quantizer = options.quant.quantizer();
+    let mut sink = Sink {
+        writer,
+        bytes_by_tier: BTreeMap::new(),
+        refine_bytes: 0,
+        refine_zstd_bytes: 0,
+    };
+
+    sink.put_source(tensors, "model.embed_tokens.weight")?;
+    let mut calib_h = calib
+        .iter()
+        .map(|s| runner.embed(tensors, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut held_h = heldout
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| runner.embed(tensors, s))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let ctx = layer::LayerContext {
+        runner: &runner,
+        tensors,
+        quantizer: &*quantizer,
+        options,
+    };
+    let mut report = ConvertReport::default();
+    let (mut code_bits, mut weights) = (0u64, 0u64);
+    for l in 0..config.num_hidden_layers {
+        let (lr, bits, n) = ctx.process(l, &mut calib_h, &mut held_h, &mut sink)?;
+        code_bits += bits;
+        weights += n;
+        on_layer(&lr, config.num_hidden_layers);
+        report.layers.push(lr);
+    }
+
+    sink.put_f32(
+        "model.norm.weight".into(),
+        vec![config.hidden_size as u64],
+        &layer::load_vector(tensors, "model.norm.weight", config.hidden_size)?,
+    )?;
+    if !config.tie_word_embeddings {
+        sink.put_source(tensors, "lm_head.weight")?;
+    }
+
+    report.linear_bits_per_weight = code_bits as f64 / weights.max(1) as f64;
+    report.calib_tokens = calib.iter().map(|s| s.len() as u64).sum();
+    report.heldout_tokens = heldout.iter().map(|s| s.len() as u64).sum();
+    report.params = params(options, &*quantizer, &report);
+    report.bytes_by_tier = sink.bytes_by_tier;
+    report.refine_bytes = sink.refine_bytes;
+    report.refine_zstd_bytes = sink.refine_zstd_bytes;
+    Ok(report)
+}
+
+fn params(
+    o: &ConvertOptions,
+    quantizer: &dyn ResidentQuantizer,
+    report: &ConvertReport,
+) -> BTreeMap<String, serde_json::Value> {
+    use serde_json::json;
+    let k: BTreeMap<&str, usize> = ProjectionSet::ALL
+        .iter()
+        .map(|s| (s.name(), o.k[s.index()]))
+        .collect();
+    let mut p = BTreeMap::new();
+    p.insert(
+        "quant".into(),
+        json!({
+            "name": quantizer.name(),
+            "method": o.quant.method_name(),
+            "bits": o.quant.bits,
+            "group": o.quant.group,
+            "packing": "group-asym-v1",
+            "bits_per_weight": report.linear_bits_per_weight,
+        }),
+    );
+    p.insert(
+        "refine".into(),
+        json!({
+            "fit": o.fit,
+            "lambda": o.lambda.map_or(json!("mean_diag_m"), |l| json!(l)),
+            "k": k,
+            "mlp": o.mlp.as_str(),
+            "bundle_k": if o.mlp.bundles() { json!(o.bundle_k()) } else { json!(null) },
+            "tier": o.refine_tier.as_str(),
+            "levels": "signed4-rowscale-grid32",
+        }),
+    );
+    // Only discrete choices go into the file (objective values are float sums that belong
+    // in the report, not in bytes that must be reproducible).
+    let alphas: Vec<BTreeMap<&str, f64>> = report
+        .layers
+        .iter()
+        .map(|l| {
+            l.quant_info
+                .iter()
+                .filter_map(|(set, info)| Some((set.as_str(), *info.get("alpha")?)))
+                .collect()
+        })
+        .collect();
+    if alphas.iter().any(|m| !m.is_empty()) {
+        p.insert(o.quant.method_name().into(), json!({ "alpha": alphas }));
+    }
+    p
+}

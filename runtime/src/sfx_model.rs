@@ -1,0 +1,417 @@
+//! Loading a model from a `.sfx` container written by `sfx-convert` (section names and layouts:
+//! `docs/format.md`, "Model sections written by `sfx-convert`"): the resident base only —
+//! float embedding / norms / biases / head plus group-quantized projections. Refinement
+//! sections (`P.refine`, MLP bundles) are ignored here; refined decoding is a later milestone.
+//!
+//! Two pieces plug into the generic loader ([`Model::load_with`]):
+//! - [`SfxTensors`]: a [`TensorSource`] over the container's `dense` sections (borrowed from
+//!   the memory map when a section is stored raw, so the float tables are not copied before
+//!   the backend uploads them);
+//! - [`SfxLinearFactory`]: builds each projection `P` from `P.weight` (packed codes),
+//!   `P.weight.scales` and `P.weight.zeros`, validating every section against the config
+//!   first so a damaged or mismatched file is an error naming the section, never a panic.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::WeightPrecision;
+use crate::error::{Result, RuntimeError};
+use crate::linear::{
+    check_shape, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
+};
+use crate::model::{Model, ModelOptions};
+use crate::resident::GroupQuantLinear;
+use half::f16;
+use sfx_formats::resident::GroupQuantized;
+use sfx_formats::sfx::{Layout, SectionView, SfxFile, MAGIC};
+use sfx_formats::{DType, FormatError, ModelConfig, TensorSource, TensorView};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The only code packing this loader implements (`params["quant"]["packing"]`).
+pub const PACKING_GROUP_ASYM_V1: &str = "group-asym-v1";
+
+/// True when `path` is a regular file starting with the `.sfx` magic `SFX\0`. Detection by
+/// content rather than extension, so a renamed container still loads as one (and a folder or
+/// a `.gguf` never does). Any I/O error means "not a container": the caller's normal open
+/// path then reports the real problem.
+pub fn is_sfx_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == MAGIC
+}
+
+/// `tokenizer.json` text stored in the container's metadata, if the converter embedded one.
+pub fn sfx_tokenizer_json(file: &SfxFile) -> Option<&str> {
+    file.metadata().tokenizer_json.as_deref()
+}
+
+/// The chat template from the embedded `tokenizer_config.json`, if any.
+pub fn sfx_chat_template(file: &SfxFile) -> Option<&str> {
+    file.metadata()
+        .tokenizer_config
+        .as_ref()?
+        .get("chat_template")?
+        .as_str()
+}
+
+/// The model config stored in the metadata; an error naming the file when it is absent (a
+/// container without one is not a model, e.g. a bare refinement file).
+pub fn sfx_config(file: &SfxFile) -> Result<&ModelConfig> {
+    file.metadata().config.as_ref().ok_or_else(|| {
+        RuntimeError::Format(FormatError::invalid(
+            file.path(),
+            "metadata has no model config (\"config\": null); not a model container",
+        ))
+    })
+}
+
+/// Loads the resident base model of a converter-written container onto the CPU backend:
+/// config from the metadata, float tables from `dense` sections (stored per
+/// `options.precision`), group-quantized projections. Refinement sections are not used.
+pub fn load_sfx_model(file: &SfxFile, options: &ModelOptions) -> Result<Model<CpuBackend>> {
+    let config = sfx_config(file)?;
+    check_packing(file)?;
+    let tensors = SfxTensors::new(file)?;
+    let factory = SfxLinearFactory::new(file, options.precision);
+    Model::load_with(CpuBackend::new(), config, &tensors, &factory, options)
+}
+
+/// Rejects a container whose metadata names a code packing other than `group-asym-v1`: its
+/// bytes would decode to wrong weights without any size mismatch to catch it. A missing
+/// `quant` entry or `packing` field is accepted (v1 writers know only this packing).
+fn check_packing(file: &SfxFile) -> Result<()> {
+    let Some(quant) = file.metadata().params.get("quant") else {
+        return Ok(());
+    };
+    match quant.get("packing") {
+        None => Ok(()),
+        Some(serde_json::Value::String(p)) if p == PACKING_GROUP_ASYM_V1 => Ok(()),
+        Some(other) => Err(RuntimeError::Unsupported(format!(
+            "{}: params.quant.packing is {other}; this runtime reads only \
+             \"{PACKING_GROUP_ASYM_V1}\"",
+            file.path().display()
+        ))),
+    }
+}
+
+/// Short name of a layout for messages (the spec's names).
+fn layout_name(l: &Layout) -> &'static str {
+    match l {
+        Layout::Bytes => "bytes",
+        Layout::Dense { .. } => "dense",
+        Layout::PackedCodes { .. } => "packed_codes",
+        Layout::ColumnNibbles { .. } => "column_nibbles",
+        Layout::NeuronBundles { .. } => "neuron_bundles",
+    }
+}
+
+/// An error about one section of `file`.
+fn section_err(file: &SfxFile, section: &str, msg: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Format(FormatError::invalid(
+        file.path(),
+        format!("section '{section}': {msg}"),
+    ))
+}
+
+/// A section that must exist; the error says what it is needed for.
+fn required_section<'f>(file: &'f SfxFile, name: &str, why: &str) -> Result<SectionView<'f>> {
+    file.section(name)
+        .map_err(|_| section_err(file, name, format!("missing ({why})")))
+}
+
+/// Decoded bytes of a section whose decoded length must be `want` (checked even for zstd
+/// sections, whose decoder bounds but does not promise the length).
+fn decoded_exact<'f>(file: &'f SfxFile, s: &SectionView<'f>, want: usize) -> Result<Cow<'f, [u8]>> {
+    let bytes = s.decode().map_err(RuntimeError::Format)?;
+    if bytes.len() != want {
+        return Err(section_err(
+            file,
+            s.name,
+            format!("{} bytes, expected {want}", bytes.len()),
+        ));
+    }
+    Ok(bytes)
+}
+
+fn to_usize(file: &SfxFile, section: &str, v: u64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| {
+        section_err(
+            file,
+            section,
+            format!("dimension {v} exceeds the address space"),
+        )
+    })
+}
+
+/// One `dense` section as a tensor.
+struct DenseTensor<'f> {
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Cow<'f, [u8]>,
+}
+
+/// The `dense` sections of a container as a [`TensorSource`] (Hugging Face names, as the
+/// converter writes them). Raw sections are borrowed from the file's memory map; zstd ones
+/// are decoded once here. Asking for a section of another layout is an error saying which
+/// layout it has, so e.g. a quantized `lm_head.weight` is not reported as "missing".
+pub struct SfxTensors<'f> {
+    file: &'f SfxFile,
+    dense: BTreeMap<String, DenseTensor<'f>>,
+}
+
+impl<'f> SfxTensors<'f> {
+    pub fn new(file: &'f SfxFile) -> Result<Self> {
+        let mut dense = BTreeMap::new();
+        for s in file.sections() {
+            let Layout::Dense { dtype, shape } = s.layout else {
+                continue;
+            };
+            let shape = shape
+                .iter()
+                .map(|&d| to_usize(file, s.name, d))
+                .collect::<Result<Vec<_>>>()?;
+            let data = s.decode().map_err(RuntimeError::Format)?;
+            // The reader checked the layout-implied length against the recorded decoded
+            // length; this re-checks the bytes actually decoded (zstd) and the usize product.
+            TensorView::new(s.name, *dtype, &shape, &data)
+                .map_err(|e| section_err(file, s.name, e))?;
+            dense.insert(
+                s.name.to_string(),
+                DenseTensor {
+                    dtype: *dtype,
+                    shape,
+                    data,
+                },
+            );
+        }
+        Ok(Self { file, dense })
+    }
+}
+
+impl TensorSource for SfxTensors<'_> {
+    fn tensor_names(&self) -> Vec<String> {
+        self.dense.keys().cloned().collect()
+    }
+
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, FormatError> {
+        if let Some(t) = self.dense.get(name) {
+            return Ok(TensorView {
+                dtype: t.dtype,
+                shape: &t.shape,
+                data: &t.data,
+            });
+        }
+        match self.file.section(name) {
+            Ok(s) => Err(FormatError::invalid(
+                self.file.path(),
+                format!(
+                    "section '{name}' has layout {}, not a dense float tensor",
+                    layout_name(s.layout)
+                ),
+            )),
+            Err(_) => Err(FormatError::MissingTensor(name.to_string())),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.dense.contains_key(name)
+    }
+}
+
+/// Builds projections from a container's resident sections: `P.weight` (packed codes
+/// `[out, in, bits, group]`), `P.weight.scales` (dense F16 `[out, groups]`), `P.weight.zeros`
+/// (bytes, `out × groups`) and, where the config has biases, `P.bias` (dense, through the
+/// tensor source). An untied head (`lm_head.weight`, dense) stays float at `head_precision`;
+/// a tied head shares the float embedding (the trait's default), as in [`crate::resident::RtnFactory`].
+pub struct SfxLinearFactory<'f> {
+    file: &'f SfxFile,
+    pub head_precision: WeightPrecision,
+}
+
+impl<'f> SfxLinearFactory<'f> {
+    pub fn new(file: &'f SfxFile, head_precision: WeightPrecision) -> Self {
+        Self {
+            file,
+            head_precision,
+        }
+    }
+
+    /// The group-quantized weight of one projection, every section checked against `spec`.
+    pub fn group_quantized(&self, spec: &LinearSpec<'_>) -> Result<GroupQuantized> {
+        let file = self.file;
+        let name = spec.weight_name;
+        let what = spec.role.describe();
+        let layer = spec
+            .layer
+            .map_or(String::new(), |l| format!(" of layer {l}"));
+
+        let codes = required_section(file, name, &format!("resident codes of the {what}{layer}"))?;
+        let Layout::PackedCodes {
+            rows,
+            cols,
+            bits,
+            group,
+        } = *codes.layout
+        else {
+            return Err(section_err(
+                file,
+                name,
+                format!(
+                    "layout {}, expected packed_codes (resident codes of the {what})",
+                    layout_name(codes.layout)
+                ),
+            ));
+        };
+        let (rows, cols) = (to_usize(file, name, rows)?, to_usize(file, name, cols)?);
+        if (rows, cols) != (spec.out_dim, spec.in_dim) {
+            return Err(section_err(
+                file,
+                name,
+                format!(
+                    "codes of a [{rows}, {cols}] weight, the model config needs [{}, {}]",
+                    spec.out_dim, spec.in_dim
+                ),
+            ));
+        }
+        // The CPU kernels exist for 2, 3 and 4 bits; the layout allows 1–8.
+        let bits = match u8::try_from(bits) {
+            Ok(b @ 2..=4) => b,
+            _ => {
+                return Err(section_err(
+                    file,
+                    name,
+                    format!("{bits}-bit codes (this runtime supports 2, 3 and 4)"),
+                ))
+            }
+        };
+        let group = to_usize(file, name, group)?;
+        if group == 0 || !group.is_multiple_of(8) {
+            return Err(section_err(
+                file,
+                name,
+                format!("group size {group} is not a positive multiple of 8"),
+            ));
+        }
+        let groups = cols.div_ceil(group);
+        let overflow = || section_err(file, name, format!("[{rows}, {cols}] overflows"));
+        let row_bytes = cols
+            .checked_mul(usize::from(bits))
+            .ok_or_else(overflow)?
+            .div_ceil(8);
+        let code_bytes = row_bytes.checked_mul(rows).ok_or_else(overflow)?;
+        let n_groups = groups.checked_mul(rows).ok_or_else(overflow)?;
+        let code_data = decoded_exact(file, &codes, code_bytes)?;
+
+        let scales_name = format!("{name}.scales");
+        let s = required_section(
+            file,
+            &scales_name,
+            &format!("per-group scales of the {what}{layer}"),
+        )?;
+        let want_shape = [rows as u64, groups as u64];
+        match s.layout {
+            Layout::Dense { dtype: DType::F16, shape } if shape[..] == want_shape => {}
+            other => {
+                return Err(section_err(
+                    file,
+                    &scales_name,
+                    format!(
+                        "{}, expected dense F16 [{rows}, {groups}] ({rows} rows × ceil({cols}/{group}) groups)",
+                        describe_layout(other)
+                    ),
+                ))
+            }
+        }
+        let scale_bytes = decoded_exact(file, &s, n_groups * 2)?;
+        let scales: Vec<f16> = scale_bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+
+        let zeros_name = format!("{name}.zeros");
+        let z = required_section(
+            file,
+            &zeros_name,
+            &format!("per-group zero points of the {what}{layer}"),
+        )?;
+        if *z.layout != Layout::Bytes {
+            return Err(section_err(
+                file,
+                &zeros_name,
+                format!("{}, expected bytes", describe_layout(z.layout)),
+            ));
+        }
+        let zeros = decoded_exact(file, &z, n_groups)?.into_owned();
+        let qmax = (1u16 << bits) - 1;
+        if let Some(bad) = zeros.iter().find(|&&v| u16::from(v) > qmax) {
+            return Err(section_err(
+                file,
+                &zeros_name,
+                format!("zero point {bad} exceeds the {bits}-bit code range"),
+            ));
+        }
+        if let Some(bad) = scales.iter().find(|v| !v.is_finite() || v.to_f32() < 0.0) {
+            return Err(section_err(
+                file,
+                &scales_name,
+                format!("scale {bad} is not a finite non-negative number"),
+            ));
+        }
+        // Everything from_parts checks was checked above with section names; a failure here
+        // would be a check this loader is missing, so it still names the weight.
+        GroupQuantized::from_parts(
+            bits,
+            group,
+            rows,
+            cols,
+            code_data.into_owned(),
+            scales,
+            zeros,
+        )
+        .map_err(|e| section_err(file, name, e))
+    }
+}
+
+/// Layout with its dtype/shape, for "found X, expected Y" messages.
+fn describe_layout(l: &Layout) -> String {
+    match l {
+        Layout::Dense { dtype, shape } => format!("dense {} {shape:?}", dtype.as_str()),
+        other => layout_name(other).to_string(),
+    }
+}
+
+impl LinearFactory<CpuBackend> for SfxLinearFactory<'_> {
+    fn load(
+        &self,
+        backend: &CpuBackend,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<CpuBackend>>> {
+        if spec.role == LinearRole::LmHead {
+            // docs/format.md: the untied head is kept float (`lm_head.weight`, dense).
+            return Ok(Box::new(FloatLinear::load(
+                backend,
+                tensors,
+                spec,
+                self.head_precision,
+            )?));
+        }
+        let q = self.group_quantized(spec)?;
+        let bias = match spec.bias_name {
+            Some(name) => {
+                let b = require(
+                    tensors,
+                    name,
+                    "bias of an attention projection (attention_bias)",
+                )?;
+                check_shape(name, b.shape, &[spec.out_dim])?;
+                Some(b.to_f32_vec())
+            }
+            None => None,
+        };
+        Ok(Box::new(GroupQuantLinear::new(q, bias)?))
+    }
+}
