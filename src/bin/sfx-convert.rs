@@ -56,6 +56,10 @@ struct ConvertArgs {
     /// scale + clip search). All asymmetric with group 128.
     #[arg(long, required = true)]
     quant: Option<String>,
+    /// AWQ search grid "ALPHAS,CLIPS": number of α values (0, 1/n, …) and of clip ratios
+    /// (1.0 down to 0.5; 0 or 1 disables clipping). Smaller grids convert faster.
+    #[arg(long, default_value = "20,20")]
+    awq_grid: String,
     /// Store the fitted refinement C instead of the plain residual R = W - Q(W).
     #[arg(long)]
     fit: bool,
@@ -238,7 +242,26 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     let (Some(spec), Some(output), Some(quant)) = (a.model, a.output, a.quant) else {
         bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <model.sfx>");
     };
-    let quant = QuantSpec::parse(&quant)?;
+    let mut quant = QuantSpec::parse(&quant)?;
+    let grid: Vec<usize> = a
+        .awq_grid
+        .split(',')
+        .map(|p| p.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            anyhow!(
+                "--awq-grid {:?}: expected ALPHAS,CLIPS (two integers)",
+                a.awq_grid
+            )
+        })?;
+    let [alphas, clips] = grid[..] else {
+        bail!(
+            "--awq-grid {:?}: expected ALPHAS,CLIPS (two integers)",
+            a.awq_grid
+        );
+    };
+    quant.awq_alpha_steps = alphas;
+    quant.awq_clip_steps = clips;
     let options = ConvertOptions {
         quant,
         fit: a.fit,

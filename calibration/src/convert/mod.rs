@@ -58,6 +58,10 @@ pub struct QuantSpec {
     pub method: QuantMethod,
     pub bits: u8,
     pub group: usize,
+    /// AWQ search grid: α values (AWQ: 20, i.e. 0, 0.05, …, 0.95) and clip ratios (AWQ: 20,
+    /// 1.0 → 0.5). Ignored by RTN.
+    pub awq_alpha_steps: usize,
+    pub awq_clip_steps: usize,
 }
 
 impl QuantSpec {
@@ -85,6 +89,8 @@ impl QuantSpec {
             method,
             bits,
             group: crate::quant::DEFAULT_GROUP_SIZE,
+            awq_alpha_steps: 20,
+            awq_clip_steps: 20,
         })
     }
 
@@ -96,6 +102,8 @@ impl QuantSpec {
             }),
             QuantMethod::Awq => Box::new(Awq {
                 group_size: self.group,
+                alpha_steps: self.awq_alpha_steps,
+                clip_steps: self.awq_clip_steps,
                 ..Awq::new(self.bits)
             }),
         }
@@ -172,6 +180,11 @@ impl ConvertOptions {
     }
 
     fn validate(&self) -> Result<(), ConvertError> {
+        if self.quant.awq_alpha_steps == 0 {
+            return Err(ConvertError::Options(
+                "--awq-grid: at least one α value".into(),
+            ));
+        }
         if let Some(&k) = self.k.iter().find(|&&k| k > 1024) {
             return Err(ConvertError::Options(format!(
                 "--k {k}: a budget is per 1024 input channels, at most 1024"
@@ -370,6 +383,15 @@ fn params(
             "bits_per_weight": report.linear_bits_per_weight,
         }),
     );
+    if o.quant.method == QuantMethod::Awq {
+        p.insert(
+            "awq".into(),
+            json!({
+                "alpha_steps": o.quant.awq_alpha_steps,
+                "clip_steps": o.quant.awq_clip_steps,
+            }),
+        );
+    }
     p.insert(
         "refine".into(),
         json!({
@@ -394,8 +416,8 @@ fn params(
                 .collect()
         })
         .collect();
-    if alphas.iter().any(|m| !m.is_empty()) {
-        p.insert(o.quant.method_name().into(), json!({ "alpha": alphas }));
+    if let Some(awq) = p.get_mut("awq").and_then(|v| v.as_object_mut()) {
+        awq.insert("alpha".into(), json!(alphas));
     }
     p
 }

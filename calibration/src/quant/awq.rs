@@ -25,7 +25,7 @@
 //! i.e. no GQA; down ← up_proj, since `silu(gate) ⊙ up` is linear in up).
 
 use super::{GroupQuantized, QuantError, WeightView, DEFAULT_GROUP_SIZE};
-use faer::{Accum, MatMut, MatRef, Par};
+use faer::{Accum, Mat, MatMut, MatRef, Par};
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::resident::{f16_round_up, minmax_grid, ResidentError};
@@ -213,38 +213,50 @@ impl Awq {
         let gpr = cols.div_ceil(gs);
         let scaled = scale_columns(w.data, cols, s);
         let bits = self.bits;
-        let mut best_ratio = vec![1.0f32; w.rows * gpr];
-        best_ratio
-            .par_chunks_mut(gpr)
-            .zip(scaled.par_chunks(cols))
-            .for_each(|(out, row)| {
-                let mut delta = vec![0.0f32; gs];
-                for (gi, vals) in row.chunks(gs).enumerate() {
-                    let c0 = gi * gs;
-                    let len = vals.len();
-                    let mut best = (f64::INFINITY, 1.0f32);
-                    for &r in ratios {
+        let rows = w.rows;
+        // Per group: for each ratio, the rows' weighted errors δ_r G_gg δ_rᵀ as one GEMM
+        // (rows × len × len) instead of a dot product per row — the search's hot loop.
+        let mut best_ratio = vec![1.0f32; rows * gpr];
+        let mut best_err = vec![f64::INFINITY; rows];
+        for gi in 0..gpr {
+            let c0 = gi * gs;
+            let len = gs.min(cols - c0);
+            let g_gg = Mat::<f32>::from_fn(len, len, |i, j| g[(c0 + i) * cols + c0 + j]);
+            best_err.fill(f64::INFINITY);
+            let mut delta = vec![0.0f32; rows * len];
+            let mut prod = vec![0.0f32; rows * len];
+            for &r in ratios {
+                delta
+                    .par_chunks_mut(len)
+                    .zip(scaled.par_chunks(cols))
+                    .for_each(|(d, row)| {
+                        let vals = &row[c0..c0 + len];
                         let (scale, zero) = shrink_grid(vals, bits, r);
-                        for (j, &v) in vals.iter().enumerate() {
-                            delta[j] = (v - fake_quant(v, scale, zero, bits)) / s[c0 + j];
+                        for (j, (dj, &v)) in d.iter_mut().zip(vals).enumerate() {
+                            *dj = (v - fake_quant(v, scale, zero, bits)) / s[c0 + j];
                         }
-                        let d = &delta[..len];
-                        let mut e = 0.0f64;
-                        for (i, &di) in d.iter().enumerate() {
-                            if di == 0.0 {
-                                continue;
-                            }
-                            let grow = &g[(c0 + i) * cols + c0..(c0 + i) * cols + c0 + len];
-                            let dot: f32 = grow.iter().zip(d).map(|(a, b)| a * b).sum();
-                            e += (di * dot) as f64;
+                    });
+                faer::linalg::matmul::matmul(
+                    MatMut::from_row_major_slice_mut(&mut prod, rows, len),
+                    Accum::Replace,
+                    MatRef::from_row_major_slice(&delta, rows, len),
+                    g_gg.as_ref(),
+                    1.0f32,
+                    Par::rayon(0),
+                );
+                best_err
+                    .par_iter_mut()
+                    .zip(best_ratio.par_chunks_mut(gpr))
+                    .zip(delta.par_chunks(len).zip(prod.par_chunks(len)))
+                    .for_each(|((be, br), (d, p))| {
+                        let e = sfx_runtime::backend::cpu::math::dot(d, p) as f64;
+                        if e < *be {
+                            *be = e;
+                            br[gi] = r;
                         }
-                        if e < best.0 {
-                            best = (e, r);
-                        }
-                    }
-                    out[gi] = best.1;
-                }
-            });
+                    });
+            }
+        }
         let mut k = 0usize;
         let q = GroupQuantized::quantize_with(&scaled, w.rows, cols, bits, gs, |vals, b| {
             let r = best_ratio.get(k).copied().unwrap_or(1.0);

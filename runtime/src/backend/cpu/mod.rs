@@ -4,7 +4,7 @@
 mod attention;
 mod elementwise;
 pub(crate) mod gemm;
-pub(crate) mod math;
+pub mod math;
 mod matvec;
 mod scratch;
 mod simd;

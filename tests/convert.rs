@@ -1,0 +1,554 @@
+//! `sfx-convert` end to end on the real SmolLM2-135M: RTN codes equal an in-process RTN, AWQ
+//! beats RTN against the float model, the stored MLP refinement reconstructs the float MLP,
+//! conversion is byte-identical across thread counts, a killed conversion leaves the output
+//! path untouched, and bad options are named.
+
+mod common;
+
+use common::{assets, gguf};
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::resident::GroupQuantized;
+use sfx_formats::sfx::{Layout, SfxFile};
+use sfx_formats::{OwnedTensors, TensorSource};
+use sfx_runtime::resident::RtnFactory;
+use sfx_runtime::{
+    load_sfx_model, CpuBackend, LogitsMode, Model, ModelOptions, SfxTensors, WeightPrecision,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+fn out_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("convert_test");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs sfx-convert with `threads` rayon threads; panics with its stderr on failure.
+fn convert(args: &[&str], threads: usize) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args(args)
+        .env("SFX_ASSETS", assets())
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "sfx-convert {args:?} failed:\n{stderr}"
+    );
+    stderr
+}
+
+fn float_model() -> &'static (Checkpoint, Model<CpuBackend>) {
+    static M: OnceLock<(Checkpoint, Model<CpuBackend>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
+        let model = Model::load_cpu(&ckpt.config, &*ckpt.tensors, &opts()).unwrap();
+        (ckpt, model)
+    })
+}
+
+fn opts() -> ModelOptions {
+    ModelOptions {
+        precision: WeightPrecision::F32,
+        ..Default::default()
+    }
+}
+
+/// A wiki window the calibration (Brown) never saw.
+fn tokens() -> Vec<u32> {
+    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
+    let (ckpt, _) = float_model();
+    let tok = tokenizers::Tokenizer::from_bytes(ckpt.tokenizer_json.as_ref().unwrap().as_bytes())
+        .unwrap();
+    tok.encode(&text[..4000], false).unwrap().get_ids()[..96].to_vec()
+}
+
+fn logits(m: &Model<CpuBackend>, ids: &[u32]) -> Vec<f32> {
+    let mut cache = m.new_cache(ids.len()).unwrap();
+    m.forward(ids, &mut cache, LogitsMode::All)
+        .unwrap()
+        .into_vec()
+}
+
+/// Mean over positions of KL(p ‖ q), computed in f64 over the full vocabulary.
+fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
+    let log_softmax = |row: &[f32]| -> Vec<f64> {
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+        row.iter().map(|&v| v as f64 - lse).collect()
+    };
+    let rows = p.len() / vocab;
+    let mut total = 0.0;
+    for r in 0..rows {
+        let lp = log_softmax(&p[r * vocab..(r + 1) * vocab]);
+        let lq = log_softmax(&q[r * vocab..(r + 1) * vocab]);
+        total += lp
+            .iter()
+            .zip(&lq)
+            .map(|(a, b)| a.exp() * (a - b))
+            .sum::<f64>();
+    }
+    total / rows as f64
+}
+
+#[test]
+fn rtn4_container_runs_exactly_like_in_process_rtn() {
+    let path = out_dir().join("rtn4.sfx");
+    let p = path.to_str().unwrap();
+    let g = gguf();
+    let args = [
+        "--quant",
+        "rtn4",
+        g.to_str().unwrap(),
+        "-o",
+        p,
+        "--calib-seqs",
+        "1",
+        "--calib-len",
+        "32",
+        "--heldout",
+        "none",
+    ];
+    convert(&args, 2);
+    let file = SfxFile::open(&path).unwrap();
+    file.verify().unwrap();
+    let sfx_model = load_sfx_model(&file, &opts()).unwrap();
+    let (ckpt, _) = float_model();
+    let rtn = Model::load_with(
+        CpuBackend::new(),
+        &ckpt.config,
+        &*ckpt.tensors,
+        &RtnFactory::new(4),
+        &opts(),
+    )
+    .unwrap();
+    let ids = &tokens()[..24];
+    let (a, b) = (logits(&sfx_model, ids), logits(&rtn, ids));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        diff <= 1e-4,
+        "converted rtn4 vs in-process rtn4: max |Δlogit| {diff}"
+    );
+    // 4-bit codes + f16 scale + u8 zero per 128 weights (576 = 4·128 + 64 adds a group).
+    let bpw = file.metadata().params["quant"]["bits_per_weight"]
+        .as_f64()
+        .unwrap();
+    assert!((4.18..4.25).contains(&bpw), "bits per weight {bpw}");
+}
+
+/// `awq3 --fit --mlp both` (small AWQ grid, for time) with a held-out set, converted with 2
+/// and with 1 thread.
+fn awq3_pair() -> &'static (PathBuf, PathBuf) {
+    static P: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    P.get_or_init(|| {
+        let g = gguf();
+        let run = |name: &str, threads: usize| {
+            let path = out_dir().join(name);
+            let args = [
+                "--quant",
+                "awq3",
+                "--fit",
+                "--mlp",
+                "both",
+                "--k",
+                "16,8,16,32",
+                "--awq-grid",
+                "5,5",
+                g.to_str().unwrap(),
+                "-o",
+                path.to_str().unwrap(),
+                "--calib-seqs",
+                "2",
+                "--calib-len",
+                "128",
+                "--heldout-seqs",
+                "1",
+            ];
+            let log = convert(&args, threads);
+            assert!(
+                log.contains("layer  30/30"),
+                "per-layer log missing:\n{log}"
+            );
+            path
+        };
+        (run("awq3-t2.sfx", 2), run("awq3-t1.sfx", 1))
+    })
+}
+
+#[test]
+fn conversion_is_byte_identical_across_thread_counts() {
+    let (a, b) = awq3_pair();
+    let (a, b) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    assert_eq!(a.len(), b.len(), "file sizes differ");
+    let first = a.iter().zip(&b).position(|(x, y)| x != y);
+    assert!(first.is_none(), "files differ first at byte {first:?}");
+}
+
+#[test]
+fn awq3_container_beats_rtn3_and_records_what_it_did() {
+    let (path, _) = awq3_pair();
+    let file = SfxFile::open(path).unwrap();
+    file.verify().unwrap();
+    let (ckpt, float) = float_model();
+    let ids = tokens();
+    let vocab = ckpt.config.vocab_size;
+    let reference = logits(float, &ids);
+    let awq = load_sfx_model(&file, &opts()).unwrap();
+    let rtn = Model::load_with(
+        CpuBackend::new(),
+        &ckpt.config,
+        &*ckpt.tensors,
+        &RtnFactory::new(3),
+        &opts(),
+    )
+    .unwrap();
+    let kl_awq = mean_kl(&reference, &logits(&awq, &ids), vocab);
+    let kl_rtn = mean_kl(&reference, &logits(&rtn, &ids), vocab);
+    // Measured: awq3 ≈ 0.5 of rtn3's KL even with 256 calibration tokens.
+    assert!(
+        kl_awq < 0.8 * kl_rtn,
+        "awq3 KL {kl_awq} vs rtn3 KL {kl_rtn}"
+    );
+
+    let m = file.metadata();
+    let refine = &m.params["refine"];
+    assert_eq!(refine["fit"], true);
+    assert_eq!(refine["k"]["o"], 8);
+    assert_eq!(refine["k"]["d"], 32);
+    assert_eq!(refine["bundle_k"], 24);
+    assert_eq!(m.params["calibration"]["tokens"], 256);
+    assert_eq!(m.params["awq"]["alpha"].as_array().unwrap().len(), 30);
+    assert!(m.provenance.calibration_text_sha256.is_some());
+    assert!(m
+        .provenance
+        .source_files_sha256
+        .contains_key("SmolLM2-135M-Instruct.Q4_1.gguf"));
+    for l in [0, 29] {
+        let p = format!("model.layers.{l}");
+        for proj in [
+            "self_attn.q_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.down_proj",
+        ] {
+            let s = file.section(&format!("{p}.{proj}.refine")).unwrap();
+            assert_eq!(s.tier.as_str(), "ram");
+        }
+        let b = file.section(&format!("{p}.mlp.bundles")).unwrap();
+        assert_eq!(
+            b.layout,
+            &Layout::NeuronBundles {
+                neurons: 1536,
+                hidden: 576
+            }
+        );
+    }
+}
+
+/// Signed level of element `i` of a nibble vector (docs/format.md, `column_nibbles`).
+fn level(bytes: &[u8], i: usize) -> f32 {
+    let b = bytes[i / 2];
+    let nib = if i % 2 == 0 { b & 0x0F } else { b >> 4 };
+    nib as f32 - 8.0
+}
+
+fn f16s(file: &SfxFile, name: &str) -> Vec<f32> {
+    file.section(name)
+        .unwrap()
+        .decode()
+        .unwrap()
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+fn dequantized(file: &SfxFile, prefix: &str) -> (Vec<f32>, usize, usize) {
+    let codes = file.section(&format!("{prefix}.weight")).unwrap();
+    let Layout::PackedCodes {
+        rows,
+        cols,
+        bits,
+        group,
+    } = codes.layout.clone()
+    else {
+        panic!("{prefix}: not packed codes");
+    };
+    let scales = f16s(file, &format!("{prefix}.weight.scales"));
+    let zeros = file
+        .section(&format!("{prefix}.weight.zeros"))
+        .unwrap()
+        .decode()
+        .unwrap()
+        .to_vec();
+    let q = GroupQuantized::from_parts(
+        bits as u8,
+        group as usize,
+        rows as usize,
+        cols as usize,
+        codes.decode().unwrap().to_vec(),
+        scales.into_iter().map(half::f16::from_f32).collect(),
+        zeros,
+    )
+    .unwrap();
+    (q.dequantize(), rows as usize, cols as usize)
+}
+
+/// A plain-refinement (no --fit) awq3 container with channels and bundles.
+fn awq3_plain() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let g = gguf();
+        let path = out_dir().join("awq3-plain.sfx");
+        let args = [
+            "--quant",
+            "awq3",
+            "--mlp",
+            "both",
+            "--awq-grid",
+            "5,5",
+            g.to_str().unwrap(),
+            "-o",
+            path.to_str().unwrap(),
+            "--calib-seqs",
+            "2",
+            "--calib-len",
+            "128",
+            "--heldout",
+            "none",
+        ];
+        convert(&args, 2);
+        path
+    })
+}
+
+/// Float f32 copies of the container's dense tensors (embedding, folded norms).
+fn dense_tensors(file: &SfxFile) -> OwnedTensors {
+    let src = SfxTensors::new(file).unwrap();
+    let mut t = OwnedTensors::new();
+    for name in src.tensor_names() {
+        let v = src.tensor(&name).unwrap();
+        t.insert_f32(name.clone(), v.shape.to_vec(), &v.to_f32_vec());
+    }
+    t
+}
+
+/// Adds `Σ level · scale` of a column-major nibble matrix (`column_nibbles`) to `w`.
+fn add_columns(file: &SfxFile, prefix: &str, w: &mut [f32], rows: usize, cols: usize) {
+    let packed = file
+        .section(&format!("{prefix}.refine"))
+        .unwrap()
+        .decode()
+        .unwrap();
+    let scales = f16s(file, &format!("{prefix}.refine.scales"));
+    let cb = rows.div_ceil(2);
+    for i in 0..cols {
+        let col = &packed[i * cb..(i + 1) * cb];
+        for (r, s) in scales.iter().enumerate() {
+            w[r * cols + i] += level(col, r) * s;
+        }
+    }
+}
+
+const PROJS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+#[test]
+fn resident_codes_plus_stored_residual_rebuild_the_float_model() {
+    // Without --fit every refinement holds the plain residual R = W' − Q(W') (W' = W·diag s),
+    // so codes + refinement rebuild W' up to R's 4-bit rounding, and with the folded norms and
+    // rows the rebuilt model must sit far closer to the float model than the resident base.
+    // Two independent rebuilds: channel columns for every projection, and neuron bundles
+    // (gate/up rows, down refinement column) for the MLP. This checks AWQ's folding into
+    // both RMSNorms, v_proj/up_proj rows, and both refinement layouts, decoded here from
+    // docs/format.md rather than with the converter's code.
+    let path = awq3_plain();
+    let file = SfxFile::open(path).unwrap();
+    let (ckpt, float) = float_model();
+    let c = &ckpt.config;
+    let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
+    let mut columns = dense_tensors(&file);
+    let mut bundled = dense_tensors(&file);
+    let cb = hidden.div_ceil(2);
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let bundles = file
+            .section(&format!("{p}.mlp.bundles"))
+            .unwrap()
+            .decode()
+            .unwrap();
+        let row_s = f16s(&file, &format!("{p}.mlp.bundles.row_scales"));
+        let col_s = f16s(&file, &format!("{p}.mlp.bundles.col_scales"));
+        let part = |j: usize, k: usize| &bundles[(j * 4 + k) * cb..(j * 4 + k + 1) * cb];
+        for proj in PROJS {
+            let prefix = format!("{p}.{proj}");
+            let (base, rows, cols) = dequantized(&file, &prefix);
+            let mut w = base.clone();
+            add_columns(&file, &prefix, &mut w, rows, cols);
+            let name = format!("{prefix}.weight");
+            columns.insert_f32(name.clone(), vec![rows, cols], &w);
+            let mut w = base;
+            match proj {
+                "mlp.gate_proj" | "mlp.up_proj" => {
+                    let k = usize::from(proj == "mlp.up_proj");
+                    for j in 0..rows {
+                        for i in 0..cols {
+                            w[j * cols + i] += level(part(j, k), i) * row_s[k * ffn + j];
+                        }
+                    }
+                }
+                "mlp.down_proj" => {
+                    for j in 0..ffn {
+                        for i in 0..hidden {
+                            w[i * ffn + j] += level(part(j, 2), i) * col_s[i];
+                        }
+                    }
+                }
+                _ => {}
+            }
+            bundled.insert_f32(name, vec![rows, cols], &w);
+        }
+    }
+    let ids = tokens();
+    let reference = logits(float, &ids);
+    let kl = |m: &Model<CpuBackend>| mean_kl(&reference, &logits(m, &ids), c.vocab_size);
+    let kl_base = kl(&load_sfx_model(&file, &opts()).unwrap());
+    let kl_columns = kl(&Model::load_cpu(c, &columns, &opts()).unwrap());
+    let kl_bundles = kl(&Model::load_cpu(c, &bundled, &opts()).unwrap());
+    eprintln!("KL vs float: base {kl_base:.4}, columns {kl_columns:.4}, bundles {kl_bundles:.4}");
+    assert!(
+        kl_columns < 0.1 * kl_base,
+        "columns {kl_columns} vs base {kl_base}"
+    );
+    // Bundles refine only the MLP: less than the columns, still a large gain.
+    assert!(
+        kl_bundles < 0.7 * kl_base,
+        "bundles {kl_bundles} vs base {kl_base}"
+    );
+    // Part 4 of a bundle is a 4-bit copy of W'_down: it must agree with the rebuilt down
+    // weight to within its own quantization step (plus clipping at the row extremes).
+    let (l, j) = (7, 100);
+    let p = format!("model.layers.{l}");
+    let bundles = file
+        .section(&format!("{p}.mlp.bundles"))
+        .unwrap()
+        .decode()
+        .unwrap();
+    let col_s = f16s(&file, &format!("{p}.mlp.bundles.col_scales"));
+    let down = columns
+        .tensor(&format!("{p}.mlp.down_proj.weight"))
+        .unwrap()
+        .to_f32_vec();
+    let copy = &bundles[(j * 4 + 3) * cb..(j * 4 + 4) * cb];
+    let mut within = 0;
+    for i in 0..hidden {
+        let step = col_s[hidden + i];
+        let v = level(copy, i) * step;
+        if (v - down[i * ffn + j]).abs() <= 0.75 * step {
+            within += 1;
+        }
+    }
+    assert!(
+        within * 100 >= 95 * hidden,
+        "down copy: {within}/{hidden} within a step"
+    );
+}
+
+#[test]
+fn killed_conversion_leaves_the_output_path_untouched() {
+    let dir = out_dir().join("kill");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("model.sfx");
+    std::fs::write(&out, b"previous contents").unwrap();
+    let g = gguf();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args([
+            "--quant",
+            "rtn3",
+            g.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args([
+            "--calib-seqs",
+            "4",
+            "--calib-len",
+            "128",
+            "--heldout",
+            "none",
+        ])
+        .env("SFX_ASSETS", assets())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill once the temporary file exists and has sections in it.
+    let started = std::time::Instant::now();
+    loop {
+        let tmp_bytes: u64 = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+            .sum();
+        if tmp_bytes > 1 << 20 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "converter ended before the kill"
+        );
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no temporary file appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), b"previous contents");
+}
+
+#[test]
+fn bad_options_are_named() {
+    let g = gguf();
+    let g = g.to_str().unwrap();
+    let o = out_dir().join("never.sfx");
+    let o = o.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--quant", "awq5", g, "-o", o], "--quant"),
+        (&["--quant", "rtn3", "--k", "2000", g, "-o", o], "--k 2000"),
+        (&["--quant", "rtn3", "--k", "1,2", g, "-o", o], "four"),
+        (&["--quant", "rtn3", "--mlp", "rows", g, "-o", o], "--mlp"),
+        (
+            &["--quant", "rtn3", "--calib", "wiki", g, "-o", o],
+            "held-out",
+        ),
+        (
+            &["--quant", "rtn3", "/nonexistent/model", "-o", o],
+            "/nonexistent/model",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+            .args(args)
+            .env("SFX_ASSETS", assets())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    assert!(!Path::new(o).exists());
+}
