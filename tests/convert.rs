@@ -253,7 +253,11 @@ fn awq3_container_beats_rtn3_and_records_what_it_did() {
 /// Signed level of element `i` of a nibble vector (docs/format.md, `column_nibbles`).
 fn level(bytes: &[u8], i: usize) -> f32 {
     let b = bytes[i / 2];
-    let nib = if i.is_multiple_of(2) { b & 0x0F } else { b >> 4 };
+    let nib = if i.is_multiple_of(2) {
+        b & 0x0F
+    } else {
+        b >> 4
+    };
     nib as f32 - 8.0
 }
 

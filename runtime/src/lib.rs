@@ -16,6 +16,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod model;
 pub mod observe;
+pub mod refine;
 pub mod resident;
 pub mod sampling;
 pub mod sfx_model;

@@ -12,9 +12,13 @@ use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
 use sfx_runtime::eval::{
     evaluate, long_context_part, window_parts, EvalPart, EvalResult, ModelScorer, PartResult,
 };
+use sfx_runtime::refine::{
+    file_settings, open_refinement, plan_from_sfx, MissPolicy, MlpMode, RefineOpenOptions, Refiner,
+    TierChoice,
+};
 use sfx_runtime::sampling::{Sampler, SamplingParams};
 use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model, sfx_tokenizer_json};
-use sfx_runtime::{KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
+use sfx_runtime::{CpuBackend, KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::io::Write;
 use std::time::Instant;
 use tokenizers::Tokenizer;
@@ -28,8 +32,11 @@ use tokenizers::Tokenizer;
         MODEL is a .gguf file (dequantized in memory), a Hugging Face folder (safetensors, \
         memory-mapped), a Hub repo id (org/name[@revision]; the standard HF cache is used, \
         HF_HUB_OFFLINE=1 forbids downloads) or a .sfx container written by sfx-convert \
-        (recognised by its magic bytes; its resident quantized base is run, refinement is not \
-        used yet; tokenizer and chat template come from its metadata).\n\n\
+        (recognised by its magic bytes; tokenizer and chat template come from its metadata). \
+        A .sfx runs its low-bit resident base plus selective refinement: per token, the top-k \
+        input channels per 1024 of every projection set fetch their 4-bit refinement columns \
+        (or MLP neuron bundles) from the ram or ssd tier; see the \"Refinement\" options. \
+        With --ppl, base and refined are measured side by side in one run.\n\n\
         Generation: sfx-run MODEL -p \"prompt\" [--chat] streams the continuation to stdout and \
         reports prompt and generation speed on stderr.\n\n\
         Evaluation (protocol in shared assets.md): --ppl wiki:N scores the first N \
@@ -93,6 +100,152 @@ struct Cli {
     /// Print a JSON report on stdout instead of text.
     #[arg(long)]
     json: bool,
+
+    /// .sfx: run the resident base only (no refinement).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    no_refine: bool,
+    /// .sfx: refinement budgets k per 1024 input channels, one value or qkv,o,gu,d
+    /// (default: the budgets the file was fitted for).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    k: Option<String>,
+    /// .sfx: fetch lead (qkv, gu) / lag (o, d) in blocks, multiples of 0.5: one value or
+    /// qkv,o,gu,d. Lead selects channels from the residual stream s blocks earlier; lag adds
+    /// the refinement s blocks later.
+    #[arg(long, default_value = "0", help_heading = "Refinement (.sfx)")]
+    s: String,
+    /// .sfx: MLP refinement, channels or bundles (default: channels when the file has them).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    mlp: Option<String>,
+    /// .sfx: neurons per 1024 selected by neuron bundles (default: the file's, round(3k_d/4)).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    bundle_k: Option<usize>,
+    /// .sfx: read refinement from ram (memory map) or ssd (bounded RAM cache + background
+    /// loader threads); default: the tier recorded in the file.
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    refine_tier: Option<String>,
+    /// .sfx, ssd tier: RAM cache budget shared by all projection sets (e.g. 1MiB, 128MiB, 2GiB).
+    #[arg(long, default_value = "128MiB", help_heading = "Refinement (.sfx)")]
+    weight_cache: String,
+    /// .sfx, ssd tier: on a cache miss, skip (use the resident value this step, load for later
+    /// steps; never blocks) or wait (read now).
+    #[arg(long, default_value = "skip", help_heading = "Refinement (.sfx)")]
+    miss: String,
+    /// .sfx, ram tier: pin the refinement sections in RAM (mlock; best effort).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    mlock: bool,
+    /// .sfx with --ppl: skip the unrefined base pass (by default base and refined are both
+    /// measured, side by side).
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    no_base: bool,
+}
+
+/// Parses "1", "0.5,0,0.5,0" etc. into four per-set values.
+fn four<T: std::str::FromStr + Copy>(what: &str, s: &str) -> Result<[T; 4]> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<T>()
+                .map_err(|_| anyhow!("--{what} {s:?}: {p:?} is not a number"))
+        })
+        .collect::<Result<_>>()?;
+    match v[..] {
+        [a] => Ok([a; 4]),
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => bail!("--{what} {s:?}: give one value or four (qkv,o,gu,d)"),
+    }
+}
+
+/// "128MiB", "4 MiB", "1GiB", "512KiB", "1000000" → bytes.
+fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| anyhow!("--weight-cache {s:?}: expected a size like 128MiB"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!("--weight-cache {s:?}: unknown unit {other:?} (use KiB, MiB, GiB)"),
+    };
+    Ok((n * mult) as u64)
+}
+
+/// The refinement engine for a `.sfx` model, per the CLI options; `None` for float models,
+/// `--no-refine`, files without refinement, or refinement that failed verification (then
+/// with one warning).
+fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend>>> {
+    let Some(path) = &loaded.sfx_path else {
+        return Ok(None);
+    };
+    if cli.no_refine {
+        return Ok(None);
+    }
+    let file = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let plan = plan_from_sfx(&file, &loaded.info.config)?;
+    let mut settings = file_settings(&file, &plan);
+    if let Some(k) = &cli.k {
+        settings.k = four("k", k)?;
+        settings.bundle_k = (3 * settings.k[3] + 2) / 4;
+    }
+    settings.s = four("s", &cli.s)?;
+    if let Some(m) = &cli.mlp {
+        settings.mlp = match m.as_str() {
+            "channels" => MlpMode::Channels,
+            "bundles" => MlpMode::Bundles,
+            other => bail!("--mlp {other:?}: expected channels or bundles"),
+        };
+    }
+    if let Some(n) = cli.bundle_k {
+        settings.bundle_k = n;
+    }
+    let options = RefineOpenOptions {
+        tier: match cli.refine_tier.as_deref() {
+            None => TierChoice::AsStored,
+            Some("ram") => TierChoice::Ram,
+            Some("ssd") => TierChoice::Ssd,
+            Some(other) => bail!("--refine-tier {other:?}: expected ram or ssd"),
+        },
+        cache_bytes: parse_bytes(&cli.weight_cache)?,
+        miss: match cli.miss.as_str() {
+            "skip" => MissPolicy::Skip,
+            "wait" => MissPolicy::Wait,
+            other => bail!("--miss {other:?}: expected skip or wait"),
+        },
+        mlock: cli.mlock,
+        ..RefineOpenOptions::default()
+    };
+    let warn = |m: &str| eprintln!("{m}");
+    Ok(open_refinement(
+        &file,
+        path,
+        &loaded.info.config,
+        Some(settings),
+        &options,
+        &warn,
+    )?)
+}
+
+/// JSON record of a refinement run: settings, engine counters and tier statistics.
+fn refine_report(r: &Refiner<CpuBackend>, options_tier: &Option<String>) -> serde_json::Value {
+    let c = r.counters();
+    let st = r.store_stats();
+    let tokens = c.tokens.max(1) as f64;
+    serde_json::json!({
+        "settings": r.settings(),
+        "tier": options_tier.clone().unwrap_or_else(|| "as stored".into()),
+        "counters": c,
+        "store": st,
+        "fetched_bytes_per_token": c.bytes_applied as f64 / tokens,
+        "selected_units_per_token": c.units_selected as f64 / tokens,
+        "applied_fraction": c.units_applied as f64 / (c.units_selected.max(1)) as f64,
+        "cache_hit_rate": st.hit_rate(),
+    })
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -135,6 +288,8 @@ impl ModelInfo {
 struct Loaded {
     info: ModelInfo,
     model: Model,
+    /// The container's path when the model is a `.sfx` (its refinement is opened from it).
+    sfx_path: Option<std::path::PathBuf>,
     tokenizer: Tokenizer,
     load_seconds: f64,
 }
@@ -167,6 +322,7 @@ fn load(spec: &str, precision: Precision) -> Result<Loaded> {
             generation_config: ckpt.generation_config,
         },
         model,
+        sfx_path: None,
         tokenizer,
         load_seconds: t0.elapsed().as_secs_f64(),
     })
@@ -196,6 +352,7 @@ fn load_sfx(spec: &str, precision: Precision) -> Result<Loaded> {
             generation_config: None,
         },
         model,
+        sfx_path: Some(std::path::PathBuf::from(spec)),
         tokenizer,
         load_seconds: t0.elapsed().as_secs_f64(),
     })
@@ -233,7 +390,8 @@ fn main() -> Result<()> {
             .with_context(|| format!("reading prompt file {}", f.display()))?,
         (None, None) => bail!("nothing to do: give a prompt (-p) or an evaluation (--ppl)"),
     };
-    generate(&cli, &loaded, &prompt)
+    let mut refiner = build_refiner(&cli, &loaded)?;
+    generate(&cli, &loaded, &prompt, refiner.as_mut())
 }
 
 /// Text of a special token, for chat templates that reference `bos_token` / `eos_token`.
@@ -282,7 +440,12 @@ fn eos_ids(loaded: &Loaded) -> Vec<u32> {
     ids
 }
 
-fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
+fn generate(
+    cli: &Cli,
+    loaded: &Loaded,
+    prompt: &str,
+    mut refiner: Option<&mut Refiner<CpuBackend>>,
+) -> Result<()> {
     let text = if cli.chat {
         let template = loaded.info.chat_template().ok_or_else(|| {
             anyhow!(
@@ -338,8 +501,13 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
     });
     let eos = eos_ids(loaded);
 
+    let mut forward =
+        |ids: &[u32], cache: &mut dyn KvCache<CpuBackend>| match refiner.as_deref_mut() {
+            Some(r) => model.forward_refined(ids, cache, LogitsMode::Last, r),
+            None => model.forward(ids, cache, LogitsMode::Last),
+        };
     let t0 = Instant::now();
-    let logits = model.forward(&prompt_ids, &mut cache, LogitsMode::Last)?;
+    let logits = forward(&prompt_ids, &mut cache)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
 
@@ -374,10 +542,13 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
             stop_reason = "context";
             break;
         }
-        let logits = model.forward(&[next], &mut cache, LogitsMode::Last)?;
+        let logits = forward(&[next], &mut cache)?;
         next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
     }
     let gen_s = t1.elapsed().as_secs_f64();
+    let refine = refiner
+        .as_deref()
+        .map(|r| refine_report(r, &cli.refine_tier));
     let text = loaded
         .tokenizer
         .decode(&generated, true)
@@ -399,6 +570,7 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
             "stop_reason": stop_reason,
             "prompt_tokens_per_second": prompt_tps,
             "generation_tokens_per_second": gen_tps,
+            "refine": refine,
             "threads": rayon::current_num_threads(),
         });
         writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
@@ -412,6 +584,15 @@ fn generate(cli: &Cli, loaded: &Loaded, prompt: &str) -> Result<()> {
             gen_tps,
             stop_reason
         );
+        if let Some(r) = &refine {
+            eprintln!(
+                "refinement: {:.0} bytes/token fetched, {:.1} units selected/token, {:.1} % applied, cache hit rate {:.3}",
+                r["fetched_bytes_per_token"].as_f64().unwrap_or(0.0),
+                r["selected_units_per_token"].as_f64().unwrap_or(0.0),
+                100.0 * r["applied_fraction"].as_f64().unwrap_or(0.0),
+                r["cache_hit_rate"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }
@@ -502,41 +683,92 @@ fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
         }
         None => None,
     };
-    let mut scorer = ModelScorer::new(&loaded.model, longest)?;
     let mut ref_scorer = match &reference {
         Some(r) => Some(ModelScorer::new(&r.model, longest)?),
         None => None,
     };
+    let mut refiner = build_refiner(cli, loaded)?;
+    // Base and refined side by side in one run (speed ratios are only meaningful that way).
+    let passes: &[bool] = match (&refiner, cli.no_base) {
+        (None, _) => &[false],
+        (Some(_), true) => &[true],
+        (Some(_), false) => &[false, true],
+    };
     if !cli.json {
         eprintln!(
-            "evaluating {spec_str}: {} part(s), {} scored tokens",
+            "evaluating {spec_str}: {} part(s), {} scored tokens{}",
             parts.len(),
             parts
                 .iter()
                 .map(|p| p.tokens.len() - p.first_scored)
-                .sum::<usize>()
+                .sum::<usize>(),
+            if passes.len() == 2 {
+                ", base then refined"
+            } else {
+                ""
+            }
         );
     }
-    let t0 = Instant::now();
     let json = cli.json;
-    let (mut nll_sum, mut nll_count) = (0.0f64, 0u64);
-    let progress = |done: usize, total: usize, r: &PartResult| {
-        if json {
-            return;
+    let mut runs = Vec::new();
+    for &refined in passes {
+        let mut scorer = match (refined, refiner.take()) {
+            (true, Some(r)) => ModelScorer::with_refiner(&loaded.model, longest, r)?,
+            (_, r) => {
+                refiner = r;
+                ModelScorer::new(&loaded.model, longest)?
+            }
+        };
+        let t0 = Instant::now();
+        let (mut nll_sum, mut nll_count) = (0.0f64, 0u64);
+        if !json && passes.len() == 2 {
+            eprint!("{}: ", if refined { "refined" } else { "base" });
         }
-        // llama-perplexity prints the running PPL after each chunk: "[1]12.34,[2]..."
-        nll_sum += r.ppl.mean_nll * r.ppl.tokens as f64;
-        nll_count += r.ppl.tokens;
-        let so_far = (nll_sum / nll_count.max(1) as f64).exp();
-        eprint!("[{done}]{so_far:.4},");
-        if done == total {
-            eprintln!();
-        }
-    };
-    let result = evaluate(&parts, &mut scorer, ref_scorer.as_mut(), progress)?;
-    let seconds = t0.elapsed().as_secs_f64();
-    let scored: u64 = result.ppl.tokens;
-    report_eval(cli, loaded, spec_str, &meta, &result, seconds, scored)
+        let progress = |done: usize, total: usize, r: &PartResult| {
+            if json {
+                return;
+            }
+            // llama-perplexity prints the running PPL after each chunk: "[1]12.34,[2]..."
+            nll_sum += r.ppl.mean_nll * r.ppl.tokens as f64;
+            nll_count += r.ppl.tokens;
+            let so_far = (nll_sum / nll_count.max(1) as f64).exp();
+            eprint!("[{done}]{so_far:.4},");
+            if done == total {
+                eprintln!();
+            }
+        };
+        let result = evaluate(&parts, &mut scorer, ref_scorer.as_mut(), progress)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let report = scorer.refiner().map(|r| refine_report(r, &cli.refine_tier));
+        runs.push(EvalRun {
+            refined,
+            result,
+            seconds,
+            refine: report,
+        });
+    }
+    report_eval(cli, loaded, spec_str, &meta, &runs)
+}
+
+/// One evaluation pass (base or refined).
+struct EvalRun {
+    refined: bool,
+    result: EvalResult,
+    seconds: f64,
+    refine: Option<serde_json::Value>,
+}
+
+fn run_json(r: &EvalRun) -> serde_json::Value {
+    let scored = r.result.ppl.tokens;
+    serde_json::json!({
+        "ppl": r.result.ppl.ppl,
+        "ppl_stderr": r.result.ppl.ppl_stderr,
+        "mean_nll": r.result.ppl.mean_nll,
+        "kl": r.result.kl,
+        "seconds": r.seconds,
+        "scored_tokens_per_second": scored as f64 / r.seconds.max(1e-9),
+        "refine": r.refine,
+    })
 }
 
 fn report_eval(
@@ -544,29 +776,55 @@ fn report_eval(
     loaded: &Loaded,
     spec: &str,
     meta: &serde_json::Value,
-    r: &EvalResult,
-    seconds: f64,
-    scored: u64,
+    runs: &[EvalRun],
 ) -> Result<()> {
+    let Some(main) = runs.last() else {
+        bail!("no evaluation pass ran");
+    };
+    let r = &main.result;
+    let scored = r.ppl.tokens;
     if cli.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "model": loaded.info.origin,
             "kl_reference": cli.kl_ref,
             "eval": spec,
             "data": meta,
+            "refined": main.refined,
             "ppl": r.ppl.ppl,
             "ppl_stderr": r.ppl.ppl_stderr,
             "mean_nll": r.ppl.mean_nll,
             "scored_tokens": scored,
             "kl": r.kl,
             "parts": r.parts,
-            "seconds": seconds,
-            "scored_tokens_per_second": scored as f64 / seconds.max(1e-9),
+            "seconds": main.seconds,
+            "scored_tokens_per_second": scored as f64 / main.seconds.max(1e-9),
             "threads": rayon::current_num_threads(),
             "precision": format!("{:?}", WeightPrecision::from(cli.precision)),
+            "refine": main.refine,
         });
+        if let (Some(base), true) = (runs.first(), runs.len() > 1) {
+            v["base"] = run_json(base);
+            v["refined_over_base_time"] = serde_json::json!(main.seconds / base.seconds.max(1e-9));
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
+    }
+    if let (Some(base), true) = (runs.first(), runs.len() > 1) {
+        print!(
+            "base (no refinement): PPL = {:.4} +/- {:.5}",
+            base.result.ppl.ppl, base.result.ppl.ppl_stderr
+        );
+        if let Some(k) = &base.result.kl {
+            print!(
+                "  KLD = {:.6}  same top-1 = {:.2} %",
+                k.mean, k.same_top1_pct
+            );
+        }
+        println!(
+            "  ({:.1} tok/s)",
+            base.result.ppl.tokens as f64 / base.seconds.max(1e-9)
+        );
+        println!("refined:");
     }
     for p in &r.parts {
         print!(
@@ -598,9 +856,19 @@ fn report_eval(
         println!("Same top-1 : {:9.3} %", k.same_top1_pct);
         println!("Tokens     : {}", k.tokens);
     }
+    if let Some(rf) = &main.refine {
+        println!(
+            "Refinement : {:.0} bytes/token fetched, {:.1} units selected/token, {:.1} % applied, cache hit rate {:.3}",
+            rf["fetched_bytes_per_token"].as_f64().unwrap_or(0.0),
+            rf["selected_units_per_token"].as_f64().unwrap_or(0.0),
+            100.0 * rf["applied_fraction"].as_f64().unwrap_or(0.0),
+            rf["cache_hit_rate"].as_f64().unwrap_or(0.0)
+        );
+    }
     eprintln!(
-        "{scored} tokens scored in {seconds:.1} s ({:.1} tok/s, {} threads)",
-        scored as f64 / seconds.max(1e-9),
+        "{scored} tokens scored in {:.1} s ({:.1} tok/s, {} threads)",
+        main.seconds,
+        scored as f64 / main.seconds.max(1e-9),
         rayon::current_num_threads()
     );
     Ok(())

@@ -245,7 +245,12 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
         );
     }
     for (k, v) in &meta.params {
-        println!("  param {k} = {v}");
+        // Per-layer records (AWQ's α per layer) are long; --json has them whole.
+        let text = v.to_string();
+        match text.char_indices().nth(160) {
+            Some((cut, _)) => println!("  param {k} = {}… (see --json)", &text[..cut]),
+            None => println!("  param {k} = {text}"),
+        }
     }
     Ok(())
 }

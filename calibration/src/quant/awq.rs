@@ -509,7 +509,7 @@ impl super::ResidentQuantizer for Awq {
         };
         let set = search.quantize_set_from_stats(weights, &stats.gram, &stats.abs_mean, &clip)?;
         let info = [
-            ("alpha", set.alpha as f64),
+            ("alpha", (set.alpha as f64 * 1e6).round() / 1e6),
             ("objective", set.error),
             ("objective_rtn", set.rtn_error),
             ("objective_scaled", set.scaled_error),

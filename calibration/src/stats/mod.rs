@@ -11,69 +11,14 @@
 //! 14336-wide down projection of an 8B model (1.6 GB each). The converter must therefore hold
 //! the statistics of about one layer at a time (and at most one k per set for `down`).
 //!
-//! **Selection** ([`select_top_k`]): chunks of [`CHUNK`] channels, the last one possibly
-//! shorter with a pro-rata budget ([`chunk_budget`]). Within a chunk the order is |x_i|
-//! descending, ties broken by the lower index (a total order, so the selection is exact and
-//! deterministic; NaN sorts above every finite value via `f32::total_cmp`).
+//! **Selection** ([`select_top_k`], shared with the runtime so calibration and decoding pick
+//! exactly the same channels): see `sfx_runtime::refine::select`.
 
 use rayon::prelude::*;
 
-/// Channels per selection chunk.
-pub const CHUNK: usize = 1024;
-
-/// Budget of a chunk of `len` channels for `k` per full 1024-chunk:
-/// `round(k · len / 1024)` (half up), at least 1 when `k > 0`, at most `len`.
-pub fn chunk_budget(k_per_1024: usize, len: usize) -> usize {
-    if k_per_1024 == 0 || len == 0 {
-        return 0;
-    }
-    let k = (k_per_1024 * len + CHUNK / 2) / CHUNK;
-    k.clamp(1, len)
-}
-
-/// Total number of selected channels for an input of `in_dim` channels.
-pub fn selected_count(k_per_1024: usize, in_dim: usize) -> usize {
-    (0..in_dim)
-        .step_by(CHUNK)
-        .map(|s| chunk_budget(k_per_1024, (in_dim - s).min(CHUNK)))
-        .sum()
-}
-
-/// Appends to `out` the indices S(x) of the top-k |x_i| of every 1024-chunk of `x`, sorted
-/// ascending. `out` is cleared first.
-pub fn select_top_k(x: &[f32], k_per_1024: usize, out: &mut Vec<usize>) {
-    out.clear();
-    let mut idx: Vec<usize> = Vec::with_capacity(CHUNK.min(x.len()));
-    for start in (0..x.len()).step_by(CHUNK) {
-        let end = (start + CHUNK).min(x.len());
-        let k = chunk_budget(k_per_1024, end - start);
-        if k == 0 {
-            continue;
-        }
-        idx.clear();
-        idx.extend(start..end);
-        // Descending |x|, ascending index on ties: a strict total order.
-        let cmp =
-            |&a: &usize, &b: &usize| x[b].abs().total_cmp(&x[a].abs()).then_with(|| a.cmp(&b));
-        if k < idx.len() {
-            idx.select_nth_unstable_by(k - 1, cmp);
-        }
-        let mut top = idx[..k].to_vec();
-        top.sort_unstable();
-        out.extend(top);
-    }
-}
-
-/// z_k(x): `x` with every channel outside S(x) set to zero.
-pub fn mask_top_k(x: &[f32], k_per_1024: usize) -> Vec<f32> {
-    let mut sel = Vec::new();
-    select_top_k(x, k_per_1024, &mut sel);
-    let mut z = vec![0.0; x.len()];
-    for i in sel {
-        z[i] = x[i];
-    }
-    z
-}
+pub use sfx_runtime::refine::select::{
+    chunk_budget, mask_top_k, select_top_k, selected_count, CHUNK,
+};
 
 /// Running sums for one projection set of one layer at one budget k.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,7 +31,8 @@ pub struct Provenance {
     pub source_revision: Option<String>,
     /// Source file name → lowercase hex SHA-256 of its bytes.
     pub source_files_sha256: BTreeMap<String, String>,
-    /// Lowercase hex SHA-256 of the calibration text as fed to the model.
+    /// Lowercase hex SHA-256 of the calibration token ids as fed to the model (u32 LE, window
+    /// after window).
     pub calibration_text_sha256: Option<String>,
     pub seed: Option<u64>,
 }

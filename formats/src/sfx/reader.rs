@@ -170,8 +170,21 @@ impl SfxFile {
     /// Hashes every section's stored bytes (in parallel) and compares with the table. The error
     /// names every section that does not match.
     pub fn verify(&self) -> Result<VerifyReport, FormatError> {
-        let bad: Vec<&str> = self
+        self.verify_where(|_| true)
+    }
+
+    /// [`SfxFile::verify`] for the sections `select` accepts (e.g. only the refinement tiers,
+    /// checked before a run trusts them).
+    pub fn verify_where(
+        &self,
+        select: impl Fn(&SectionView<'_>) -> bool + Sync,
+    ) -> Result<VerifyReport, FormatError> {
+        let chosen: Vec<&Entry> = self
             .entries
+            .iter()
+            .filter(|e| select(&self.view(e)))
+            .collect();
+        let bad: Vec<&str> = chosen
             .par_iter()
             .filter_map(|e| {
                 let v = self.view(e);
@@ -191,8 +204,8 @@ impl SfxFile {
             ));
         }
         Ok(VerifyReport {
-            sections: self.entries.len(),
-            bytes: self.entries.iter().map(|e| e.stored_len).sum(),
+            sections: chosen.len(),
+            bytes: chosen.iter().map(|e| e.stored_len).sum(),
         })
     }
 

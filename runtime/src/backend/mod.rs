@@ -181,6 +181,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Residual add: `acc += x`.
     fn add_assign(&self, acc: &mut Self::Buffer, x: &Self::Buffer) -> Result<()>;
 
+    /// Host copy of rows `first..first + out.len() / row_len` of `src[_, row_len]`. The
+    /// refinement engine's selection and neuron-bundle math read activations through this
+    /// (one token row at decode: a few KB).
+    fn read_rows(
+        &self,
+        src: &Self::Buffer,
+        row_len: usize,
+        first: usize,
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// The refinement accumulate of method.md eq. 2 / 6:
+    /// `y[row, e] += Σ_j weights[j] · level_j[e] · scales[e]` for `e < row_len`, where unit
+    /// `j` is the `unit_bytes` bytes at `units[j · unit_bytes..]` holding 4-bit levels as
+    /// `nibble − 8`, element `e` in byte `e / 2`, low nibble first (docs/format.md,
+    /// `column_nibbles`). `scales` has `row_len` entries (per output row of the projection).
+    #[allow(clippy::too_many_arguments)]
+    fn add_nibble_units(
+        &self,
+        y: &mut Self::Buffer,
+        row_len: usize,
+        row: usize,
+        units: &[u8],
+        unit_bytes: usize,
+        weights: &[f32],
+        scales: &[f32],
+    ) -> Result<()>;
+
     /// Copies rows `first..first + dst_rows` of `src[_, row_len]` into `dst`
     /// (selects the positions that need logits).
     fn copy_rows(

@@ -6,10 +6,13 @@ use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCache;
 use crate::model::{LogitsMode, Model};
+use crate::refine::Refiner;
 
 pub struct ModelScorer<'m, B: Backend> {
     model: &'m Model<B>,
     cache: Box<dyn KvCache<B> + 'm>,
+    /// Selective refinement applied on every forward, when present.
+    refiner: Option<Refiner<B>>,
 }
 
 impl<'m, B: Backend> ModelScorer<'m, B> {
@@ -18,7 +21,40 @@ impl<'m, B: Backend> ModelScorer<'m, B> {
         Ok(Self {
             model,
             cache: Box::new(model.new_cache(capacity)?),
+            refiner: None,
         })
+    }
+
+    /// A scorer that runs every forward through `refiner`.
+    pub fn with_refiner(
+        model: &'m Model<B>,
+        capacity: usize,
+        refiner: Refiner<B>,
+    ) -> Result<Self, RuntimeError> {
+        let mut s = Self::new(model, capacity)?;
+        s.refiner = Some(refiner);
+        Ok(s)
+    }
+
+    pub fn refiner(&self) -> Option<&Refiner<B>> {
+        self.refiner.as_ref()
+    }
+
+    pub fn into_refiner(self) -> Option<Refiner<B>> {
+        self.refiner
+    }
+
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        mode: LogitsMode,
+    ) -> Result<crate::model::Logits, RuntimeError> {
+        match self.refiner.as_mut() {
+            Some(r) => self
+                .model
+                .forward_refined(tokens, self.cache.as_mut(), mode, r),
+            None => self.model.forward(tokens, self.cache.as_mut(), mode),
+        }
     }
 
     fn last_row(logits: crate::model::Logits) -> Result<Vec<f32>, RuntimeError> {
@@ -42,24 +78,15 @@ impl<B: Backend> Scorer for ModelScorer<'_, B> {
 
     fn score_window(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
         self.cache.clear();
-        Ok(self
-            .model
-            .forward(tokens, self.cache.as_mut(), LogitsMode::All)?
-            .into_vec())
+        Ok(self.forward(tokens, LogitsMode::All)?.into_vec())
     }
 
     fn prefill_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
         self.cache.clear();
-        Self::last_row(
-            self.model
-                .forward(tokens, self.cache.as_mut(), LogitsMode::Last)?,
-        )
+        Self::last_row(self.forward(tokens, LogitsMode::Last)?)
     }
 
     fn decode_step(&mut self, token: u32) -> Result<Vec<f32>, RuntimeError> {
-        Self::last_row(
-            self.model
-                .forward(&[token], self.cache.as_mut(), LogitsMode::Last)?,
-        )
+        Self::last_row(self.forward(&[token], LogitsMode::Last)?)
     }
 }

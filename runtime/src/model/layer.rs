@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{check_shape, require, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::observe::{ActivationObserver, ProjectionSet};
+use crate::refine::Refiner;
 use sfx_formats::{ModelConfig, TensorSource};
 
 /// Weights of one Llama-family block: pre-norm attention and pre-norm SwiGLU MLP.
@@ -188,12 +189,17 @@ impl<B: Backend> DecoderLayer<B> {
         cache_layer: usize,
         layer: usize,
         observer: &mut Option<&mut dyn ActivationObserver>,
+        refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
         b.rms_norm(h, &self.attn_norm, eps, &mut s.xn)?;
         observe(b, observer, layer, ProjectionSet::Qkv, &s.xn, n)?;
         self.q_proj.forward(b, &s.xn, n, &mut s.q)?;
         self.k_proj.forward(b, &s.xn, n, &mut s.k)?;
         self.v_proj.forward(b, &s.xn, n, &mut s.v)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            let outs = &mut [&mut s.q, &mut s.k, &mut s.v];
+            r.refine_set(b, layer, ProjectionSet::Qkv, &s.xn, outs)?;
+        }
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             b.rms_norm_in_place(&mut s.q, qn, eps)?;
             b.rms_norm_in_place(&mut s.k, kn, eps)?;
@@ -204,16 +210,42 @@ impl<B: Backend> DecoderLayer<B> {
         cache.append_and_attend(b, cache_layer, heads, n, &s.q, &s.k, &s.v, &mut s.attn)?;
         observe(b, observer, layer, ProjectionSet::O, &s.attn, n)?;
         self.o_proj.forward(b, &s.attn, n, &mut s.tmp)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            r.refine_set(b, layer, ProjectionSet::O, &s.attn, &mut [&mut s.tmp])?;
+        }
         b.add_assign(h, &s.tmp)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            r.at_stream(b, 2 * layer + 1, h)?;
+        }
 
         b.rms_norm(h, &self.mlp_norm, eps, &mut s.xn)?;
         observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
         self.gate_proj.forward(b, &s.xn, n, &mut s.gate)?;
         self.up_proj.forward(b, &s.xn, n, &mut s.up)?;
+        let bundles = refiner.as_deref().is_some_and(|r| r.uses_bundles(layer));
+        if let Some(r) = refiner.as_deref_mut() {
+            if bundles {
+                r.capture_mlp_inputs(b, layer, &s.xn, &s.gate, &s.up)?;
+            } else {
+                let outs = &mut [&mut s.gate, &mut s.up];
+                r.refine_set(b, layer, ProjectionSet::GateUp, &s.xn, outs)?;
+            }
+        }
         b.silu_mul(&mut s.gate, &s.up)?;
         observe(b, observer, layer, ProjectionSet::Down, &s.gate, n)?;
         self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
-        b.add_assign(h, &s.tmp)
+        if let Some(r) = refiner.as_deref_mut() {
+            if bundles {
+                r.apply_bundles(b, layer, &s.gate, &mut s.tmp)?;
+            } else {
+                r.refine_set(b, layer, ProjectionSet::Down, &s.gate, &mut [&mut s.tmp])?;
+            }
+        }
+        b.add_assign(h, &s.tmp)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            r.at_stream(b, 2 * layer + 2, h)?;
+        }
+        Ok(())
     }
 }
 

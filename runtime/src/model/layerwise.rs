@@ -122,6 +122,7 @@ impl<B: Backend> LayerwiseRunner<B> {
                 0,
                 layer,
                 &mut observer,
+                &mut None,
             )?;
             b.download(&h, hidden)
         })

@@ -22,6 +22,7 @@ use crate::linear::{
     check_shape, require, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec,
 };
 use crate::observe::ActivationObserver;
+use crate::refine::Refiner;
 use sfx_formats::{ModelConfig, TensorSource};
 
 /// Load- and run-time options.
@@ -185,7 +186,19 @@ impl<B: Backend> Model<B> {
         cache: &mut dyn KvCache<B>,
         mode: LogitsMode,
     ) -> Result<Logits> {
-        self.forward_inner(tokens, cache, mode, None)
+        self.forward_inner(tokens, cache, mode, None, None)
+    }
+
+    /// [`Model::forward`] with selective refinement: `refiner` adds the fetched refinement
+    /// of each token's selected channels (method.md §2–3).
+    pub fn forward_refined(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache<B>,
+        mode: LogitsMode,
+        refiner: &mut Refiner<B>,
+    ) -> Result<Logits> {
+        self.forward_inner(tokens, cache, mode, None, Some(refiner))
     }
 
     /// [`Model::forward`] that also hands every projection set's input to `observer`
@@ -197,7 +210,7 @@ impl<B: Backend> Model<B> {
         mode: LogitsMode,
         observer: &mut dyn ActivationObserver,
     ) -> Result<Logits> {
-        self.forward_inner(tokens, cache, mode, Some(observer))
+        self.forward_inner(tokens, cache, mode, Some(observer), None)
     }
 
     fn forward_inner(
@@ -206,6 +219,7 @@ impl<B: Backend> Model<B> {
         cache: &mut dyn KvCache<B>,
         mode: LogitsMode,
         observer: Option<&mut dyn ActivationObserver>,
+        refiner: Option<&mut Refiner<B>>,
     ) -> Result<Logits> {
         if tokens.is_empty() {
             return Err(RuntimeError::EmptyInput);
@@ -235,7 +249,7 @@ impl<B: Backend> Model<B> {
         }
 
         self.backend
-            .run(|| self.forward_checked(tokens, cache, mode, observer))
+            .run(|| self.forward_checked(tokens, cache, mode, observer, refiner))
     }
 
     fn forward_checked(
@@ -244,6 +258,7 @@ impl<B: Backend> Model<B> {
         cache: &mut dyn KvCache<B>,
         mode: LogitsMode,
         mut observer: Option<&mut dyn ActivationObserver>,
+        mut refiner: Option<&mut Refiner<B>>,
     ) -> Result<Logits> {
         let vocab = self.config.vocab_size;
         let n = tokens.len();
@@ -256,7 +271,14 @@ impl<B: Backend> Model<B> {
             let end = start + chunk.len();
             // Rows of this chunk that fall in the selected tail.
             let chunk_rows = end - first_row.clamp(start, end);
-            self.forward_chunk(chunk, cache, chunk_rows, &mut logits, &mut observer)?;
+            self.forward_chunk(
+                chunk,
+                cache,
+                chunk_rows,
+                &mut logits,
+                &mut observer,
+                &mut refiner,
+            )?;
             start = end;
         }
         Ok(Logits::new(logits, vocab, first_position))
@@ -270,6 +292,7 @@ impl<B: Backend> Model<B> {
         logit_rows: usize,
         logits: &mut Vec<f32>,
         observer: &mut Option<&mut dyn ActivationObserver>,
+        refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
         let b = &self.backend;
         let c = &self.config;
@@ -283,6 +306,10 @@ impl<B: Backend> Model<B> {
         let (cos, sin) = (b.upload(&cos)?, b.upload(&sin)?);
 
         let mut scratch = LayerScratch::new(b, c, n)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            r.begin_chunk(n);
+            r.at_stream(b, 0, &mut h)?;
+        }
         for (li, l) in self.layers.iter().enumerate() {
             let rope = (&cos, &sin);
             l.forward(
@@ -297,7 +324,11 @@ impl<B: Backend> Model<B> {
                 li,
                 li,
                 observer,
+                refiner,
             )?;
+        }
+        if let Some(r) = refiner.as_deref_mut() {
+            r.finish_chunk(b, &mut h)?;
         }
         cache.commit(n)?;
 

@@ -6,6 +6,7 @@ mod elementwise;
 pub(crate) mod gemm;
 pub mod math;
 mod matvec;
+mod refine_kernels;
 mod scratch;
 mod simd;
 
@@ -401,6 +402,60 @@ impl Backend for CpuBackend {
     fn add_assign(&self, acc: &mut CpuBuffer, x: &CpuBuffer) -> Result<()> {
         check_len("add_assign", "addend", x.len(), acc.len())?;
         elementwise::add_assign(&mut acc.0, &x.0);
+        Ok(())
+    }
+
+    fn read_rows(
+        &self,
+        src: &CpuBuffer,
+        row_len: usize,
+        first: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let n = check_rows("read_rows", "destination", out.len(), row_len)?;
+        let end = (first + n) * row_len;
+        if end > src.len() {
+            return Err(RuntimeError::Shape {
+                op: "read_rows",
+                msg: format!("rows {first}..{} exceed the source", first + n),
+            });
+        }
+        out.copy_from_slice(&src.0[first * row_len..end]);
+        Ok(())
+    }
+
+    fn add_nibble_units(
+        &self,
+        y: &mut CpuBuffer,
+        row_len: usize,
+        row: usize,
+        units: &[u8],
+        unit_bytes: usize,
+        weights: &[f32],
+        scales: &[f32],
+    ) -> Result<()> {
+        let bad = |msg: String| {
+            Err(RuntimeError::Shape {
+                op: "add_nibble_units",
+                msg,
+            })
+        };
+        if unit_bytes < row_len.div_ceil(2) || units.len() != weights.len() * unit_bytes {
+            return bad(format!(
+                "{} bytes of units of {unit_bytes} bytes for {} weights and rows of {row_len}",
+                units.len(),
+                weights.len()
+            ));
+        }
+        if scales.len() != row_len || (row + 1) * row_len > y.len() {
+            return bad(format!(
+                "{} scales, row {row} of {row_len} in a buffer of {}",
+                scales.len(),
+                y.len()
+            ));
+        }
+        let out = &mut y.0[row * row_len..(row + 1) * row_len];
+        refine_kernels::add_nibble_units(out, units, unit_bytes, weights, scales);
         Ok(())
     }
 

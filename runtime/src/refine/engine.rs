@@ -1,0 +1,553 @@
+//! The refinement engine: per token, select the channels (or MLP neurons) whose extra
+//! precision matters, fetch their 4-bit refinement units from the store and add them to the
+//! resident projections' outputs (method.md §2, eq. 2 and eq. 5–6), optionally selecting
+//! from an earlier point of the residual stream (fetch lead) or adding the result later
+//! (fetch lag, §3).
+//!
+//! Positions in the residual stream are counted in half blocks: stream `2l` is the input of
+//! layer l's attention half, `2l + 1` the input of its MLP half, `2L` the input of the final
+//! norm. qkv reads `2l`, gate/up read `2l + 1`; o writes `2l + 1`, down writes `2l + 2`.
+//! A lead of s blocks selects qkv's channels from stream `2l − 2s` (normalised by layer l's
+//! own RMSNorm, the channels' values still taken from the real input); a lag of s blocks adds
+//! o's refinement at stream `2l + 1 + 2s` instead of `2l + 1`.
+//!
+//! The engine drives a [`Backend`] through three ops (`read_rows`, `add_nibble_units`,
+//! `add_assign`) so a device backend keeps its own kernels for the accumulate.
+
+use super::select::select_top_k;
+use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
+use crate::backend::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::observe::ProjectionSet;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One projection's channel-wise refinement: `inp` units (columns) of `unit_bytes` bytes at
+/// `offset + i · unit_bytes` in the backing file.
+#[derive(Debug, Clone)]
+pub struct ColumnSource {
+    pub key_base: u64,
+    pub offset: u64,
+    pub unit_bytes: usize,
+    pub out: usize,
+    pub inp: usize,
+    /// Per-output-row scales.
+    pub scales: Vec<f32>,
+}
+
+/// One layer's neuron bundles (docs/format.md, `neuron_bundles`).
+#[derive(Debug, Clone)]
+pub struct BundleSource {
+    pub key_base: u64,
+    pub offset: u64,
+    pub hidden: usize,
+    pub neurons: usize,
+    /// Per neuron: scale of the gate / up refinement row.
+    pub gate_scales: Vec<f32>,
+    pub up_scales: Vec<f32>,
+    /// Per hidden row: scales of the down refinement column and of the down copy.
+    pub down_refine_scales: Vec<f32>,
+    pub down_copy_scales: Vec<f32>,
+}
+
+impl BundleSource {
+    fn part_bytes(&self) -> usize {
+        self.hidden.div_ceil(2)
+    }
+    fn unit_bytes(&self) -> usize {
+        4 * self.part_bytes()
+    }
+}
+
+/// What one decoder layer can refine. `sets` follows [`ProjectionSet::ALL`]; projections in
+/// graph order (q, k, v | o | gate, up | down); an empty set has no refinement stored.
+#[derive(Debug, Clone, Default)]
+pub struct LayerSources {
+    pub sets: [Vec<ColumnSource>; 4],
+    pub bundles: Option<BundleSource>,
+    /// Host copies of the layer's RMSNorm weights (input, post-attention), for fetch lead.
+    pub attn_norm: Vec<f32>,
+    pub mlp_norm: Vec<f32>,
+}
+
+/// Everything stored for refinement in a model file.
+#[derive(Debug, Clone, Default)]
+pub struct RefinementPlan {
+    pub layers: Vec<LayerSources>,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+/// MLP refinement scheme used at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum MlpMode {
+    /// Channel-wise columns for gate/up and down.
+    Channels,
+    /// Neuron bundles (eq. 5–6) instead of the gate/up and down columns.
+    Bundles,
+}
+
+/// Run-time refinement settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RefineSettings {
+    /// Budgets k per 1024 channels per projection set ([`ProjectionSet::index`] order).
+    pub k: [usize; 4],
+    /// Lead (qkv, gu) or lag (o, d) in blocks, multiples of 0.5.
+    pub s: [f32; 4],
+    pub mlp: MlpMode,
+    /// Neurons per 1024 for bundles.
+    pub bundle_k: usize,
+}
+
+/// Work done by the engine since the last reset.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RefineCounters {
+    /// Token rows refined.
+    pub tokens: u64,
+    /// Units (columns or bundles) selected.
+    pub units_selected: u64,
+    /// Units applied (available in time).
+    pub units_applied: u64,
+    /// Units not applied this step (miss under `skip`, or a failed tier).
+    pub units_skipped: u64,
+    pub units_failed: u64,
+    /// Bytes of the applied units.
+    pub bytes_applied: u64,
+}
+
+/// The engine: a plan, a store and settings, plus per-forward scratch state.
+pub struct Refiner<B: Backend> {
+    plan: RefinementPlan,
+    store: Arc<dyn RefinementStore>,
+    settings: RefineSettings,
+    counters: RefineCounters,
+    /// Residual-stream snapshots of the current forward chunk for fetch lead, by position.
+    history: BTreeMap<usize, B::Buffer>,
+    /// Lagged contributions `(due position, [rows, hidden] buffer)`.
+    lagged: Vec<(usize, B::Buffer)>,
+    rows: usize,
+    /// Host copies of the MLP input and pre-activation gate/up rows for bundles.
+    bundle_inputs: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    unit: Vec<u8>,
+    staged: Vec<u8>,
+    staged2: Vec<u8>,
+    weights: Vec<f32>,
+    weights2: Vec<f32>,
+    sel: Vec<usize>,
+}
+
+fn half_blocks(s: f32) -> Result<usize> {
+    let h = s * 2.0;
+    if !(0.0..=64.0).contains(&h) || h.fract() != 0.0 {
+        return Err(RuntimeError::Config(format!(
+            "lead/lag s = {s}: must be a multiple of 0.5 between 0 and 32 blocks"
+        )));
+    }
+    Ok(h as usize)
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Host RMSNorm of one row (fetch lead's selection source).
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    out.clear();
+    out.extend(x.iter().zip(w).map(|(v, w)| v * r * w));
+}
+
+fn level(bytes: &[u8], e: usize) -> f32 {
+    let b = bytes[e / 2];
+    let nib = if e.is_multiple_of(2) {
+        b & 0x0F
+    } else {
+        b >> 4
+    };
+    nib as f32 - 8.0
+}
+
+impl<B: Backend> Refiner<B> {
+    pub fn new(
+        plan: RefinementPlan,
+        store: Arc<dyn RefinementStore>,
+        settings: RefineSettings,
+    ) -> Result<Self> {
+        for &s in &settings.s {
+            half_blocks(s)?;
+        }
+        if settings
+            .k
+            .iter()
+            .chain([&settings.bundle_k])
+            .any(|&k| k > 1024)
+        {
+            return Err(RuntimeError::Config(format!(
+                "refinement budgets {:?} / bundles {}: at most 1024 per 1024 channels",
+                settings.k, settings.bundle_k
+            )));
+        }
+        if settings.mlp == MlpMode::Bundles && plan.layers.iter().any(|l| l.bundles.is_none()) {
+            return Err(RuntimeError::Config(
+                "--mlp bundles: the model file has no neuron bundles (convert with --mlp bundles or both)"
+                    .into(),
+            ));
+        }
+        Ok(Self {
+            plan,
+            store,
+            settings,
+            counters: RefineCounters::default(),
+            history: BTreeMap::new(),
+            lagged: Vec::new(),
+            rows: 0,
+            bundle_inputs: None,
+            unit: Vec::new(),
+            staged: Vec::new(),
+            staged2: Vec::new(),
+            weights: Vec::new(),
+            weights2: Vec::new(),
+            sel: Vec::new(),
+        })
+    }
+
+    pub fn settings(&self) -> &RefineSettings {
+        &self.settings
+    }
+
+    pub fn counters(&self) -> &RefineCounters {
+        &self.counters
+    }
+
+    pub fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    pub fn reset_counters(&mut self) {
+        self.counters = RefineCounters::default();
+        self.store.reset_stats();
+    }
+
+    fn lead(&self, set: ProjectionSet) -> usize {
+        // Validated in `new`.
+        half_blocks(self.settings.s[set.index()]).unwrap_or(0)
+    }
+
+    fn max_lead(&self) -> usize {
+        self.lead(ProjectionSet::Qkv)
+            .max(self.lead(ProjectionSet::GateUp))
+    }
+
+    /// Starts a forward chunk of `rows` token rows.
+    pub fn begin_chunk(&mut self, rows: usize) {
+        self.history.clear();
+        self.lagged.clear();
+        self.rows = rows;
+        self.counters.tokens += rows as u64;
+    }
+
+    /// The residual stream at position `pos` is complete: add the lagged contributions due
+    /// here and keep a snapshot if a later lead will select from it.
+    pub fn at_stream(&mut self, b: &B, pos: usize, h: &mut B::Buffer) -> Result<()> {
+        let mut i = 0;
+        while i < self.lagged.len() {
+            if self.lagged[i].0 <= pos {
+                let (_, delta) = self.lagged.swap_remove(i);
+                b.add_assign(h, &delta)?;
+            } else {
+                i += 1;
+            }
+        }
+        let lead = self.max_lead();
+        if lead > 0 {
+            let hidden = self.plan.hidden;
+            let mut snap = b.alloc(self.rows * hidden)?;
+            b.copy_rows(h, hidden, 0, &mut snap)?;
+            self.history.insert(pos, snap);
+            let keep_from = pos.saturating_sub(lead);
+            self.history.retain(|&p, _| p >= keep_from);
+        }
+        Ok(())
+    }
+
+    /// End of the forward chunk: lagged contributions due past the last block are added
+    /// before the final norm.
+    pub fn finish_chunk(&mut self, b: &B, h: &mut B::Buffer) -> Result<()> {
+        for (_, delta) in self.lagged.drain(..) {
+            b.add_assign(h, &delta)?;
+        }
+        self.history.clear();
+        Ok(())
+    }
+
+    /// Whether layer `layer`'s MLP runs with neuron bundles.
+    pub fn uses_bundles(&self, layer: usize) -> bool {
+        self.settings.mlp == MlpMode::Bundles
+            && self.settings.bundle_k > 0
+            && self
+                .plan
+                .layers
+                .get(layer)
+                .is_some_and(|l| l.bundles.is_some())
+    }
+
+    /// Fetches unit `index` of a source into `self.unit`; counts the outcome.
+    fn fetch(&mut self, key_base: u64, offset: u64, unit_bytes: usize, index: usize) -> bool {
+        self.counters.units_selected += 1;
+        let at = UnitRef {
+            offset: offset + (index * unit_bytes) as u64,
+            len: unit_bytes as u32,
+        };
+        match self
+            .store
+            .fetch(UnitKey(key_base | index as u64), at, &mut self.unit)
+        {
+            Fetched::Hit | Fetched::Loaded if self.unit.len() == unit_bytes => {
+                self.counters.units_applied += 1;
+                self.counters.bytes_applied += unit_bytes as u64;
+                true
+            }
+            Fetched::Failed => {
+                self.counters.units_failed += 1;
+                false
+            }
+            _ => {
+                self.counters.units_skipped += 1;
+                false
+            }
+        }
+    }
+
+    /// Channel-wise refinement of projection set `set` of layer `layer` (eq. 2): for every
+    /// row of `x` (the set's real input), select S(x) — from an earlier stream position under
+    /// fetch lead — and add `Σ_{i∈S} x_i C[:, i]` to each projection's output in `outputs`
+    /// (graph order), or queue it under fetch lag.
+    pub fn refine_set(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        x: &B::Buffer,
+        outputs: &mut [&mut B::Buffer],
+    ) -> Result<()> {
+        let k = self.settings.k[set.index()];
+        let Some(sources) = self
+            .plan
+            .layers
+            .get(layer)
+            .map(|l| l.sets[set.index()].clone())
+        else {
+            return Ok(());
+        };
+        if k == 0 || sources.is_empty() {
+            return Ok(());
+        }
+        if sources.len() != outputs.len() {
+            return Err(RuntimeError::Config(format!(
+                "layer {layer} {}: {} refinement sources for {} outputs",
+                set.name(),
+                sources.len(),
+                outputs.len()
+            )));
+        }
+        let inp = sources[0].inp;
+        let rows = self.rows;
+        let mut xrows = vec![0.0f32; rows * inp];
+        b.read_rows(x, inp, 0, &mut xrows)?;
+        // Selection source: the real input, or under lead the normalised earlier stream.
+        let lead = match set {
+            ProjectionSet::Qkv | ProjectionSet::GateUp => self.lead(set),
+            _ => 0,
+        };
+        let own_pos = 2 * layer + usize::from(set == ProjectionSet::GateUp);
+        let select_from = if lead > 0 {
+            let src_pos = own_pos.saturating_sub(lead);
+            let snap = self.history.range(..=src_pos).next_back().map(|(_, v)| v);
+            match snap {
+                Some(snap) => {
+                    let mut raw = vec![0.0f32; rows * inp];
+                    b.read_rows(snap, inp, 0, &mut raw)?;
+                    let l = &self.plan.layers[layer];
+                    let w = if set == ProjectionSet::Qkv {
+                        &l.attn_norm
+                    } else {
+                        &l.mlp_norm
+                    };
+                    let mut out = Vec::with_capacity(rows * inp);
+                    let mut row = Vec::new();
+                    for r in raw.chunks_exact(inp) {
+                        rms_norm_row(r, w, self.plan.eps, &mut row);
+                        out.extend_from_slice(&row);
+                    }
+                    Some(out)
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        let lag = match set {
+            ProjectionSet::O | ProjectionSet::Down => self.lead(set),
+            _ => 0,
+        };
+        let mut lag_buf = if lag > 0 {
+            Some(b.alloc(rows * sources[0].out)?)
+        } else {
+            None
+        };
+        for r in 0..rows {
+            let xr = &xrows[r * inp..(r + 1) * inp];
+            let sr = select_from
+                .as_ref()
+                .map_or(xr, |s| &s[r * inp..(r + 1) * inp]);
+            let mut sel = std::mem::take(&mut self.sel);
+            select_top_k(sr, k, &mut sel);
+            for (src, y) in sources.iter().zip(outputs.iter_mut()) {
+                self.staged.clear();
+                self.weights.clear();
+                for &i in &sel {
+                    if self.fetch(src.key_base, src.offset, src.unit_bytes, i) {
+                        self.staged.extend_from_slice(&self.unit);
+                        self.weights.push(xr[i]);
+                    }
+                }
+                if self.weights.is_empty() {
+                    continue;
+                }
+                let target: &mut B::Buffer = match lag_buf.as_mut() {
+                    Some(buf) => buf,
+                    None => y,
+                };
+                b.add_nibble_units(
+                    target,
+                    src.out,
+                    r,
+                    &self.staged,
+                    src.unit_bytes,
+                    &self.weights,
+                    &src.scales,
+                )?;
+            }
+            self.sel = sel;
+        }
+        if let Some(buf) = lag_buf {
+            // o writes stream 2l + 1, down writes 2l + 2.
+            let due = own_pos + 1 + lag;
+            self.lagged.push((due, buf));
+        }
+        Ok(())
+    }
+
+    /// Keeps host copies of the MLP input and the pre-activation gate/up outputs of layer
+    /// `layer` (bundles recompute h'_j from them).
+    pub fn capture_mlp_inputs(
+        &mut self,
+        b: &B,
+        layer: usize,
+        x: &B::Buffer,
+        gate: &B::Buffer,
+        up: &B::Buffer,
+    ) -> Result<()> {
+        let Some(src) = self.plan.layers.get(layer).and_then(|l| l.bundles.as_ref()) else {
+            return Ok(());
+        };
+        let rows = self.rows;
+        let mut xs = vec![0.0f32; rows * src.hidden];
+        let mut gs = vec![0.0f32; rows * src.neurons];
+        let mut us = vec![0.0f32; rows * src.neurons];
+        b.read_rows(x, src.hidden, 0, &mut xs)?;
+        b.read_rows(gate, src.neurons, 0, &mut gs)?;
+        b.read_rows(up, src.neurons, 0, &mut us)?;
+        self.bundle_inputs = Some((xs, gs, us));
+        Ok(())
+    }
+
+    /// Neuron-bundle refinement of layer `layer`'s MLP (eq. 6): `act` holds h = φ(g) ⊙ u,
+    /// `y` the resident down projection's output. Honours the down set's lag.
+    pub fn apply_bundles(
+        &mut self,
+        b: &B,
+        layer: usize,
+        act: &B::Buffer,
+        y: &mut B::Buffer,
+    ) -> Result<()> {
+        let Some(src) = self.plan.layers.get(layer).and_then(|l| l.bundles.clone()) else {
+            return Ok(());
+        };
+        let Some((xs, gs, us)) = self.bundle_inputs.take() else {
+            return Err(RuntimeError::Config(
+                "apply_bundles without capture_mlp_inputs".into(),
+            ));
+        };
+        let (hidden, neurons, rows) = (src.hidden, src.neurons, self.rows);
+        let mut hs = vec![0.0f32; rows * neurons];
+        b.read_rows(act, neurons, 0, &mut hs)?;
+        let lag = self.lead(ProjectionSet::Down);
+        let mut lag_buf = if lag > 0 {
+            Some(b.alloc(rows * hidden)?)
+        } else {
+            None
+        };
+        let pb = src.part_bytes();
+        let ub = src.unit_bytes();
+        for r in 0..rows {
+            let xr = &xs[r * hidden..(r + 1) * hidden];
+            let hr = &hs[r * neurons..(r + 1) * neurons];
+            let mut sel = std::mem::take(&mut self.sel);
+            select_top_k(hr, self.settings.bundle_k, &mut sel);
+            self.staged.clear();
+            self.staged2.clear();
+            self.weights.clear();
+            self.weights2.clear();
+            for &j in &sel {
+                if !self.fetch(src.key_base, src.offset, ub, j) {
+                    continue;
+                }
+                let u = &self.unit;
+                let dot = |part: usize| -> f32 {
+                    let bytes = &u[part * pb..(part + 1) * pb];
+                    (0..hidden).map(|e| level(bytes, e) * xr[e]).sum()
+                };
+                let g = gs[r * neurons + j] + src.gate_scales[j] * dot(0);
+                let up = us[r * neurons + j] + src.up_scales[j] * dot(1);
+                let h_new = silu(g) * up;
+                // Σ_j d_j (h'_j − h_j) + c^d_j h_j, each a nibble vector with its own scales.
+                self.staged.extend_from_slice(&u[3 * pb..4 * pb]);
+                self.weights.push(h_new - hr[j]);
+                self.staged2.extend_from_slice(&u[2 * pb..3 * pb]);
+                self.weights2.push(hr[j]);
+            }
+            self.sel = sel;
+            if self.weights.is_empty() {
+                continue;
+            }
+            let target: &mut B::Buffer = match lag_buf.as_mut() {
+                Some(buf) => buf,
+                None => y,
+            };
+            b.add_nibble_units(
+                target,
+                hidden,
+                r,
+                &self.staged,
+                pb,
+                &self.weights,
+                &src.down_copy_scales,
+            )?;
+            b.add_nibble_units(
+                target,
+                hidden,
+                r,
+                &self.staged2,
+                pb,
+                &self.weights2,
+                &src.down_refine_scales,
+            )?;
+        }
+        if let Some(buf) = lag_buf {
+            self.lagged.push((2 * layer + 2 + lag, buf));
+        }
+        Ok(())
+    }
+}

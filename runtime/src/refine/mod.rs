@@ -1,0 +1,14 @@
+//! Selective weight refinement at decode time (method.md §2–4): per-token channel selection,
+//! the tiers that hold the refinement (RAM map, SSD through a bounded cache) and the engine
+//! that adds the fetched refinement to the resident projections.
+
+pub mod engine;
+pub mod open;
+pub mod plan;
+pub mod select;
+pub mod store;
+
+pub use engine::{MlpMode, RefineCounters, RefineSettings, RefinementPlan, Refiner};
+pub use open::{open_refinement, RefineOpenOptions, TierChoice};
+pub use plan::{file_settings, plan_from_sfx};
+pub use store::MissPolicy;

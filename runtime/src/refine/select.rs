@@ -1,0 +1,64 @@
+//! Channel selection S(x) (method.md §2): the top-k |x_i| of every 1024-channel chunk.
+//!
+//! Chunks of [`CHUNK`] channels, the last one possibly shorter with a pro-rata budget
+//! ([`chunk_budget`]). Within a chunk the order is |x_i| descending, ties broken by the lower
+//! index (a total order, so the selection is exact and deterministic; NaN sorts above every
+//! finite value via `f32::total_cmp`). The converter's calibration statistics use the same
+//! functions, so the channels a fit assumed are the channels decoding selects.
+
+/// Channels per selection chunk.
+pub const CHUNK: usize = 1024;
+
+/// Budget of a chunk of `len` channels for `k` per full 1024-chunk:
+/// `round(k · len / 1024)` (half up), at least 1 when `k > 0`, at most `len`.
+pub fn chunk_budget(k_per_1024: usize, len: usize) -> usize {
+    if k_per_1024 == 0 || len == 0 {
+        return 0;
+    }
+    let k = (k_per_1024 * len + CHUNK / 2) / CHUNK;
+    k.clamp(1, len)
+}
+
+/// Total number of selected channels for an input of `in_dim` channels.
+pub fn selected_count(k_per_1024: usize, in_dim: usize) -> usize {
+    (0..in_dim)
+        .step_by(CHUNK)
+        .map(|s| chunk_budget(k_per_1024, (in_dim - s).min(CHUNK)))
+        .sum()
+}
+
+/// Appends to `out` the indices S(x) of the top-k |x_i| of every 1024-chunk of `x`, sorted
+/// ascending. `out` is cleared first.
+pub fn select_top_k(x: &[f32], k_per_1024: usize, out: &mut Vec<usize>) {
+    out.clear();
+    let mut idx: Vec<usize> = Vec::with_capacity(CHUNK.min(x.len()));
+    for start in (0..x.len()).step_by(CHUNK) {
+        let end = (start + CHUNK).min(x.len());
+        let k = chunk_budget(k_per_1024, end - start);
+        if k == 0 {
+            continue;
+        }
+        idx.clear();
+        idx.extend(start..end);
+        // Descending |x|, ascending index on ties: a strict total order.
+        let cmp =
+            |&a: &usize, &b: &usize| x[b].abs().total_cmp(&x[a].abs()).then_with(|| a.cmp(&b));
+        if k < idx.len() {
+            idx.select_nth_unstable_by(k - 1, cmp);
+        }
+        let mut top = idx[..k].to_vec();
+        top.sort_unstable();
+        out.extend(top);
+    }
+}
+
+/// z_k(x): `x` with every channel outside S(x) set to zero.
+pub fn mask_top_k(x: &[f32], k_per_1024: usize) -> Vec<f32> {
+    let mut sel = Vec::new();
+    select_top_k(x, k_per_1024, &mut sel);
+    let mut z = vec![0.0; x.len()];
+    for i in sel {
+        z[i] = x[i];
+    }
+    z
+}
