@@ -396,7 +396,8 @@ fn failing_reader_under_skip_and_short_file_read() {
         2,
         "both loads should have been read concurrently"
     );
-    assert_eq!(log.lock().unwrap().len(), 1, "{:?}", log.lock().unwrap());
+    let warnings = log.lock().unwrap().clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
     drop(store);
 
     // A short read of a real file (unit past EOF) through the `File` reader.
