@@ -469,3 +469,38 @@ fn sfx_measure_metadata_zstd_ratio() {
     );
     assert_eq!(f.metadata(), &m);
 }
+
+#[test]
+fn sfx_neuron_bundles_round_trip_and_length_is_enforced() {
+    // Layout code 4: bundle j is 4·ceil(hidden/2) bytes at j·4·ceil(hidden/2) (docs/format.md).
+    let (neurons, hidden) = (5usize, 7usize);
+    let unit = 4 * hidden.div_ceil(2);
+    let bytes: Vec<u8> = (0..neurons * unit).map(|i| (i / unit) as u8).collect();
+    let layout = Layout::NeuronBundles {
+        neurons: neurons as u64,
+        hidden: hidden as u64,
+    };
+    assert_eq!(layout.bundle_bytes(), Some(unit as u64));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.sfx");
+    let spec = |name: &str| SectionSpec::new(name, Tier::Ssd, Codec::Raw, layout.clone());
+    let mut bad = SfxWriter::create(dir.path().join("bad.sfx")).unwrap();
+    let err = bad
+        .add_section(spec("short"), &bytes[1..])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("section 'short'"), "{err}");
+    let mut w = SfxWriter::create(&path).unwrap();
+    w.add_section(spec("model.layers.0.mlp.bundles"), &bytes)
+        .unwrap();
+    w.finish(&metadata()).unwrap();
+    let f = SfxFile::open(&path).unwrap();
+    let s = f.section("model.layers.0.mlp.bundles").unwrap();
+    assert_eq!(s.layout, &layout);
+    assert_eq!(s.tier, Tier::Ssd);
+    // Bundle 3 is one contiguous read.
+    let b3 = f
+        .read_range("model.layers.0.mlp.bundles", (3 * unit) as u64, unit as u64)
+        .unwrap();
+    assert!(b3.iter().all(|&v| v == 3));
+}
