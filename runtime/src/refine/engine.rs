@@ -121,8 +121,9 @@ pub struct Refiner<B: Backend> {
     store: Arc<dyn RefinementStore>,
     settings: RefineSettings,
     counters: RefineCounters,
-    /// Residual-stream snapshots of the current forward chunk for fetch lead, by position.
-    history: BTreeMap<usize, B::Buffer>,
+    /// Fetch lead: per (layer, set index), the channels selected for each row of the current
+    /// chunk from the earlier stream, whose units were prefetched at selection time.
+    pending: BTreeMap<(usize, usize), Vec<Vec<usize>>>,
     /// Lagged contributions `(due position, [rows, hidden] buffer)`.
     lagged: Vec<(usize, B::Buffer)>,
     rows: usize,
@@ -199,7 +200,7 @@ impl<B: Backend> Refiner<B> {
             store,
             settings,
             counters: RefineCounters::default(),
-            history: BTreeMap::new(),
+            pending: BTreeMap::new(),
             lagged: Vec::new(),
             rows: 0,
             bundle_inputs: None,
@@ -234,21 +235,18 @@ impl<B: Backend> Refiner<B> {
         half_blocks(self.settings.s[set.index()]).unwrap_or(0)
     }
 
-    fn max_lead(&self) -> usize {
-        self.lead(ProjectionSet::Qkv)
-            .max(self.lead(ProjectionSet::GateUp))
-    }
-
     /// Starts a forward chunk of `rows` token rows.
     pub fn begin_chunk(&mut self, rows: usize) {
-        self.history.clear();
+        self.pending.clear();
         self.lagged.clear();
         self.rows = rows;
         self.counters.tokens += rows as u64;
     }
 
     /// The residual stream at position `pos` is complete: add the lagged contributions due
-    /// here and keep a snapshot if a later lead will select from it.
+    /// here, then, for every qkv / gate-up set whose fetch lead points at this position,
+    /// select its channels from this stream (normalised by that layer's own RMSNorm) and start
+    /// fetching them.
     pub fn at_stream(&mut self, b: &B, pos: usize, h: &mut B::Buffer) -> Result<()> {
         let mut i = 0;
         while i < self.lagged.len() {
@@ -259,14 +257,56 @@ impl<B: Backend> Refiner<B> {
                 i += 1;
             }
         }
-        let lead = self.max_lead();
-        if lead > 0 {
-            let hidden = self.plan.hidden;
-            let mut snap = b.alloc(self.rows * hidden)?;
-            b.copy_rows(h, hidden, 0, &mut snap)?;
-            self.history.insert(pos, snap);
-            let keep_from = pos.saturating_sub(lead);
-            self.history.retain(|&p, _| p >= keep_from);
+        let mut raw: Option<Vec<f32>> = None;
+        for set in [ProjectionSet::Qkv, ProjectionSet::GateUp] {
+            let lead = self.lead(set);
+            let k = self.settings.k[set.index()];
+            if lead == 0 || k == 0 {
+                continue;
+            }
+            let offset = usize::from(set == ProjectionSet::GateUp);
+            for layer in 0..self.plan.layers.len() {
+                let own = 2 * layer + offset;
+                if own.saturating_sub(lead) != pos || own <= pos {
+                    continue;
+                }
+                let sources = self.plan.layers[layer].sets[set.index()].clone();
+                if sources.is_empty() {
+                    continue;
+                }
+                let hidden = self.plan.hidden;
+                let rows = self.rows;
+                if raw.is_none() {
+                    let mut v = vec![0.0f32; rows * hidden];
+                    b.read_rows(h, hidden, 0, &mut v)?;
+                    raw = Some(v);
+                }
+                let raw = raw.as_deref().unwrap_or(&[]);
+                let l = &self.plan.layers[layer];
+                let w = if set == ProjectionSet::Qkv {
+                    &l.attn_norm
+                } else {
+                    &l.mlp_norm
+                };
+                let mut normed = Vec::with_capacity(hidden);
+                let mut per_row = Vec::with_capacity(rows);
+                for r in raw.chunks_exact(hidden) {
+                    rms_norm_row(r, w, self.plan.eps, &mut normed);
+                    let mut sel = Vec::new();
+                    select_top_k(&normed, k, &mut sel);
+                    for src in &sources {
+                        for &i in &sel {
+                            let at = UnitRef {
+                                offset: src.offset + (i * src.unit_bytes) as u64,
+                                len: src.unit_bytes as u32,
+                            };
+                            self.store.prefetch(UnitKey(src.key_base | i as u64), at);
+                        }
+                    }
+                    per_row.push(sel);
+                }
+                self.pending.insert((layer, set.index()), per_row);
+            }
         }
         Ok(())
     }
@@ -277,7 +317,7 @@ impl<B: Backend> Refiner<B> {
         for (_, delta) in self.lagged.drain(..) {
             b.add_assign(h, &delta)?;
         }
-        self.history.clear();
+        self.pending.clear();
         Ok(())
     }
 
@@ -355,37 +395,13 @@ impl<B: Backend> Refiner<B> {
         let rows = self.rows;
         let mut xrows = vec![0.0f32; rows * inp];
         b.read_rows(x, inp, 0, &mut xrows)?;
-        // Selection source: the real input, or under lead the normalised earlier stream.
-        let lead = match set {
-            ProjectionSet::Qkv | ProjectionSet::GateUp => self.lead(set),
-            _ => 0,
-        };
+        // Under fetch lead the selection was made (and prefetched) earlier, from the stream.
         let own_pos = 2 * layer + usize::from(set == ProjectionSet::GateUp);
-        let select_from = if lead > 0 {
-            let src_pos = own_pos.saturating_sub(lead);
-            let snap = self.history.range(..=src_pos).next_back().map(|(_, v)| v);
-            match snap {
-                Some(snap) => {
-                    let mut raw = vec![0.0f32; rows * inp];
-                    b.read_rows(snap, inp, 0, &mut raw)?;
-                    let l = &self.plan.layers[layer];
-                    let w = if set == ProjectionSet::Qkv {
-                        &l.attn_norm
-                    } else {
-                        &l.mlp_norm
-                    };
-                    let mut out = Vec::with_capacity(rows * inp);
-                    let mut row = Vec::new();
-                    for r in raw.chunks_exact(inp) {
-                        rms_norm_row(r, w, self.plan.eps, &mut row);
-                        out.extend_from_slice(&row);
-                    }
-                    Some(out)
-                }
-                None => None,
+        let led = match set {
+            ProjectionSet::Qkv | ProjectionSet::GateUp => {
+                self.pending.remove(&(layer, set.index()))
             }
-        } else {
-            None
+            _ => None,
         };
         let lag = match set {
             ProjectionSet::O | ProjectionSet::Down => self.lead(set),
@@ -398,11 +414,14 @@ impl<B: Backend> Refiner<B> {
         };
         for r in 0..rows {
             let xr = &xrows[r * inp..(r + 1) * inp];
-            let sr = select_from
-                .as_ref()
-                .map_or(xr, |s| &s[r * inp..(r + 1) * inp]);
             let mut sel = std::mem::take(&mut self.sel);
-            select_top_k(sr, k, &mut sel);
+            match led.as_ref().and_then(|rows| rows.get(r)) {
+                Some(s) => {
+                    sel.clear();
+                    sel.extend_from_slice(s);
+                }
+                None => select_top_k(xr, k, &mut sel),
+            }
             for (src, y) in sources.iter().zip(outputs.iter_mut()) {
                 self.staged.clear();
                 self.weights.clear();

@@ -178,6 +178,9 @@ pub trait RefinementStore: Send + Sync {
     fn reset_stats(&self);
     /// `"ram"` or `"ssd"`.
     fn name(&self) -> &'static str;
+    /// Starts loading a unit that will be fetched soon (fetch lead); never blocks. Tiers
+    /// without a slow backing store ignore it.
+    fn prefetch(&self, _key: UnitKey, _at: UnitRef) {}
 }
 
 /// Where a store's one-time warnings go; [`stderr_warn_sink`] by default. Injectable so that
@@ -875,6 +878,10 @@ impl RefinementStore for SsdStore {
 
     fn name(&self) -> &'static str {
         "ssd"
+    }
+
+    fn prefetch(&self, key: UnitKey, at: UnitRef) {
+        SsdStore::prefetch(self, key, at);
     }
 }
 
