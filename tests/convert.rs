@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{assets, gguf};
-use sfx_formats::checkpoint::Checkpoint;
+use common::{assets, f32_options as opts, float_model, gguf, logits, mean_kl, wiki_tokens};
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::sfx::{Layout, SfxFile};
 use sfx_formats::{OwnedTensors, TensorSource};
 use sfx_runtime::resident::RtnFactory;
-use sfx_runtime::{
-    load_sfx_model, CpuBackend, LogitsMode, Model, ModelOptions, SfxTensors, WeightPrecision,
-};
+use sfx_runtime::{load_sfx_model, CpuBackend, Model, SfxTensors};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -38,59 +35,6 @@ fn convert(args: &[&str], threads: usize) -> String {
         "sfx-convert {args:?} failed:\n{stderr}"
     );
     stderr
-}
-
-fn float_model() -> &'static (Checkpoint, Model<CpuBackend>) {
-    static M: OnceLock<(Checkpoint, Model<CpuBackend>)> = OnceLock::new();
-    M.get_or_init(|| {
-        let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-        let model = Model::load_cpu(&ckpt.config, &*ckpt.tensors, &opts()).unwrap();
-        (ckpt, model)
-    })
-}
-
-fn opts() -> ModelOptions {
-    ModelOptions {
-        precision: WeightPrecision::F32,
-        ..Default::default()
-    }
-}
-
-/// A wiki window the calibration (Brown) never saw.
-fn tokens() -> Vec<u32> {
-    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
-    let (ckpt, _) = float_model();
-    let tok = tokenizers::Tokenizer::from_bytes(ckpt.tokenizer_json.as_ref().unwrap().as_bytes())
-        .unwrap();
-    tok.encode(&text[..4000], false).unwrap().get_ids()[..96].to_vec()
-}
-
-fn logits(m: &Model<CpuBackend>, ids: &[u32]) -> Vec<f32> {
-    let mut cache = m.new_cache(ids.len()).unwrap();
-    m.forward(ids, &mut cache, LogitsMode::All)
-        .unwrap()
-        .into_vec()
-}
-
-/// Mean over positions of KL(p ‖ q), computed in f64 over the full vocabulary.
-fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
-    let log_softmax = |row: &[f32]| -> Vec<f64> {
-        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-        row.iter().map(|&v| v as f64 - lse).collect()
-    };
-    let rows = p.len() / vocab;
-    let mut total = 0.0;
-    for r in 0..rows {
-        let lp = log_softmax(&p[r * vocab..(r + 1) * vocab]);
-        let lq = log_softmax(&q[r * vocab..(r + 1) * vocab]);
-        total += lp
-            .iter()
-            .zip(&lq)
-            .map(|(a, b)| a.exp() * (a - b))
-            .sum::<f64>();
-    }
-    total / rows as f64
 }
 
 #[test]
@@ -124,8 +68,8 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
         &opts(),
     )
     .unwrap();
-    let ids = &tokens()[..24];
-    let (a, b) = (logits(&sfx_model, ids), logits(&rtn, ids));
+    let ids = &wiki_tokens(24);
+    let (a, b) = (logits(&sfx_model, ids, None), logits(&rtn, ids, None));
     let diff = a
         .iter()
         .zip(&b)
@@ -195,9 +139,9 @@ fn awq3_container_beats_rtn3_and_records_what_it_did() {
     let file = SfxFile::open(path).unwrap();
     file.verify().unwrap();
     let (ckpt, float) = float_model();
-    let ids = tokens();
+    let ids = wiki_tokens(96);
     let vocab = ckpt.config.vocab_size;
-    let reference = logits(float, &ids);
+    let reference = logits(float, &ids, None);
     let awq = load_sfx_model(&file, &opts()).unwrap();
     let rtn = Model::load_with(
         CpuBackend::new(),
@@ -207,8 +151,8 @@ fn awq3_container_beats_rtn3_and_records_what_it_did() {
         &opts(),
     )
     .unwrap();
-    let kl_awq = mean_kl(&reference, &logits(&awq, &ids), vocab);
-    let kl_rtn = mean_kl(&reference, &logits(&rtn, &ids), vocab);
+    let kl_awq = mean_kl(&reference, &logits(&awq, &ids, None), vocab);
+    let kl_rtn = mean_kl(&reference, &logits(&rtn, &ids, None), vocab);
     // Measured: awq3 ≈ 0.5 of rtn3's KL even with 256 calibration tokens.
     assert!(
         kl_awq < 0.8 * kl_rtn,
@@ -424,9 +368,9 @@ fn resident_codes_plus_stored_residual_rebuild_the_float_model() {
             bundled.insert_f32(name, vec![rows, cols], &w);
         }
     }
-    let ids = tokens();
-    let reference = logits(float, &ids);
-    let kl = |m: &Model<CpuBackend>| mean_kl(&reference, &logits(m, &ids), c.vocab_size);
+    let ids = wiki_tokens(96);
+    let reference = logits(float, &ids, None);
+    let kl = |m: &Model<CpuBackend>| mean_kl(&reference, &logits(m, &ids, None), c.vocab_size);
     let kl_base = kl(&load_sfx_model(&file, &opts()).unwrap());
     let kl_columns = kl(&Model::load_cpu(c, &columns, &opts()).unwrap());
     let kl_bundles = kl(&Model::load_cpu(c, &bundled, &opts()).unwrap());

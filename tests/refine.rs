@@ -5,14 +5,15 @@
 
 mod common;
 
-use common::{assets, gguf};
-use sfx_formats::checkpoint::Checkpoint;
+use common::{
+    assets, f32_options as opts, float_model, gguf, logits, mean_kl, wiki_tokens as tokens,
+};
 use sfx_formats::sfx::SfxFile;
 use sfx_runtime::refine::store::{MissPolicy, RefinementStore, SsdStore, UnitReader};
 use sfx_runtime::refine::{
     file_settings, open_refinement, plan_from_sfx, MlpMode, RefineOpenOptions, Refiner, TierChoice,
 };
-use sfx_runtime::{load_sfx_model, CpuBackend, LogitsMode, Model, ModelOptions, WeightPrecision};
+use sfx_runtime::{load_sfx_model, CpuBackend};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -65,62 +66,6 @@ fn containers() -> &'static (PathBuf, PathBuf) {
             convert("rtn3-fit.sfx", &["--fit"]),
         )
     })
-}
-
-fn opts() -> ModelOptions {
-    ModelOptions {
-        precision: WeightPrecision::F32,
-        ..Default::default()
-    }
-}
-
-fn float_model() -> &'static (Checkpoint, Model<CpuBackend>) {
-    static M: OnceLock<(Checkpoint, Model<CpuBackend>)> = OnceLock::new();
-    M.get_or_init(|| {
-        let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
-        let model = Model::load_cpu(&ckpt.config, &*ckpt.tensors, &opts()).unwrap();
-        (ckpt, model)
-    })
-}
-
-/// Held-out wiki tokens (the calibration text is Brown).
-fn tokens(n: usize) -> Vec<u32> {
-    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
-    let (ckpt, _) = float_model();
-    let tok = tokenizers::Tokenizer::from_bytes(ckpt.tokenizer_json.as_ref().unwrap().as_bytes())
-        .unwrap();
-    tok.encode(&text[..20000], false).unwrap().get_ids()[..n].to_vec()
-}
-
-fn logits(m: &Model<CpuBackend>, ids: &[u32], r: Option<&mut Refiner<CpuBackend>>) -> Vec<f32> {
-    let mut cache = m.new_cache(ids.len()).unwrap();
-    match r {
-        Some(r) => m.forward_refined(ids, &mut cache, LogitsMode::All, r),
-        None => m.forward(ids, &mut cache, LogitsMode::All),
-    }
-    .unwrap()
-    .into_vec()
-}
-
-/// Mean over positions of KL(p ‖ q), full vocabulary, f64.
-fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
-    let log_softmax = |row: &[f32]| -> Vec<f64> {
-        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-        row.iter().map(|&v| v as f64 - lse).collect()
-    };
-    let rows = p.len() / vocab;
-    (0..rows)
-        .map(|r| {
-            let lp = log_softmax(&p[r * vocab..(r + 1) * vocab]);
-            let lq = log_softmax(&q[r * vocab..(r + 1) * vocab]);
-            lp.iter()
-                .zip(&lq)
-                .map(|(a, b)| a.exp() * (a - b))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / rows as f64
 }
 
 fn refiner(

@@ -9,3 +9,5 @@ pub mod convert;
 pub mod quant;
 pub mod refine;
 pub mod stats;
+#[cfg(test)]
+mod test_util;

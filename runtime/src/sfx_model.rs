@@ -1,7 +1,7 @@
 //! Loading a model from a `.sfx` container written by `sfx-convert` (section names and layouts:
 //! `docs/format.md`, "Model sections written by `sfx-convert`"): the resident base only —
 //! float embedding / norms / biases / head plus group-quantized projections. Refinement
-//! sections (`P.refine`, MLP bundles) are ignored here; refined decoding is a later milestone.
+//! sections (`P.refine`, MLP bundles) are read by [`crate::refine`] (plan, tiers, engine).
 //!
 //! Two pieces plug into the generic loader ([`Model::load_with`]):
 //! - [`SfxTensors`]: a [`TensorSource`] over the container's `dense` sections (borrowed from

@@ -30,3 +30,71 @@ pub fn fixture(name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
+
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_runtime::refine::Refiner;
+use sfx_runtime::{CpuBackend, LogitsMode, Model, ModelOptions, WeightPrecision};
+use std::sync::OnceLock;
+
+/// F32 weights: comparisons between models should not carry BF16 rounding.
+pub fn f32_options() -> ModelOptions {
+    ModelOptions {
+        precision: WeightPrecision::F32,
+        ..Default::default()
+    }
+}
+
+/// The float development model (the reference for KL), loaded once per test binary.
+pub fn float_model() -> &'static (Checkpoint, Model<CpuBackend>) {
+    static M: OnceLock<(Checkpoint, Model<CpuBackend>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let ckpt = Checkpoint::open(gguf().to_str().unwrap()).unwrap();
+        let model = Model::load_cpu(&ckpt.config, &*ckpt.tensors, &f32_options()).unwrap();
+        (ckpt, model)
+    })
+}
+
+/// The first `n` tokens of the wiki text: held out from every calibration (Brown).
+pub fn wiki_tokens(n: usize) -> Vec<u32> {
+    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
+    let (ckpt, _) = float_model();
+    let json = ckpt.tokenizer_json.as_ref().unwrap();
+    let tok = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+    tok.encode(&text[..20000], false).unwrap().get_ids()[..n].to_vec()
+}
+
+/// All-position logits of `ids` from an empty cache, refined when `refiner` is given.
+pub fn logits(
+    m: &Model<CpuBackend>,
+    ids: &[u32],
+    refiner: Option<&mut Refiner<CpuBackend>>,
+) -> Vec<f32> {
+    let mut cache = m.new_cache(ids.len()).unwrap();
+    match refiner {
+        Some(r) => m.forward_refined(ids, &mut cache, LogitsMode::All, r),
+        None => m.forward(ids, &mut cache, LogitsMode::All),
+    }
+    .unwrap()
+    .into_vec()
+}
+
+/// Mean over positions of KL(p ‖ q), in f64 over the full vocabulary.
+pub fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
+    let log_softmax = |row: &[f32]| -> Vec<f64> {
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+        row.iter().map(|&v| v as f64 - lse).collect()
+    };
+    let rows = p.len() / vocab;
+    (0..rows)
+        .map(|r| {
+            let lp = log_softmax(&p[r * vocab..(r + 1) * vocab]);
+            let lq = log_softmax(&q[r * vocab..(r + 1) * vocab]);
+            lp.iter()
+                .zip(&lq)
+                .map(|(a, b)| a.exp() * (a - b))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / rows as f64
+}

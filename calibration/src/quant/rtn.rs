@@ -132,21 +132,17 @@ mod tests {
         assert_eq!(q.codes()[0], 0x10);
     }
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
     /// Max |w − ŵ| ≤ scale/2 in every group (plus f32 rounding), for 2/3/4 bits, with a tail
     /// group (576 = 4·128 + 64), an all-positive row and outliers; and the result is
     /// deterministic.
     #[test]
     fn reconstruction_error_is_at_most_half_a_step() {
         let (rows, cols) = (7, 576);
-        let mut seed = 3u64;
-        let mut w: Vec<f32> = (0..rows * cols).map(|_| 0.05 * lcg(&mut seed)).collect();
+        let seed = 3u64;
+        let mut w: Vec<f32> = crate::test_util::lcg_vec(rows * cols, seed)
+            .into_iter()
+            .map(|v| 0.05 * v)
+            .collect();
         w[5] = 3.0;
         w[cols + 200] = -2.0;
         for v in &mut w[2 * cols..3 * cols] {

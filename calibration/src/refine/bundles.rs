@@ -126,18 +126,7 @@ impl NeuronBundles {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_util::lcg_vec as lcg;
 
     #[test]
     fn every_part_round_trips_within_half_a_step() {

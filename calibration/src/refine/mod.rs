@@ -304,15 +304,11 @@ impl RefinementColumns {
 mod tests {
     use super::*;
 
+    /// Values in [-0.01, 0.01).
     fn pseudo(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02
-            })
+        crate::test_util::lcg_vec(n, seed)
+            .into_iter()
+            .map(|v| v * 0.01)
             .collect()
     }
 
