@@ -32,10 +32,7 @@ for q in ["rtn2", "rtn3", "awq3"]:
     for k in [8, 16, 32, 64]:
         rows.append(("plain", k, load(f"{q}-plain-k{k}")))
     for k in [8, 16, 32, 64]:
-        if q == "rtn3" and k != 16:
-            rows.append((f"fitted (at k={k})", k, load(f"{q}-fit-k{k}")))
-        rows.append(("fitted (fit at k=16)" if k != 16 else "fitted", k,
-                     main if k == 16 else load(f"{q}-fit16-at-k{k}")))
+        rows.append(("fitted", k, main if k == 16 else load(f"{q}-fit-k{k}")))
     rows.append(("plain + bundles", 16, load(f"{q}-plain-bundles")))
     rows.append(("fitted + bundles", 16, load(f"{q}-fit-bundles")))
     for s in ["0.5", "1"]:
@@ -49,7 +46,7 @@ for q in ["rtn2", "rtn3", "awq3"]:
 print()
 print("| ssd cache | miss | KL | applied | hit rate | fetched KB/token | backing reads MB/token |")
 print("|---|---|---|---|---|---|---|")
-for c in [1, 4, 16]:
+for c in [1, 4, 16, 64]:
     for m in ["skip", "wait"]:
         r = load(f"ssd-c{c}-{m}")
         if r is None:
@@ -63,8 +60,8 @@ for c in [1, 4, 16]:
 print()
 print("| cache | hit rate (wait) | random-access expectation |")
 print("|---|---|---|")
-for c in ["0.25", "0.5", "1", "2", "4", "8", "16", "32", "64"]:
-    r = load(f"hit-c{c}")
+for c in ["1", "4", "16", "64"]:
+    r = load(f"ssd-c{c}-wait")
     if r is None:
         continue
     rf = r["refine"]
@@ -78,3 +75,10 @@ for q in ["rtn2", "rtn3", "awq3"]:
         print(f"{q}: base {r['base']['scored_tokens_per_second']:.1f} tok/s, refined "
               f"{r['scored_tokens_per_second']:.1f} tok/s (refined/base time "
               f"{r['refined_over_base_time']:.3f})")
+
+print()
+for s_ in ["0", "1"]:
+    r = load(f"lead-s{s_}")
+    if r:
+        rf = r["refine"]
+        print(f"ssd 4 MiB skip, lead s={s_} (qkv, gu): KL {kl(r):.4f}, applied {100*rf['applied_fraction']:.1f} %, PPL {r['ppl']:.3f}")
