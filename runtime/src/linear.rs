@@ -69,18 +69,7 @@ impl<B: Backend> FloatLinear<B> {
         let view = require(tensors, spec.weight_name, spec.role.describe())?;
         check_shape(spec.weight_name, view.shape, &[spec.out_dim, spec.in_dim])?;
         let weight = backend.upload_matrix(spec.weight_name, &view, precision)?;
-        let bias = match spec.bias_name {
-            Some(name) => {
-                let b = require(
-                    tensors,
-                    name,
-                    "bias of an attention projection (attention_bias)",
-                )?;
-                check_shape(name, b.shape, &[spec.out_dim])?;
-                Some(b.to_f32_vec())
-            }
-            None => None,
-        };
+        let bias = load_bias(tensors, spec)?;
         Self::new(backend, weight, bias.as_deref())
     }
 
@@ -228,6 +217,23 @@ pub(crate) fn require<'a>(
         }),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The projection's f32 bias when the spec names one (checked against `out_dim`).
+pub(crate) fn load_bias(
+    tensors: &dyn TensorSource,
+    spec: &LinearSpec<'_>,
+) -> Result<Option<Vec<f32>>> {
+    let Some(name) = spec.bias_name else {
+        return Ok(None);
+    };
+    let b = require(
+        tensors,
+        name,
+        "bias of an attention projection (attention_bias)",
+    )?;
+    check_shape(name, b.shape, &[spec.out_dim])?;
+    Ok(Some(b.to_f32_vec()))
 }
 
 pub(crate) fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {

@@ -14,9 +14,7 @@
 use crate::backend::cpu::CpuBackend;
 use crate::backend::WeightPrecision;
 use crate::error::{Result, RuntimeError};
-use crate::linear::{
-    check_shape, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
-};
+use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
 use crate::resident::GroupQuantLinear;
 use half::f16;
@@ -400,18 +398,7 @@ impl LinearFactory<CpuBackend> for SfxLinearFactory<'_> {
             )?));
         }
         let q = self.group_quantized(spec)?;
-        let bias = match spec.bias_name {
-            Some(name) => {
-                let b = require(
-                    tensors,
-                    name,
-                    "bias of an attention projection (attention_bias)",
-                )?;
-                check_shape(name, b.shape, &[spec.out_dim])?;
-                Some(b.to_f32_vec())
-            }
-            None => None,
-        };
+        let bias = load_bias(tensors, spec)?;
         Ok(Box::new(GroupQuantLinear::new(q, bias)?))
     }
 }

@@ -18,7 +18,7 @@ use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
 use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
-    check_shape, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
+    check_shape, load_bias, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
 };
 use half::f16;
 use rayon::prelude::*;
@@ -398,14 +398,7 @@ impl LinearFactory<CpuBackend> for RtnFactory {
             minmax_grid,
         )
         .map_err(|e| layout_err("RtnFactory::load", e))?;
-        let bias = match spec.bias_name {
-            Some(name) => {
-                let b = require(tensors, name, "bias of an attention projection")?;
-                check_shape(name, b.shape, &[spec.out_dim])?;
-                Some(b.to_f32_vec())
-            }
-            None => None,
-        };
+        let bias = load_bias(tensors, spec)?;
         Ok(Box::new(GroupQuantLinear::new(q, bias)?))
     }
 }
