@@ -82,7 +82,7 @@ fn refiner(
     settings.bundle_k = (3 * k + 2) / 4;
     settings.mlp = mlp;
     let warn = |m: &str| panic!("unexpected warning: {m}");
-    open_refinement(file, path, &config, Some(settings), options, &warn)
+    open_refinement(file, path, plan, Some(settings), options, &warn)
         .unwrap()
         .unwrap()
 }
@@ -263,10 +263,11 @@ fn corrupt_refinement_is_refused_with_one_warning() {
     let config = bad_file.metadata().config.clone().unwrap();
     let warnings = Mutex::new(Vec::<String>::new());
     let warn = |m: &str| warnings.lock().unwrap().push(m.to_string());
+    let plan = plan_from_sfx(&bad_file, &config).unwrap();
     let r = open_refinement::<CpuBackend>(
         &bad_file,
         &bad_path,
-        &config,
+        plan,
         None,
         &RefineOpenOptions::default(),
         &warn,

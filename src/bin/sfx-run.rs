@@ -180,15 +180,14 @@ fn parse_bytes(s: &str) -> Result<u64> {
 /// `--no-refine`, files without refinement, or refinement that failed verification (then
 /// with one warning).
 fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend>>> {
-    let Some(path) = &loaded.sfx_path else {
+    let Some((path, file)) = &loaded.sfx else {
         return Ok(None);
     };
     if cli.no_refine {
         return Ok(None);
     }
-    let file = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let plan = plan_from_sfx(&file, &loaded.info.config)?;
-    let mut settings = file_settings(&file, &plan);
+    let plan = plan_from_sfx(file, &loaded.info.config)?;
+    let mut settings = file_settings(file, &plan);
     if let Some(k) = &cli.k {
         settings.k = four("k", k)?;
         settings.bundle_k = (3 * settings.k[3] + 2) / 4;
@@ -222,9 +221,9 @@ fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend
     };
     let warn = |m: &str| eprintln!("{m}");
     Ok(open_refinement(
-        &file,
+        file,
         path,
-        &loaded.info.config,
+        plan,
         Some(settings),
         &options,
         &warn,
@@ -288,8 +287,8 @@ impl ModelInfo {
 struct Loaded {
     info: ModelInfo,
     model: Model,
-    /// The container's path when the model is a `.sfx` (its refinement is opened from it).
-    sfx_path: Option<std::path::PathBuf>,
+    /// The container and its path when the model is a `.sfx` (its refinement is read from it).
+    sfx: Option<(std::path::PathBuf, SfxFile)>,
     tokenizer: Tokenizer,
     load_seconds: f64,
 }
@@ -322,7 +321,7 @@ fn load(spec: &str, precision: Precision) -> Result<Loaded> {
             generation_config: ckpt.generation_config,
         },
         model,
-        sfx_path: None,
+        sfx: None,
         tokenizer,
         load_seconds: t0.elapsed().as_secs_f64(),
     })
@@ -352,7 +351,7 @@ fn load_sfx(spec: &str, precision: Precision) -> Result<Loaded> {
             generation_config: None,
         },
         model,
-        sfx_path: Some(std::path::PathBuf::from(spec)),
+        sfx: Some((std::path::PathBuf::from(spec), file)),
         tokenizer,
         load_seconds: t0.elapsed().as_secs_f64(),
     })

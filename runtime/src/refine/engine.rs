@@ -117,7 +117,9 @@ pub struct RefineCounters {
 
 /// The engine: a plan, a store and settings, plus per-forward scratch state.
 pub struct Refiner<B: Backend> {
-    plan: RefinementPlan,
+    /// Shared so a call can hold its layer's sources while mutating the engine's counters and
+    /// scratch (a refcount bump per call instead of copying every scale vector).
+    plan: Arc<RefinementPlan>,
     store: Arc<dyn RefinementStore>,
     settings: RefineSettings,
     counters: RefineCounters,
@@ -196,7 +198,7 @@ impl<B: Backend> Refiner<B> {
             ));
         }
         Ok(Self {
-            plan,
+            plan: Arc::new(plan),
             store,
             settings,
             counters: RefineCounters::default(),
@@ -270,7 +272,8 @@ impl<B: Backend> Refiner<B> {
                 if own.saturating_sub(lead) != pos || own <= pos {
                     continue;
                 }
-                let sources = self.plan.layers[layer].sets[set.index()].clone();
+                let plan = Arc::clone(&self.plan);
+                let sources = &plan.layers[layer].sets[set.index()];
                 if sources.is_empty() {
                     continue;
                 }
@@ -294,7 +297,7 @@ impl<B: Backend> Refiner<B> {
                     rms_norm_row(r, w, self.plan.eps, &mut normed);
                     let mut sel = Vec::new();
                     select_top_k(&normed, k, &mut sel);
-                    for src in &sources {
+                    for src in sources {
                         for &i in &sel {
                             let at = UnitRef {
                                 offset: src.offset + (i * src.unit_bytes) as u64,
@@ -372,12 +375,8 @@ impl<B: Backend> Refiner<B> {
         outputs: &mut [&mut B::Buffer],
     ) -> Result<()> {
         let k = self.settings.k[set.index()];
-        let Some(sources) = self
-            .plan
-            .layers
-            .get(layer)
-            .map(|l| l.sets[set.index()].clone())
-        else {
+        let plan = Arc::clone(&self.plan);
+        let Some(sources) = plan.layers.get(layer).map(|l| &l.sets[set.index()]) else {
             return Ok(());
         };
         if k == 0 || sources.is_empty() {
@@ -491,7 +490,8 @@ impl<B: Backend> Refiner<B> {
         act: &B::Buffer,
         y: &mut B::Buffer,
     ) -> Result<()> {
-        let Some(src) = self.plan.layers.get(layer).and_then(|l| l.bundles.clone()) else {
+        let plan = Arc::clone(&self.plan);
+        let Some(src) = plan.layers.get(layer).and_then(|l| l.bundles.as_ref()) else {
             return Ok(());
         };
         let Some((xs, gs, us)) = self.bundle_inputs.take() else {

@@ -1,13 +1,12 @@
 //! Opening a container's refinement for a run: verify, pick the tier, build the engine — or
 //! degrade to resident precision with one warning when the refinement cannot be trusted.
 
-use super::engine::{RefineSettings, Refiner};
-use super::plan::{file_settings, plan_from_sfx};
+use super::engine::{RefineSettings, RefinementPlan, Refiner};
+use super::plan::file_settings;
 use super::store::{MissPolicy, RamStore, RefinementStore, SsdStore};
 use crate::backend::Backend;
 use crate::error::Result;
 use sfx_formats::sfx::{SfxFile, Tier};
-use sfx_formats::ModelConfig;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -46,20 +45,19 @@ impl Default for RefineOpenOptions {
     }
 }
 
-/// Builds the refinement engine for `file` (opened from `path`). `settings` overrides the
-/// file's budgets. Returns `Ok(None)` when the file has no refinement, and also — after one
+/// Builds the refinement engine for `file` (opened from `path`) from its `plan`
+/// ([`plan_from_sfx`](super::plan_from_sfx)). `settings` overrides the file's budgets. Returns `Ok(None)` when the file has no refinement, and also — after one
 /// warning through `warn` — when its refinement fails its checksum or cannot be opened: the
 /// model then runs at resident precision instead of producing silently wrong output. Malformed
 /// refinement sections (shapes, layouts) are errors.
 pub fn open_refinement<B: Backend>(
     file: &SfxFile,
     path: &Path,
-    config: &ModelConfig,
+    plan: RefinementPlan,
     settings: Option<RefineSettings>,
     options: &RefineOpenOptions,
     warn: &dyn Fn(&str),
 ) -> Result<Option<Refiner<B>>> {
-    let plan = plan_from_sfx(file, config)?;
     let has_any = plan
         .layers
         .iter()
