@@ -126,3 +126,19 @@ fn sfx_verify_names_a_corrupted_section() {
     let (code, err) = run(sfx, &["verify", p.to_str().unwrap()]);
     assert_clean_failure(code, &err, "layers.0.refine.qkv");
 }
+
+#[test]
+fn bad_kv_options_are_named() {
+    let gguf = gguf();
+    let g = gguf.to_str().unwrap();
+    let (code, err) = run(RUN, &[g, "-p", "hi", "--kv", "9/2"]);
+    assert_clean_failure(code, &err, "--kv");
+    let (code, err) = run(RUN, &[g, "-p", "hi", "--kv", "2/2", "--kv-group", "3"]);
+    assert_clean_failure(code, &err, "--kv-group");
+    let (code, err) = run(RUN, &[g, "-p", "hi", "--kv", "2/2", "--kv-fraction", "2"]);
+    assert_clean_failure(code, &err, "--kv-fraction");
+    let (code, err) = run(RUN, &[g, "-p", "hi", "--kv", "2/2", "--kv-tier", "disk"]);
+    assert_clean_failure(code, &err, "--kv-tier");
+    let (code, err) = run(RUN, &[g, "--ppl", "wiki:1", "--kv", "2/2"]);
+    assert_clean_failure(code, &err, "austen-long");
+}

@@ -41,8 +41,9 @@ pub trait KvCache<B: Backend>: Send {
     fn capacity(&self) -> usize;
     /// Forgets every position (storage is kept for reuse).
     fn clear(&mut self);
-    /// Keeps the first `len` positions (no-op if `len >= self.len()`).
-    fn truncate(&mut self, len: usize);
+    /// Keeps the first `len` positions (no-op if `len >= self.len()`). A quantized cache
+    /// refuses a cut inside an encoded tile (its exact values are gone).
+    fn truncate(&mut self, len: usize) -> Result<()>;
     /// Stores `k`, `v` (`[n_new, kv_heads · head_dim]`, after RoPE) of `layer` at positions
     /// `len()..len() + n_new` and writes causal attention of `q` (`[n_new, n_heads ·
     /// head_dim]`) over positions `0..len() + n_new` into `out`.
@@ -62,6 +63,18 @@ pub trait KvCache<B: Backend>: Send {
     fn commit(&mut self, n_new: usize) -> Result<()>;
     /// Device bytes held (for memory accounting).
     fn resident_bytes(&self) -> usize;
+}
+
+/// `CacheFull` unless `n_new` more positions fit after `len`.
+pub(crate) fn check_room(len: usize, n_new: usize, capacity: usize) -> Result<()> {
+    if len.checked_add(n_new).is_none_or(|end| end > capacity) {
+        return Err(RuntimeError::CacheFull {
+            cached: len,
+            new: n_new,
+            capacity,
+        });
+    }
+    Ok(())
 }
 
 /// Float cache: per layer one K and one V buffer `[kv_heads, capacity, head_dim]`, allocated
@@ -125,8 +138,9 @@ impl<B: Backend> KvCache<B> for F32KvCache<B> {
     fn clear(&mut self) {
         self.len = 0;
     }
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> Result<()> {
         self.len = self.len.min(len);
+        Ok(())
     }
 
     fn append_and_attend(
@@ -140,13 +154,7 @@ impl<B: Backend> KvCache<B> for F32KvCache<B> {
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        if self.len + n_new > self.layout.capacity {
-            return Err(RuntimeError::CacheFull {
-                cached: self.len,
-                new: n_new,
-                capacity: self.layout.capacity,
-            });
-        }
+        check_room(self.len, n_new, self.layout.capacity)?;
         let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
             return Err(RuntimeError::CacheMismatch(format!(
                 "layer {layer} requested, cache has {} layers",
@@ -165,13 +173,7 @@ impl<B: Backend> KvCache<B> for F32KvCache<B> {
     }
 
     fn commit(&mut self, n_new: usize) -> Result<()> {
-        if self.len + n_new > self.layout.capacity {
-            return Err(RuntimeError::CacheFull {
-                cached: self.len,
-                new: n_new,
-                capacity: self.layout.capacity,
-            });
-        }
+        check_room(self.len, n_new, self.layout.capacity)?;
         self.len += n_new;
         Ok(())
     }

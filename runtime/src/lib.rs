@@ -2,7 +2,8 @@
 //!
 //! - [`backend`]: the [`Backend`] trait (ops + resident buffers) and the CPU backend.
 //! - [`linear`]: the [`Linear`] interface every weight format implements; float linears.
-//! - [`kv_cache`]: the [`KvCache`] interface and the f32 cache.
+//! - [`kv_cache`]: the [`KvCache`] interface and the f32 cache; [`kv`]: quantized KV (KVarN
+//!   resident base, nested refinement, eq. 7 selection, eq. 8 correction).
 //! - [`eval`]: perplexity / KL evaluation per the project protocol; [`sampling`], [`chat`].
 //! - [`model`]: the Llama-family decoder ([`Model`]), logits selection.
 //!
@@ -12,6 +13,7 @@ pub mod backend;
 pub mod chat;
 pub mod error;
 pub mod eval;
+pub mod kv;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;

@@ -12,13 +12,17 @@ use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
 use sfx_runtime::eval::{
     evaluate, long_context_part, window_parts, EvalPart, EvalResult, ModelScorer, PartResult,
 };
+use sfx_runtime::kv::spec::parse_fraction;
+use sfx_runtime::kv::{
+    KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig, QuantKvCache, RefineBits,
+};
 use sfx_runtime::refine::{
     file_settings, open_refinement, plan_from_sfx, MissPolicy, MlpMode, RefineOpenOptions, Refiner,
     TierChoice,
 };
 use sfx_runtime::sampling::{Sampler, SamplingParams};
 use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model, sfx_tokenizer_json};
-use sfx_runtime::{CpuBackend, KvCache, LogitsMode, Model, ModelOptions, WeightPrecision};
+use sfx_runtime::{CpuBackend, KvCache, KvShape, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::io::Write;
 use std::time::Instant;
 use tokenizers::Tokenizer;
@@ -134,9 +138,42 @@ struct Cli {
     #[arg(long, help_heading = "Refinement (.sfx)")]
     mlock: bool,
     /// .sfx with --ppl: skip the unrefined base pass (by default base and refined are both
-    /// measured, side by side).
+    /// measured, side by side). With --kv: also skip each KV base's unrefined run.
     #[arg(long, help_heading = "Refinement (.sfx)")]
     no_base: bool,
+
+    /// Resident KV format(s): f16, or KVarN K/V bits 2/2, 3/2, 3/3, 2/1 (comma list). With
+    /// --ppl austen-long:L every format is evaluated with and without KV refinement, side by
+    /// side, against an FP16-KV reference. Generation uses the last configuration.
+    #[arg(long, value_name = "LIST", help_heading = "KV cache")]
+    kv: Option<String>,
+    /// KV refinement bits +K/+V (comma list), `auto` (+4/+4; +0/+1 for 1-bit values) or `off`.
+    #[arg(long, default_value = "auto", help_heading = "KV cache")]
+    kv_refine: String,
+    /// Tokens per refinement group, 2 or 4 (comma list for sweeps).
+    #[arg(long, default_value = "2", help_heading = "KV cache")]
+    kv_group: String,
+    /// Fraction of eligible token groups refined per step and KV head, e.g. 1/128 (comma list).
+    #[arg(long, default_value = "1/128", help_heading = "KV cache")]
+    kv_fraction: String,
+    /// Leading positions kept in FP16 (attention sinks).
+    #[arg(long, default_value_t = 128, help_heading = "KV cache")]
+    kv_sinks: usize,
+    /// Backing tier of KV refinement bits: ram, or ssd (a per-session spill file behind a RAM
+    /// cache of --kv-cache bytes); comma list for sweeps.
+    #[arg(long, default_value = "ram", help_heading = "KV cache")]
+    kv_tier: String,
+    /// ssd tier: RAM cache budget for KV refinement, shared by all layers and heads (comma
+    /// list for sweeps).
+    #[arg(long, default_value = "128MiB", help_heading = "KV cache")]
+    kv_cache: String,
+    /// ssd tier: on a cache miss, skip (resident value this step, load in the background) or
+    /// wait (read now).
+    #[arg(long, default_value = "skip", help_heading = "KV cache")]
+    kv_miss: String,
+    /// ssd tier: directory of the spill file (default: the system temp dir).
+    #[arg(long, help_heading = "KV cache")]
+    kv_spill_dir: Option<std::path::PathBuf>,
 }
 
 /// Parses "1", "0.5,0,0.5,0" etc. into four per-set values.
@@ -157,7 +194,7 @@ fn four<T: std::str::FromStr + Copy>(what: &str, s: &str) -> Result<[T; 4]> {
 }
 
 /// "128MiB", "4 MiB", "1GiB", "512KiB", "1000000" → bytes.
-fn parse_bytes(s: &str) -> Result<u64> {
+fn parse_bytes(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -165,13 +202,13 @@ fn parse_bytes(s: &str) -> Result<u64> {
     let (num, unit) = t.split_at(split);
     let n: f64 = num
         .parse()
-        .map_err(|_| anyhow!("--weight-cache {s:?}: expected a size like 128MiB"))?;
+        .map_err(|_| anyhow!("--{flag} {s:?}: expected a size like 128MiB"))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" | "kib" => 1024.0,
         "m" | "mb" | "mib" => 1024.0 * 1024.0,
         "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => bail!("--weight-cache {s:?}: unknown unit {other:?} (use KiB, MiB, GiB)"),
+        other => bail!("--{flag} {s:?}: unknown unit {other:?} (use KiB, MiB, GiB)"),
     };
     Ok((n * mult) as u64)
 }
@@ -210,7 +247,7 @@ fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend
             Some("ssd") => TierChoice::Ssd,
             Some(other) => bail!("--refine-tier {other:?}: expected ram or ssd"),
         },
-        cache_bytes: parse_bytes(&cli.weight_cache)?,
+        cache_bytes: parse_bytes("weight-cache", &cli.weight_cache)?,
         miss: match cli.miss.as_str() {
             "skip" => MissPolicy::Skip,
             "wait" => MissPolicy::Wait,
@@ -491,7 +528,18 @@ fn generate(
     }
     let capacity = (prompt_ids.len() + cli.max_tokens).min(max_ctx);
     let model = &loaded.model;
-    let mut cache = model.new_cache(capacity)?;
+    let kv_config = kv_configs(cli)?.pop();
+    let kv_label = kv_config
+        .as_ref()
+        .map_or_else(|| "f32".to_string(), KvConfig::label);
+    let mut cache: Box<dyn KvCache<CpuBackend>> = match &kv_config {
+        Some(config) => Box::new(QuantKvCache::<CpuBackend>::new(
+            KvShape::of(model.config()),
+            capacity,
+            config,
+        )?),
+        None => Box::new(model.new_cache(capacity)?),
+    };
     let mut sampler = Sampler::new(SamplingParams {
         temperature: cli.temperature,
         top_p: cli.top_p,
@@ -506,7 +554,7 @@ fn generate(
             None => model.forward(ids, cache, LogitsMode::Last),
         };
     let t0 = Instant::now();
-    let logits = forward(&prompt_ids, &mut cache)?;
+    let logits = forward(&prompt_ids, cache.as_mut())?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
 
@@ -541,7 +589,7 @@ fn generate(
             stop_reason = "context";
             break;
         }
-        let logits = forward(&[next], &mut cache)?;
+        let logits = forward(&[next], cache.as_mut())?;
         next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
     }
     let gen_s = t1.elapsed().as_secs_f64();
@@ -564,6 +612,10 @@ fn generate(
             "model": loaded.info.origin,
             "prompt": prompt,
             "completion": text,
+            "kv_cache": {
+                "config": kv_label,
+                "resident_bytes": cache.resident_bytes(),
+            },
             "prompt_tokens": prompt_ids.len(),
             "generated_tokens": generated.len(),
             "stop_reason": stop_reason,
@@ -663,6 +715,9 @@ fn eval_parts(
 
 fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
     let spec = EvalSpec::parse(spec_str, Some(cli.ctx))?;
+    if cli.kv.is_some() {
+        return run_kv_eval(cli, loaded, spec_str, &spec);
+    }
     let (parts, meta) = eval_parts(loaded, &spec, !cli.json)?;
     let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
     let max_ctx = loaded.info.config.max_position_embeddings;
@@ -870,5 +925,242 @@ fn report_eval(
         scored as f64 / main.seconds.max(1e-9),
         rayon::current_num_threads()
     );
+    Ok(())
+}
+
+/// Comma list of `T`, naming the flag in errors.
+fn list<T>(flag: &str, s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>> {
+    s.split(',')
+        .map(|p| parse(p.trim()).map_err(|e| anyhow!("--{flag}: {e}")))
+        .collect()
+}
+
+/// The KV configurations the flags describe, in evaluation order: per base, the base alone
+/// (unless --no-base) and then every refinement setting. Empty without --kv.
+fn kv_configs(cli: &Cli) -> Result<Vec<KvConfig>> {
+    let Some(kv) = &cli.kv else {
+        return Ok(Vec::new());
+    };
+    let bases = list("kv", kv, |p| p.parse::<KvBaseChoice>())?;
+    let refine_off = cli.kv_refine.trim().eq_ignore_ascii_case("off");
+    let refine_bits: Vec<Option<RefineBits>> = if refine_off {
+        Vec::new()
+    } else {
+        list("kv-refine", &cli.kv_refine, |p| {
+            if p.eq_ignore_ascii_case("auto") {
+                Ok(None)
+            } else {
+                p.parse::<RefineBits>().map(Some)
+            }
+        })?
+    };
+    let groups = list("kv-group", &cli.kv_group, |p| match p.parse::<usize>() {
+        Ok(g @ (1 | 2 | 4 | 8)) => Ok(g),
+        _ => Err(format!("'{p}': token group must be 1, 2, 4 or 8")),
+    })?;
+    let fractions = list("kv-fraction", &cli.kv_fraction, parse_fraction)?;
+    let policy = cli
+        .kv_miss
+        .parse::<MissPolicy>()
+        .map_err(|e| anyhow!("--kv-miss: {e}"))?;
+    let mut tiers = Vec::new();
+    for t in cli.kv_tier.split(',') {
+        match t.trim() {
+            "ram" => tiers.push(KvTierConfig::Ram),
+            "ssd" => {
+                for size in cli.kv_cache.split(',') {
+                    tiers.push(KvTierConfig::Ssd {
+                        dir: cli.kv_spill_dir.clone().unwrap_or_else(std::env::temp_dir),
+                        cache_budget: parse_bytes("kv-cache", size)?,
+                        policy,
+                    });
+                }
+            }
+            other => bail!("--kv-tier {other:?}: expected ram or ssd (comma list)"),
+        }
+    }
+    let mut out = Vec::new();
+    for base in bases {
+        let plain = KvConfig {
+            sinks: cli.kv_sinks,
+            ..KvConfig::base(base)
+        };
+        let refinable = base != KvBaseChoice::F16;
+        if !cli.no_base || !refinable || refine_off {
+            out.push(plain.clone());
+        }
+        if !refinable {
+            continue;
+        }
+        for rb in &refine_bits {
+            let bits = rb.unwrap_or_else(|| base.default_refine_bits());
+            for tier in &tiers {
+                for &group in &groups {
+                    for &fraction in &fractions {
+                        out.push(KvConfig {
+                            refine: Some(KvRefineConfig {
+                                bits,
+                                group,
+                                fraction,
+                                tier: tier.clone(),
+                            }),
+                            ..plain.clone()
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Bytes per 1,024 positions the format prescribes for a configuration: resident (encoded
+/// tiles, or FP16 without a base) and backing refinement bits; plus the fixed FP16 sink and
+/// tail buffers. All layers and KV heads.
+fn kv_bytes_per_1k(config: &KvConfig, shape: KvShape) -> Result<serde_json::Value> {
+    let heads = (shape.layers * shape.kv_heads) as f64;
+    let d = shape.head_dim as f64;
+    let base = config
+        .base
+        .build(shape.head_dim)
+        .map_err(|e| anyhow!("--kv {}: {e}", config.base))?;
+    Ok(match base {
+        None => serde_json::json!({
+            "resident": 1024.0 * d * 4.0 * heads,
+            "backing": 0.0,
+            "fixed_fp16_buffers": 0.0,
+        }),
+        Some(b) => {
+            let tiles = 1024.0 / b.tile_tokens() as f64;
+            let refine = config.refine.as_ref().map_or(0.0, |r| {
+                1024.0 * d * f64::from(r.bits.key + r.bits.value) / 8.0
+            });
+            serde_json::json!({
+                "resident": tiles * b.tile_bytes() as f64 * heads,
+                "backing": refine * heads,
+                "fixed_fp16_buffers": (config.sinks + b.tile_tokens()) as f64 * d * 4.0 * heads,
+            })
+        }
+    })
+}
+
+/// `--kv` with `--ppl austen-long:L`: every KV configuration side by side on one shared exact
+/// prefill per novel, KL against FP16 KV (this model's, or --kl-ref's).
+fn run_kv_eval(cli: &Cli, loaded: &Loaded, spec_str: &str, spec: &EvalSpec) -> Result<()> {
+    use sfx_runtime::eval::kv_sweep::{kv_sweep, KvSide};
+    if !matches!(spec, EvalSpec::AustenLong { .. }) {
+        bail!(
+            "--kv evaluates the decode path: use --ppl austen-long:L (windowed texts score whole \
+             windows at once, where attention runs on exact keys and values)"
+        );
+    }
+    let configs = kv_configs(cli)?;
+    if configs.is_empty() {
+        bail!("--kv gave no configuration to evaluate");
+    }
+    let (parts, meta) = eval_parts(loaded, spec, !cli.json)?;
+    let max_ctx = loaded.info.config.max_position_embeddings;
+    if let Some(p) = parts.iter().find(|p| p.tokens.len() > max_ctx) {
+        bail!(
+            "evaluation needs {} positions; the model's context is {max_ctx}",
+            p.tokens.len()
+        );
+    }
+    let reference = match &cli.kl_ref {
+        Some(r) => Some(load(r, cli.precision)?),
+        None => None,
+    };
+    let mut refiner = build_refiner(cli, loaded)?;
+    let mut ref_refiner = match &reference {
+        Some(r) => build_refiner(cli, r)?,
+        None => None,
+    };
+    if !cli.json {
+        eprintln!(
+            "evaluating {spec_str} with {} KV configuration(s) on {} novel(s){}",
+            configs.len(),
+            parts.len(),
+            if refiner.is_some() {
+                ", weight refinement on"
+            } else {
+                ""
+            }
+        );
+    }
+    let json = cli.json;
+    let t0 = Instant::now();
+    let runs = kv_sweep(
+        KvSide {
+            model: &loaded.model,
+            refiner: refiner.as_mut(),
+        },
+        reference.as_ref().map(|r| KvSide {
+            model: &r.model,
+            refiner: ref_refiner.as_mut(),
+        }),
+        &parts,
+        &configs,
+        // Progress goes to stderr in --json mode too: these runs take minutes per novel.
+        |msg| eprintln!("[{:6.1} s] {msg}", t0.elapsed().as_secs_f64()),
+        None,
+    )?;
+    let shape = KvShape::of(&loaded.info.config);
+    let mut rows = Vec::new();
+    for (c, r) in configs.iter().zip(&runs) {
+        let mut v = serde_json::to_value(r)?;
+        v["base"] = serde_json::json!(c.base.to_string());
+        v["sinks"] = serde_json::json!(c.sinks);
+        v["refine"] = match &c.refine {
+            None => serde_json::Value::Null,
+            Some(rf) => serde_json::json!({
+                "bits": rf.bits.to_string(),
+                "group": rf.group,
+                "fraction": rf.fraction,
+                "tier": match &rf.tier { KvTierConfig::Ram => "ram", KvTierConfig::Ssd { .. } => "ssd" },
+            }),
+        };
+        v["bytes_per_1k_tokens"] = kv_bytes_per_1k(c, shape)?;
+        rows.push(v);
+    }
+    if json {
+        let v = serde_json::json!({
+            "model": loaded.info.origin,
+            "kl_reference": cli.kl_ref.clone().unwrap_or_else(|| "same model, f16 KV".into()),
+            "weight_refinement": refiner.as_ref().map(|r| refine_report(r, &cli.refine_tier)),
+            "eval": spec_str,
+            "data": meta,
+            "threads": rayon::current_num_threads(),
+            "runs": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<30} {:>9} {:>9} {:>8} {:>9} {:>11} {:>11} {:>9}",
+        "KV configuration", "PPL", "KL", "top-1 %", "tok/s", "res MB/1K", "back MB/1K", "refined"
+    );
+    for (row, r) in rows.iter().zip(&runs) {
+        let kl = r.kl.as_ref();
+        let per1k = &row["bytes_per_1k_tokens"];
+        let applied = if r.stats.selected_groups > 0 {
+            format!(
+                "{:.1} %",
+                100.0 * r.stats.applied_groups as f64 / r.stats.selected_groups as f64
+            )
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<30} {:>9.4} {:>9.5} {:>8.2} {:>9.1} {:>11.3} {:>11.3} {:>9}",
+            r.label,
+            r.ppl.ppl,
+            kl.map_or(f64::NAN, |k| k.mean),
+            kl.map_or(f64::NAN, |k| k.same_top1_pct),
+            r.decode_tokens_per_second,
+            per1k["resident"].as_f64().unwrap_or(0.0) / 1e6,
+            per1k["backing"].as_f64().unwrap_or(0.0) / 1e6,
+            applied
+        );
+    }
     Ok(())
 }

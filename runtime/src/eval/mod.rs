@@ -4,6 +4,7 @@
 //! [`runner`].
 
 pub mod kl;
+pub mod kv_sweep;
 pub mod model_scorer;
 pub mod ppl;
 pub mod runner;

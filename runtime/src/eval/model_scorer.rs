@@ -57,7 +57,8 @@ impl<'m, B: Backend> ModelScorer<'m, B> {
         }
     }
 
-    fn last_row(logits: crate::model::Logits) -> Result<Vec<f32>, RuntimeError> {
+    /// The last position's logits of a forward.
+    pub(crate) fn last_row(logits: crate::model::Logits) -> Result<Vec<f32>, RuntimeError> {
         let vocab = logits.vocab();
         let mut v = logits.into_vec();
         let rows = v.len() / vocab.max(1);

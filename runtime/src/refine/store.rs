@@ -748,6 +748,16 @@ impl SsdStore {
         self.enqueue(&mut cache, key, at)
     }
 
+    /// Caches bytes the caller already holds (a unit it has just written to the backing file)
+    /// as the most recently used unit, so the next fetch needs no read-back. Same budget and
+    /// eviction as loaded units; ignored once the tier has failed.
+    pub fn insert(&self, key: UnitKey, at: UnitRef, data: Vec<u8>) {
+        if self.is_failed() || data.len() != at.len as usize {
+            return;
+        }
+        lock(&self.shared.cache).insert(key, at, Arc::new(data), self.shared.budget);
+    }
+
     /// Waits until no load is in flight or `timeout` passes; returns whether it went idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

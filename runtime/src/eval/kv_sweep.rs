@@ -1,0 +1,256 @@
+//! Long-context evaluation of KV cache configurations side by side (method.md §5, App. A):
+//! each part is prefilled once with exact attention (the float cache), then every
+//! configuration encodes that prefill into its own cache — exactly what a quantized cache
+//! does at prefill, "from the uncompressed K/V" — and scores the remaining tokens one at a
+//! time through the decode path. KL is measured against a reference run with every position
+//! in FP16 (`--kv f16`), of this model or of a separate reference model.
+
+use std::time::Instant;
+
+use super::kl::{KlAccumulator, KlSummary};
+use super::ppl::{log_softmax_at, NllAccumulator, PplSummary};
+use super::runner::EvalPart;
+use crate::backend::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::kv::{KvBaseChoice, KvCacheStats, KvConfig, QuantKvCache};
+use crate::kv_cache::KvCache;
+use crate::model::{LogitsMode, Model};
+use crate::refine::store::StoreStats;
+use crate::refine::Refiner;
+
+/// One configuration's result over all parts.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KvRun {
+    pub label: String,
+    pub ppl: PplSummary,
+    pub kl: Option<KlSummary>,
+    pub parts: Vec<KvPartResult>,
+    /// Wall time of the decode steps only (the shared prefill is excluded).
+    pub decode_seconds: f64,
+    pub decode_tokens_per_second: f64,
+    pub stats: KvCacheStats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<StoreStats>,
+    /// Bytes at the end of the last part (resident, backing, RAM cache).
+    pub bytes: crate::kv::cache::KvBytes,
+    /// Highest RAM-cache occupancy seen at any step (SSD tier).
+    pub cache_peak_bytes: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KvPartResult {
+    pub name: String,
+    pub ppl: PplSummary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl: Option<KlSummary>,
+}
+
+/// Model (and optional weight refiner) of one side of the comparison.
+pub struct KvSide<'a, B: Backend> {
+    pub model: &'a Model<B>,
+    pub refiner: Option<&'a mut Refiner<B>>,
+}
+
+impl<B: Backend> KvSide<'_, B> {
+    fn forward(&mut self, tokens: &[u32], cache: &mut dyn KvCache<B>) -> Result<Vec<f32>> {
+        let logits = match self.refiner.as_deref_mut() {
+            Some(r) => self
+                .model
+                .forward_refined(tokens, cache, LogitsMode::Last, r)?,
+            None => self.model.forward(tokens, cache, LogitsMode::Last)?,
+        };
+        super::ModelScorer::<B>::last_row(logits)
+    }
+
+    /// Exact prefill of `tokens`: the float cache and the last position's logits.
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        capacity: usize,
+    ) -> Result<(crate::F32KvCache<B>, Vec<f32>)> {
+        let mut cache = self.model.new_cache(capacity)?;
+        let logits = self.forward(tokens, &mut cache)?;
+        Ok((cache, logits))
+    }
+}
+
+/// Per-step observer of a run: called after each decode step with the cache (budget checks,
+/// progress).
+pub type StepHook<'h, B> = dyn FnMut(&QuantKvCache<B>) + 'h;
+
+fn is_reference_config(c: &KvConfig) -> bool {
+    c.base == KvBaseChoice::F16 && c.refine.is_none()
+}
+
+/// Scores `configs` on `parts` (long-context parts, scored through decode). The reference for
+/// KL is `reference` with FP16 KV when given, else `model` itself with FP16 KV (a config equal
+/// to the reference then reuses its logits: KL 0 by construction, not re-measured).
+pub fn kv_sweep<'a, B: Backend>(
+    mut model: KvSide<'a, B>,
+    mut reference: Option<KvSide<'a, B>>,
+    parts: &[EvalPart],
+    configs: &[KvConfig],
+    mut progress: impl FnMut(&str),
+    mut on_step: Option<&mut StepHook<'_, B>>,
+) -> Result<Vec<KvRun>> {
+    let vocab = model.model.config().vocab_size;
+    struct Acc {
+        nll: NllAccumulator,
+        kl: KlAccumulator,
+        parts: Vec<KvPartResult>,
+        seconds: f64,
+        tokens: u64,
+        stats: KvCacheStats,
+        tier: Option<StoreStats>,
+        bytes: crate::kv::cache::KvBytes,
+        cache_peak: u64,
+    }
+    let mut accs: Vec<Acc> = configs
+        .iter()
+        .map(|_| Acc {
+            nll: NllAccumulator::default(),
+            kl: KlAccumulator::default(),
+            parts: Vec::new(),
+            seconds: 0.0,
+            tokens: 0,
+            stats: KvCacheStats::default(),
+            tier: None,
+            bytes: Default::default(),
+            cache_peak: 0,
+        })
+        .collect();
+    let f16 = KvConfig::base(KvBaseChoice::F16);
+    for part in parts {
+        if !part.through_decode || part.first_scored == 0 || part.first_scored >= part.tokens.len()
+        {
+            return Err(RuntimeError::Config(format!(
+                "part '{}': KV sweeps need a long-context part scored through decode",
+                part.name
+            )));
+        }
+        let n = part.tokens.len();
+        let prefix = &part.tokens[..part.first_scored];
+        progress(&format!("{}: prefill {} tokens", part.name, prefix.len()));
+        // The exact prefill of the model under test; an internal reference shares it.
+        let (float, first) = model.prefill(prefix, n)?;
+        // Reference logits of every scored position (FP16 KV).
+        let reference_logits = {
+            let external = reference.as_mut().map(|r| -> Result<_> {
+                let (f, l) = r.prefill(prefix, n)?;
+                Ok((f, l))
+            });
+            let external = external.transpose()?;
+            let (ref_float, ref_first) = match &external {
+                Some((f, l)) => (f, l),
+                None => (&float, &first),
+            };
+            let backend = model.model.backend();
+            let mut cache = QuantKvCache::from_f32(backend, ref_float, prefix.len(), n, &f16)?;
+            let first = ref_first.clone();
+            drop(external);
+            let side = reference.as_mut().unwrap_or(&mut model);
+            let mut all = Vec::with_capacity((n - part.first_scored) * vocab);
+            all.extend_from_slice(&first);
+            for pos in part.first_scored..n - 1 {
+                let l = side.forward(&[part.tokens[pos]], &mut cache)?;
+                all.extend_from_slice(&l);
+            }
+            all
+        };
+        progress(&format!("{}: FP16-KV reference done", part.name));
+        for (ci, config) in configs.iter().enumerate() {
+            let acc = &mut accs[ci];
+            let mut nll = NllAccumulator::default();
+            let mut kl = KlAccumulator::default();
+            if reference.is_none() && is_reference_config(config) {
+                for pos in part.first_scored..n {
+                    let j = pos - part.first_scored;
+                    let l = &reference_logits[j * vocab..(j + 1) * vocab];
+                    nll.push(-log_softmax_at(l, part.tokens[pos] as usize));
+                    kl.push(l, l);
+                }
+            } else {
+                let backend = model.model.backend();
+                let mut cache = QuantKvCache::from_f32(backend, &float, prefix.len(), n, config)?;
+                let mut logits = first.clone();
+                let t0 = Instant::now();
+                for pos in part.first_scored..n {
+                    let j = pos - part.first_scored;
+                    nll.push(-log_softmax_at(&logits, part.tokens[pos] as usize));
+                    kl.push(&reference_logits[j * vocab..(j + 1) * vocab], &logits);
+                    if pos + 1 < n {
+                        logits = model.forward(&[part.tokens[pos]], &mut cache)?;
+                        acc.tokens += 1;
+                        if let Some(hook) = on_step.as_deref_mut() {
+                            hook(&cache);
+                        }
+                        acc.cache_peak = acc.cache_peak.max(cache.bytes().tier.cache);
+                    }
+                }
+                acc.seconds += t0.elapsed().as_secs_f64();
+                cache.wait_idle(std::time::Duration::from_secs(5));
+                add_stats(&mut acc.stats, cache.stats());
+                if let Some(s) = cache.tier_stats() {
+                    acc.tier = Some(match acc.tier.take() {
+                        None => s,
+                        Some(mut t) => {
+                            t.hits += s.hits;
+                            t.misses += s.misses;
+                            t.skipped += s.skipped;
+                            t.failed += s.failed;
+                            t.bytes_read_from_backing += s.bytes_read_from_backing;
+                            t.bytes_served += s.bytes_served;
+                            t.cache_bytes = s.cache_bytes;
+                            t.cache_peak_bytes = t.cache_peak_bytes.max(s.cache_peak_bytes);
+                            t
+                        }
+                    });
+                }
+                acc.bytes = cache.bytes();
+            }
+            let ppl = nll.summary().ok_or(RuntimeError::EmptyInput)?;
+            progress(&format!(
+                "{}: {:<28} PPL {:.4}  KL {:.5}",
+                part.name,
+                config.label(),
+                ppl.ppl,
+                kl.summary().map_or(f64::NAN, |k| k.mean)
+            ));
+            acc.parts.push(KvPartResult {
+                name: part.name.clone(),
+                ppl,
+                kl: kl.summary(),
+            });
+            acc.nll.merge(&nll);
+            acc.kl.merge(&kl);
+        }
+    }
+    configs
+        .iter()
+        .zip(accs)
+        .map(|(c, a)| {
+            Ok(KvRun {
+                label: c.label(),
+                ppl: a.nll.summary().ok_or(RuntimeError::EmptyInput)?,
+                kl: a.kl.summary(),
+                parts: a.parts,
+                decode_seconds: a.seconds,
+                decode_tokens_per_second: a.tokens as f64 / a.seconds.max(1e-9),
+                stats: a.stats,
+                tier: a.tier,
+                bytes: a.bytes,
+                cache_peak_bytes: a.cache_peak,
+            })
+        })
+        .collect()
+}
+
+fn add_stats(acc: &mut KvCacheStats, s: &KvCacheStats) {
+    acc.decode_attentions += s.decode_attentions;
+    acc.eligible_groups += s.eligible_groups;
+    acc.selected_groups += s.selected_groups;
+    acc.applied_groups += s.applied_groups;
+    acc.missed_groups += s.missed_groups;
+    acc.bytes_fetched += s.bytes_fetched;
+    acc.tiles_encoded += s.tiles_encoded;
+}
