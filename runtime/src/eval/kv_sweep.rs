@@ -151,18 +151,30 @@ pub fn kv_sweep<'a, B: Backend>(
             let side = reference.as_mut().unwrap_or(&mut model);
             let mut all = Vec::with_capacity((n - part.first_scored) * vocab);
             all.extend_from_slice(&first);
+            let t0 = Instant::now();
             for pos in part.first_scored..n - 1 {
                 let l = side.forward(&[part.tokens[pos]], &mut cache)?;
                 all.extend_from_slice(&l);
             }
-            all
+            (
+                all,
+                t0.elapsed().as_secs_f64(),
+                cache.stats().clone(),
+                cache.bytes(),
+            )
         };
+        let (reference_logits, ref_seconds, ref_stats, ref_bytes) = reference_logits;
         progress(&format!("{}: FP16-KV reference done", part.name));
         for (ci, config) in configs.iter().enumerate() {
             let acc = &mut accs[ci];
             let mut nll = NllAccumulator::default();
             let mut kl = KlAccumulator::default();
             if reference.is_none() && is_reference_config(config) {
+                // The reference run is this configuration: its decode time and bytes count.
+                acc.seconds += ref_seconds;
+                acc.tokens += (n - 1 - part.first_scored) as u64;
+                add_stats(&mut acc.stats, &ref_stats);
+                acc.bytes = ref_bytes.clone();
                 for pos in part.first_scored..n {
                     let j = pos - part.first_scored;
                     let l = &reference_logits[j * vocab..(j + 1) * vocab];

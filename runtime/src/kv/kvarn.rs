@@ -20,6 +20,8 @@ use half::f16;
 
 use super::base::{KvBase, KvBits, RefineBits};
 use super::bitpack;
+use crate::backend::cpu::math::multiversioned;
+use crate::backend::cpu::SimdLevel;
 
 /// Tokens per tile of the shipped KVarN presets (one vLLM block upstream).
 const DEFAULT_TILE_TOKENS: usize = 128;
@@ -135,6 +137,8 @@ pub struct Kvarn {
     inv_sqrt_d: f32,
     /// Always [`SINKHORN_ITERS`] outside tests; tests set 0 to get plain per-row RTN.
     sinkhorn_iters: usize,
+    /// SIMD tier the decode kernels run at.
+    simd: SimdLevel,
 }
 
 impl Kvarn {
@@ -167,6 +171,7 @@ impl Kvarn {
             layout: Layout::new(bits, head_dim, tile_tokens),
             inv_sqrt_d: 1.0 / (head_dim as f32).sqrt(),
             sinkhorn_iters: SINKHORN_ITERS,
+            simd: SimdLevel::detect(),
         })
     }
 
@@ -270,12 +275,12 @@ impl KvBase for Kvarn {
 
     fn decode_keys(&self, tile: &[u8], out: &mut [f32]) {
         self.check_tile(tile);
-        decode_section(&self.layout.k, tile, out);
+        decode_section(self.simd, &self.layout.k, tile, out);
     }
 
     fn decode_values(&self, tile: &[u8], out: &mut [f32]) {
         self.check_tile(tile);
-        decode_section(&self.layout.v, tile, out);
+        decode_section(self.simd, &self.layout.v, tile, out);
     }
 
     fn refined_key(&self, tile: &[u8], t: usize, sub: &[u8], bits: u32, out: &mut [f32]) {
@@ -614,8 +619,14 @@ fn encode_section(
 // ---------------------------------------------------------------------------------------------
 // Decoding (hot path)
 
-/// Writes the `[rows, cols]` resident matrix `(q·A[r] + Z[r])·B[c]` row-major into `out`.
-fn decode_section(sec: &Section, tile: &[u8], out: &mut [f32]) {
+multiversioned! {
+    /// Writes the `[rows, cols]` resident matrix `(q·A[r] + Z[r])·B[c]` row-major into `out`
+    /// (compiled per SIMD tier: the row kernels vectorize over columns).
+    fn decode_section(sec: &Section, tile: &[u8], out: &mut [f32]) = decode_section_body;
+}
+
+#[inline(always)]
+fn decode_section_body(sec: &Section, tile: &[u8], out: &mut [f32]) {
     let (rows, cols, bits) = (sec.rows, sec.cols, sec.bits);
     assert!(out.len() >= rows * cols, "kvarn: decode output too short");
     let codes = sec.codes(tile);
@@ -1145,7 +1156,7 @@ mod tests {
             for sec in [kv.layout.k, kv.layout.v] {
                 let mut fast = vec![0.0f32; d * g];
                 let mut slow = vec![1.0f32; d * g];
-                decode_section(&sec, &e.tile, &mut fast);
+                decode_section(SimdLevel::detect(), &sec, &e.tile, &mut fast);
                 decode_section_scalar(&sec, &e.tile, &mut slow);
                 assert_eq!(fast, slow, "bits {bits}");
             }
