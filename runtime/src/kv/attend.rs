@@ -150,6 +150,9 @@ struct Partial {
     group_sums: Vec<f32>,
 }
 
+/// f32 lanes of one AVX-512 register.
+const LANES: usize = 16;
+
 /// One block into the online softmax: scores, rescale on a new max, e^{ℓ−m}, weighted values,
 /// and (group > 0) per-group weight sums written to `gs` (`[n / group][heads]`).
 #[inline(always)]
@@ -170,12 +173,26 @@ fn block_body(
     let heads = m.len();
     for h in 0..heads {
         let wh = &mut w[..n];
-        wh.fill(0.0);
-        for c in 0..d {
-            let qc = q[h * d + c];
-            for (x, &k) in wh.iter_mut().zip(&k_cm[c * n..(c + 1) * n]) {
-                *x += qc * k;
+        let qh = &q[h * d..(h + 1) * d];
+        // 16 scores stay in one register across the channel loop (a plain axpy per channel
+        // would load and store all n scores d times); same summation order as that axpy.
+        let mut t0 = 0;
+        while t0 + LANES <= n {
+            let mut acc = [0.0f32; LANES];
+            for (c, &qc) in qh.iter().enumerate() {
+                let k = &k_cm[c * n + t0..c * n + t0 + LANES];
+                for j in 0..LANES {
+                    acc[j] += qc * k[j];
+                }
             }
+            wh[t0..t0 + LANES].copy_from_slice(&acc);
+            t0 += LANES;
+        }
+        for (t, x) in wh.iter_mut().enumerate().skip(t0) {
+            *x = qh
+                .iter()
+                .enumerate()
+                .fold(0.0, |a, (c, &qc)| a + qc * k_cm[c * n + t]);
         }
         let bm = math::max(wh);
         if bm > m[h] {
@@ -186,8 +203,23 @@ fn block_body(
         }
         z[h] += math::exp_shift_sum(wh, m[h]);
         let oh = &mut o[h * d..(h + 1) * d];
-        for (t, &wt) in wh.iter().enumerate() {
-            math::axpy(wt, &v_tm[t * d..(t + 1) * d], oh);
+        if d.is_multiple_of(LANES) {
+            // Output lanes in a register across the token loop; same order as an axpy per token.
+            for c0 in (0..d).step_by(LANES) {
+                let mut acc = [0.0f32; LANES];
+                acc.copy_from_slice(&oh[c0..c0 + LANES]);
+                for (t, &wt) in wh.iter().enumerate() {
+                    let v = &v_tm[t * d + c0..t * d + c0 + LANES];
+                    for j in 0..LANES {
+                        acc[j] += wt * v[j];
+                    }
+                }
+                oh[c0..c0 + LANES].copy_from_slice(&acc);
+            }
+        } else {
+            for (t, &wt) in wh.iter().enumerate() {
+                math::axpy(wt, &v_tm[t * d..(t + 1) * d], oh);
+            }
         }
         if group > 0 {
             for (gi, chunk) in wh.chunks_exact(group).enumerate() {

@@ -7,5 +7,6 @@
 //!   for prefill, and [`RtnFactory`] quantizing every projection at load.
 
 pub mod group;
+pub mod hadamard;
 
 pub use group::{GroupQuantLinear, RtnFactory};
