@@ -22,6 +22,7 @@ use super::base::{KvBase, KvBits, RefineBits};
 use super::bitpack;
 use crate::backend::cpu::math::multiversioned;
 use crate::backend::cpu::SimdLevel;
+use crate::resident::hadamard::fwht_scaled;
 
 /// Tokens per tile of the shipped KVarN presets (one vLLM block upstream).
 const DEFAULT_TILE_TOKENS: usize = 128;
@@ -208,13 +209,13 @@ impl KvBase for Kvarn {
 
     fn to_code_frame(&self, x: &mut [f32]) {
         assert_eq!(x.len(), self.head_dim, "kvarn: vector length != head_dim");
-        hadamard(x, self.inv_sqrt_d);
+        fwht_scaled(self.simd, x, self.inv_sqrt_d);
     }
 
     fn to_model_frame(&self, x: &mut [f32]) {
         // The normalised Sylvester matrix is symmetric and orthogonal: H⁻¹ = H.
         assert_eq!(x.len(), self.head_dim, "kvarn: vector length != head_dim");
-        hadamard(x, self.inv_sqrt_d);
+        fwht_scaled(self.simd, x, self.inv_sqrt_d);
     }
 
     fn encode_tile(
@@ -299,26 +300,6 @@ impl KvBase for Kvarn {
 
 // ---------------------------------------------------------------------------------------------
 // Hadamard
-
-/// In-place fast Walsh–Hadamard transform (Sylvester order) times `scale`.
-fn hadamard(x: &mut [f32], scale: f32) {
-    let n = x.len();
-    let mut h = 1;
-    while h < n {
-        for block in x.chunks_exact_mut(2 * h) {
-            let (lo, hi) = block.split_at_mut(h);
-            for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
-                let (u, v) = (*a, *b);
-                *a = u + v;
-                *b = u - v;
-            }
-        }
-        h *= 2;
-    }
-    for v in x.iter_mut() {
-        *v *= scale;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Sinkhorn variance normalisation

@@ -359,7 +359,10 @@ fn mix_body(x: &mut [f32], hs: &[f32], m: usize, out: &mut [f32]) {
     x.copy_from_slice(out);
 }
 
-multiversioned! { fn fwht_scaled(x: &mut [f32], scale: f32) = fwht_scaled_body; }
+multiversioned! {
+    /// Power-of-two Walsh–Hadamard transform times `scale` (KVarN rotates head vectors with it).
+    pub(crate) fn fwht_scaled(x: &mut [f32], scale: f32) = fwht_scaled_body;
+}
 multiversioned! { fn mix(x: &mut [f32], hs: &[f32], m: usize, out: &mut [f32]) = mix_body; }
 
 // ---------------------------------------------------------------------------------------------
