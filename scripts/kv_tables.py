@@ -9,7 +9,10 @@ out = Path(sys.argv[1] if len(sys.argv) > 1 else "results/kv")
 
 def load(name):
     p = out / name
-    return json.loads(p.read_text()) if p.exists() else None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None  # not run (yet)
 
 
 def table(doc, title):
