@@ -43,5 +43,7 @@ def table(doc, title):
 
 table(load("kv_bases.json"), "Every KVarN base, alone and refined (2-token groups, RAM tier)")
 table(load("kv_groups_tiers.json"), "4-token groups; RAM vs SSD spill behind a 2 MiB RAM cache (skip misses)")
+table(load("kv_ssd_cache.json"), "SSD tier: RAM-cache size (2/2, 4-token groups, 1/128, skip misses)")
+table(load("kv_21_fraction.json"), "2/1 with +0/+1 at higher fractions")
 table(load("kv_with_weights.json"), "KV refinement with weight refinement on (rtn3 --fit .sfx, ram tier)")
 table(load("kv_with_weights_base.json"), "Same, resident weights only (--no-refine)")

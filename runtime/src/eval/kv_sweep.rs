@@ -173,7 +173,7 @@ pub fn kv_sweep<'a, B: Backend>(
                 // The reference run is this configuration: its decode time and bytes count.
                 acc.seconds += ref_seconds;
                 acc.tokens += (n - 1 - part.first_scored) as u64;
-                add_stats(&mut acc.stats, &ref_stats);
+                acc.stats.merge(&ref_stats);
                 acc.bytes = ref_bytes.clone();
                 for pos in part.first_scored..n {
                     let j = pos - part.first_scored;
@@ -201,22 +201,9 @@ pub fn kv_sweep<'a, B: Backend>(
                 }
                 acc.seconds += t0.elapsed().as_secs_f64();
                 cache.wait_idle(std::time::Duration::from_secs(5));
-                add_stats(&mut acc.stats, cache.stats());
+                acc.stats.merge(cache.stats());
                 if let Some(s) = cache.tier_stats() {
-                    acc.tier = Some(match acc.tier.take() {
-                        None => s,
-                        Some(mut t) => {
-                            t.hits += s.hits;
-                            t.misses += s.misses;
-                            t.skipped += s.skipped;
-                            t.failed += s.failed;
-                            t.bytes_read_from_backing += s.bytes_read_from_backing;
-                            t.bytes_served += s.bytes_served;
-                            t.cache_bytes = s.cache_bytes;
-                            t.cache_peak_bytes = t.cache_peak_bytes.max(s.cache_peak_bytes);
-                            t
-                        }
-                    });
+                    acc.tier.get_or_insert_with(StoreStats::default).merge(&s);
                 }
                 acc.bytes = cache.bytes();
             }
@@ -255,14 +242,4 @@ pub fn kv_sweep<'a, B: Backend>(
             })
         })
         .collect()
-}
-
-fn add_stats(acc: &mut KvCacheStats, s: &KvCacheStats) {
-    acc.decode_attentions += s.decode_attentions;
-    acc.eligible_groups += s.eligible_groups;
-    acc.selected_groups += s.selected_groups;
-    acc.applied_groups += s.applied_groups;
-    acc.missed_groups += s.missed_groups;
-    acc.bytes_fetched += s.bytes_fetched;
-    acc.tiles_encoded += s.tiles_encoded;
 }

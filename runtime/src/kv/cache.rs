@@ -58,6 +58,19 @@ pub struct KvCacheStats {
     pub tiles_encoded: u64,
 }
 
+impl KvCacheStats {
+    /// Adds another run's counters (e.g. of the next evaluated part).
+    pub fn merge(&mut self, s: &KvCacheStats) {
+        self.decode_attentions += s.decode_attentions;
+        self.eligible_groups += s.eligible_groups;
+        self.selected_groups += s.selected_groups;
+        self.applied_groups += s.applied_groups;
+        self.missed_groups += s.missed_groups;
+        self.bytes_fetched += s.bytes_fetched;
+        self.tiles_encoded += s.tiles_encoded;
+    }
+}
+
 /// Bytes per tier, in the units the method reports.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct KvBytes {

@@ -144,6 +144,18 @@ pub struct StoreStats {
 }
 
 impl StoreStats {
+    /// Adds another store's counters; occupancy is the latest, the peak the larger.
+    pub fn merge(&mut self, s: &StoreStats) {
+        self.hits += s.hits;
+        self.misses += s.misses;
+        self.skipped += s.skipped;
+        self.failed += s.failed;
+        self.bytes_read_from_backing += s.bytes_read_from_backing;
+        self.bytes_served += s.bytes_served;
+        self.cache_bytes = s.cache_bytes;
+        self.cache_peak_bytes = self.cache_peak_bytes.max(s.cache_peak_bytes);
+    }
+
     /// `hits / (hits + misses)`, 0 when nothing was fetched.
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
