@@ -8,5 +8,6 @@
 
 pub mod group;
 pub mod hadamard;
+pub mod trellis;
 
 pub use group::{GroupQuantLinear, RtnFactory};
