@@ -54,15 +54,7 @@ fn kvarn_costs_kl_and_refinement_recovers_it() {
         model,
         refiner: None,
     };
-    let runs = kv_sweep(
-        side,
-        None,
-        std::slice::from_ref(&part),
-        &configs,
-        |_| {},
-        None,
-    )
-    .unwrap();
+    let runs = kv_sweep(side, None, std::slice::from_ref(&part), &configs, |_| {}).unwrap();
     let kl = |i: usize| runs[i].kl.unwrap().mean;
 
     // Independent path: the float (f32) cache through the standard long-context driver.

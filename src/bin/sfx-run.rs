@@ -1102,7 +1102,6 @@ fn run_kv_eval(cli: &Cli, loaded: &Loaded, spec_str: &str, spec: &EvalSpec) -> R
         &configs,
         // Progress goes to stderr in --json mode too: these runs take minutes per novel.
         |msg| eprintln!("[{:6.1} s] {msg}", t0.elapsed().as_secs_f64()),
-        None,
     )?;
     let shape = KvShape::of(&loaded.info.config);
     let mut rows = Vec::new();

@@ -33,7 +33,7 @@ pub struct KvRun {
     pub tier: Option<StoreStats>,
     /// Bytes at the end of the last part (resident, backing, RAM cache).
     pub bytes: crate::kv::cache::KvBytes,
-    /// Highest RAM-cache occupancy seen at any step (SSD tier).
+    /// Highest RAM-cache occupancy over the whole run (SSD tier).
     pub cache_peak_bytes: u64,
 }
 
@@ -74,10 +74,6 @@ impl<B: Backend> KvSide<'_, B> {
     }
 }
 
-/// Per-step observer of a run: called after each decode step with the cache (budget checks,
-/// progress).
-pub type StepHook<'h, B> = dyn FnMut(&QuantKvCache<B>) + 'h;
-
 fn is_reference_config(c: &KvConfig) -> bool {
     c.base == KvBaseChoice::F16 && c.refine.is_none()
 }
@@ -91,7 +87,6 @@ pub fn kv_sweep<'a, B: Backend>(
     parts: &[EvalPart],
     configs: &[KvConfig],
     mut progress: impl FnMut(&str),
-    mut on_step: Option<&mut StepHook<'_, B>>,
 ) -> Result<Vec<KvRun>> {
     let vocab = model.model.config().vocab_size;
     struct Acc {
@@ -103,7 +98,6 @@ pub fn kv_sweep<'a, B: Backend>(
         stats: KvCacheStats,
         tier: Option<StoreStats>,
         bytes: crate::kv::cache::KvBytes,
-        cache_peak: u64,
     }
     let mut accs: Vec<Acc> = configs
         .iter()
@@ -116,7 +110,6 @@ pub fn kv_sweep<'a, B: Backend>(
             stats: KvCacheStats::default(),
             tier: None,
             bytes: Default::default(),
-            cache_peak: 0,
         })
         .collect();
     let f16 = KvConfig::base(KvBaseChoice::F16);
@@ -134,36 +127,21 @@ pub fn kv_sweep<'a, B: Backend>(
         // The exact prefill of the model under test; an internal reference shares it.
         let (float, first) = model.prefill(prefix, n)?;
         // Reference logits of every scored position (FP16 KV).
-        let reference_logits = {
-            let external = reference.as_mut().map(|r| -> Result<_> {
-                let (f, l) = r.prefill(prefix, n)?;
-                Ok((f, l))
-            });
-            let external = external.transpose()?;
-            let (ref_float, ref_first) = match &external {
-                Some((f, l)) => (f, l),
-                None => (&float, &first),
-            };
-            let backend = model.model.backend();
-            let mut cache = QuantKvCache::from_f32(backend, ref_float, prefix.len(), n, &f16)?;
-            let first = ref_first.clone();
-            drop(external);
-            let side = reference.as_mut().unwrap_or(&mut model);
-            let mut all = Vec::with_capacity((n - part.first_scored) * vocab);
-            all.extend_from_slice(&first);
-            let t0 = Instant::now();
-            for pos in part.first_scored..n - 1 {
-                let l = side.forward(&[part.tokens[pos]], &mut cache)?;
-                all.extend_from_slice(&l);
-            }
-            (
-                all,
-                t0.elapsed().as_secs_f64(),
-                cache.stats().clone(),
-                cache.bytes(),
-            )
-        };
-        let (reference_logits, ref_seconds, ref_stats, ref_bytes) = reference_logits;
+        let external = reference
+            .as_mut()
+            .map(|r| r.prefill(prefix, n))
+            .transpose()?;
+        let (ref_float, ref_first) = external.as_ref().map_or((&float, &first), |(f, l)| (f, l));
+        let backend = model.model.backend();
+        let mut ref_cache = QuantKvCache::from_f32(backend, ref_float, prefix.len(), n, &f16)?;
+        let mut reference_logits = Vec::with_capacity((n - part.first_scored) * vocab);
+        let side = reference.as_mut().unwrap_or(&mut model);
+        let ref_seconds = decode_scored(side, &mut ref_cache, part, ref_first, |_, l| {
+            reference_logits.extend_from_slice(l)
+        })?;
+        // Only the counters outlive the reference pass; its caches are freed before the sweep.
+        let (ref_stats, ref_bytes) = (ref_cache.stats().clone(), ref_cache.bytes());
+        drop((ref_cache, external));
         progress(&format!("{}: FP16-KV reference done", part.name));
         for (ci, config) in configs.iter().enumerate() {
             let acc = &mut accs[ci];
@@ -184,22 +162,14 @@ pub fn kv_sweep<'a, B: Backend>(
             } else {
                 let backend = model.model.backend();
                 let mut cache = QuantKvCache::from_f32(backend, &float, prefix.len(), n, config)?;
-                let mut logits = first.clone();
-                let t0 = Instant::now();
-                for pos in part.first_scored..n {
-                    let j = pos - part.first_scored;
-                    nll.push(-log_softmax_at(&logits, part.tokens[pos] as usize));
-                    kl.push(&reference_logits[j * vocab..(j + 1) * vocab], &logits);
-                    if pos + 1 < n {
-                        logits = model.forward(&[part.tokens[pos]], &mut cache)?;
-                        acc.tokens += 1;
-                        if let Some(hook) = on_step.as_deref_mut() {
-                            hook(&cache);
-                        }
-                        acc.cache_peak = acc.cache_peak.max(cache.bytes().tier.cache);
-                    }
-                }
-                acc.seconds += t0.elapsed().as_secs_f64();
+                acc.seconds += decode_scored(&mut model, &mut cache, part, &first, |j, l| {
+                    nll.push(-log_softmax_at(
+                        l,
+                        part.tokens[part.first_scored + j] as usize,
+                    ));
+                    kl.push(&reference_logits[j * vocab..(j + 1) * vocab], l);
+                })?;
+                acc.tokens += (n - 1 - part.first_scored) as u64;
                 cache.wait_idle(std::time::Duration::from_secs(5));
                 acc.stats.merge(cache.stats());
                 if let Some(s) = cache.tier_stats() {
@@ -236,10 +206,29 @@ pub fn kv_sweep<'a, B: Backend>(
                 decode_seconds: a.seconds,
                 decode_tokens_per_second: a.tokens as f64 / a.seconds.max(1e-9),
                 stats: a.stats,
+                cache_peak_bytes: a.tier.as_ref().map_or(0, |t| t.cache_peak_bytes),
                 tier: a.tier,
                 bytes: a.bytes,
-                cache_peak_bytes: a.cache_peak,
             })
         })
         .collect()
+}
+
+/// Scores the span of `part` after its prefill: `f(j, logits)` for scored position
+/// `first_scored + j`, starting from the prefill's last logits `first`, decoding one token at
+/// a time through `cache`. Returns the seconds spent in the loop.
+fn decode_scored<B: Backend>(
+    side: &mut KvSide<'_, B>,
+    cache: &mut QuantKvCache<B>,
+    part: &EvalPart,
+    first: &[f32],
+    mut f: impl FnMut(usize, &[f32]),
+) -> Result<f64> {
+    let t0 = Instant::now();
+    f(0, first);
+    for pos in part.first_scored..part.tokens.len() - 1 {
+        let logits = side.forward(&[part.tokens[pos]], cache)?;
+        f(pos + 1 - part.first_scored, &logits);
+    }
+    Ok(t0.elapsed().as_secs_f64())
 }

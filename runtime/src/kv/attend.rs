@@ -80,6 +80,36 @@ pub struct HeadOutcome {
     pub bytes_fetched: u64,
 }
 
+/// Bit offsets of token `t`'s key and value sub-interval indices inside a refinement unit of
+/// `g` tokens: all key indices of the group first, then all value indices, token-major.
+pub(crate) fn unit_bit_offsets(bits: RefineBits, g: usize, d: usize, t: usize) -> (usize, usize) {
+    let (bk, bv) = (bits.key as usize, bits.value as usize);
+    (t * d * bk, g * d * bk + t * d * bv)
+}
+
+/// Refined key and value (`d` each) of token `t` of a `g`-token unit whose tile position is
+/// `tt`; `sub` is `d` bytes of scratch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn refined_token(
+    base: &dyn KvBase,
+    tile: &[u8],
+    unit: &[u8],
+    bits: RefineBits,
+    g: usize,
+    t: usize,
+    tt: usize,
+    sub: &mut [u8],
+    key: &mut [f32],
+    value: &mut [f32],
+) {
+    let d = base.head_dim();
+    let (k_at, v_at) = unit_bit_offsets(bits, g, d, t);
+    bitpack::unpack(unit, bits.key, k_at, sub);
+    base.refined_key(tile, tt, sub, bits.key, key);
+    bitpack::unpack(unit, bits.value, v_at, sub);
+    base.refined_value(tile, tt, sub, bits.value, value);
+}
+
 /// Groups selected among `eligible`: the fraction rounded up, at least one when any exists.
 pub fn groups_to_select(eligible: usize, fraction: f64) -> usize {
     if eligible == 0 {
@@ -478,32 +508,21 @@ pub fn attend_head(
         outcome.bytes_fetched += unit.len() as u64;
         outcome.applied += 1;
         let tile_data = &view.tiles[ti * tile_bytes..(ti + 1) * tile_bytes];
-        let k_bits_total = g * d * bits.key as usize;
         for t in 0..g {
             let tt = gt * g + t;
-            base.refined_key(tile_data, tt, &zero_sub, 0, &mut k_vec);
-            let old_logits: Vec<f32> = (0..gq)
-                .map(|h| dot(&q[h * d..(h + 1) * d], &k_vec))
-                .collect();
-            let new_logits = if bits.key > 0 {
-                bitpack::unpack(&unit, bits.key, t * d * bits.key as usize, &mut sub);
-                base.refined_key(tile_data, tt, &sub, bits.key, &mut k_vec);
-                (0..gq)
-                    .map(|h| dot(&q[h * d..(h + 1) * d], &k_vec))
-                    .collect()
-            } else {
-                old_logits.clone()
+            let logits = |k: &[f32]| -> Vec<f32> {
+                (0..gq).map(|h| dot(&q[h * d..(h + 1) * d], k)).collect()
             };
-            bitpack::unpack(
-                &unit,
-                bits.value,
-                k_bits_total + t * d * bits.value as usize,
-                &mut sub,
-            );
             let mut v_ref = vec![0.0f32; d];
             let mut v_res = vec![0.0f32; d];
-            base.refined_value(tile_data, tt, &sub, bits.value, &mut v_ref);
+            base.refined_key(tile_data, tt, &zero_sub, 0, &mut k_vec);
             base.refined_value(tile_data, tt, &zero_sub, 0, &mut v_res);
+            let old_logits = logits(&k_vec);
+            refined_token(
+                base, tile_data, &unit, bits, g, t, tt, &mut sub, &mut k_vec, &mut v_ref,
+            );
+            // With 0 key bits the refined key is the resident one: same logits.
+            let new_logits = logits(&k_vec);
             tokens.push(Token {
                 old_logits,
                 new_logits,

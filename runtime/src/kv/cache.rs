@@ -17,7 +17,9 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::attend::{attend_head, HeadOutcome, HeadView, RefineStep};
+use super::attend::{
+    attend_head, refined_token, unit_bit_offsets, HeadOutcome, HeadView, RefineStep,
+};
 use super::base::KvBase;
 use super::bitpack;
 use super::spec::KvConfig;
@@ -116,15 +118,13 @@ impl<B: Backend> QuantKvCache<B> {
             .checked_div(tile)
             .unwrap_or(0);
         let refine = match (&config.refine, &base) {
-            (Some(r), Some(b)) if !r.bits.is_none() => {
+            (Some(r), Some(_)) if !r.bits.is_none() => {
                 if r.group == 0 || tile % r.group != 0 {
                     return Err(bad(format!(
                         "token group {} must divide the tile of {tile} tokens",
                         r.group
                     )));
                 }
-                let bits = b.bits();
-                let _ = bits;
                 let unit_bytes = bitpack::packed_len(r.group * d, r.bits.key + r.bits.value);
                 let per_tile = tile / r.group;
                 let tier = KvTier::new(
@@ -225,11 +225,7 @@ impl<B: Backend> QuantKvCache<B> {
         let d = self.shape.head_dim;
         let base = self.base.clone();
         let (sink_tokens, tile) = (self.sink_tokens, self.tile);
-        let kv_heads = self.shape.kv_heads;
-        let refine = self
-            .refine
-            .as_ref()
-            .map(|r| (r.config.bits, r.config.group, r.unit_bytes));
+        let refine = self.unit_params();
         let heads = &mut self.heads[layer];
         // Tiles are independent per head: encode heads in parallel, push units afterwards
         // (the tier is appended in a fixed order, so files are deterministic).
@@ -267,16 +263,8 @@ impl<B: Backend> QuantKvCache<B> {
                 (n, units_per_tile)
             })
             .collect();
-        let mut n_added = 0;
-        for (j, (n, units)) in results.into_iter().enumerate() {
-            n_added = n;
-            self.stats.tiles_encoded += units.len() as u64;
-            if let Some(r) = self.refine.as_mut() {
-                for u in units {
-                    r.tier.push_tile(layer * kv_heads + j, &u);
-                }
-            }
-        }
+        let n_added = results.first().map_or(0, |(n, _)| *n);
+        self.store_units(layer, results.into_iter().map(|(_, units)| units));
         self.stored[layer] += n_added;
         self.flush_layer(layer);
         Ok(())
@@ -339,15 +327,14 @@ impl<B: Backend> QuantKvCache<B> {
     /// tail buffers of one tile each (counted whole, as allocated) and `tile_bytes` per full
     /// tile, per layer and KV head; FP16 for every position without a base.
     pub fn resident_bytes_for(&self, positions: usize) -> usize {
-        let d = self.shape.head_dim;
-        let per_head = match &self.base {
-            None => positions * d * 4,
+        let heads = self.shape.layers * self.shape.kv_heads;
+        match &self.base {
+            None => positions * self.shape.head_dim * 4 * heads,
             Some(b) => {
                 let tiles = positions.saturating_sub(self.sink_tokens) / self.tile;
-                (self.sink_tokens + self.tile) * d * 4 + tiles * b.tile_bytes()
+                self.fixed_fp16_bytes() + tiles * b.tile_bytes() * heads
             }
-        };
-        per_head * self.shape.layers * self.shape.kv_heads
+        }
     }
 
     /// The view of head `j` of `layer` (every stored position).
@@ -368,9 +355,9 @@ impl<B: Backend> QuantKvCache<B> {
     fn rollback_layer(&mut self, layer: usize, len: usize) -> Result<()> {
         let d = self.shape.head_dim;
         let tile = self.tile;
+        let tile_bytes = self.base.as_ref().map_or(1, |b| b.tile_bytes().max(1));
         for h in &mut self.heads[layer] {
             let n_sink = h.sink_k.len() / d;
-            let tile_bytes = self.base.as_ref().map_or(1, |b| b.tile_bytes().max(1));
             let n_tiles = h.tiles.len() / tile_bytes;
             let fixed = n_sink + n_tiles * tile;
             if len < fixed && (len < n_sink || n_tiles > 0) {
@@ -409,11 +396,7 @@ impl<B: Backend> QuantKvCache<B> {
         };
         let d = self.shape.head_dim;
         let tile = self.tile;
-        let kv_heads = self.shape.kv_heads;
-        let refine = self
-            .refine
-            .as_ref()
-            .map(|r| (r.config.bits, r.config.group, r.unit_bytes));
+        let refine = self.unit_params();
         let results: Vec<Vec<Vec<u8>>> = self.heads[layer]
             .par_iter_mut()
             .map(|h| {
@@ -430,7 +413,14 @@ impl<B: Backend> QuantKvCache<B> {
                 out
             })
             .collect();
-        for (j, units) in results.into_iter().enumerate() {
+        self.store_units(layer, results);
+    }
+
+    /// Counts the tiles each head of `layer` just encoded and pushes their refinement units to
+    /// the tier, heads in order (so the spill file is deterministic).
+    fn store_units(&mut self, layer: usize, per_head: impl IntoIterator<Item = Vec<Vec<u8>>>) {
+        let kv_heads = self.shape.kv_heads;
+        for (j, units) in per_head.into_iter().enumerate() {
             self.stats.tiles_encoded += units.len() as u64;
             if let Some(r) = self.refine.as_mut() {
                 for u in units {
@@ -438,6 +428,30 @@ impl<B: Backend> QuantKvCache<B> {
                 }
             }
         }
+    }
+
+    /// What [`encode_into`] needs to produce refinement units: bits, group, unit bytes.
+    fn unit_params(&self) -> Option<(super::base::RefineBits, usize, usize)> {
+        self.refine
+            .as_ref()
+            .map(|r| (r.config.bits, r.config.group, r.unit_bytes))
+    }
+
+    /// Encoded tiles held by one head.
+    fn tile_count(&self, h: &HeadStore) -> usize {
+        self.base
+            .as_ref()
+            .map_or(0, |b| h.tiles.len() / b.tile_bytes().max(1))
+    }
+
+    /// FP16 sink and partial-tile buffers of a quantized base, all layers and heads (allocated
+    /// whole, so counted whole).
+    fn fixed_fp16_bytes(&self) -> usize {
+        (self.sink_tokens + self.tile)
+            * self.shape.head_dim
+            * 4
+            * self.shape.layers
+            * self.shape.kv_heads
     }
 
     /// Appends code-frame rows `[n, kv_heads·d]` to `layer`'s FP16 storage.
@@ -517,8 +531,7 @@ impl<B: Backend> QuantKvCache<B> {
         let per_tile = self.refine.as_ref().map_or(0, |r| r.per_tile);
         for (j, oc) in outcomes.into_iter().enumerate() {
             if per_tile > 0 {
-                let tb = self.base.as_ref().map_or(1, |b| b.tile_bytes().max(1));
-                let n_tiles = self.heads[layer][j].tiles.len() / tb;
+                let n_tiles = self.tile_count(&self.heads[layer][j]);
                 self.stats.eligible_groups += (n_tiles * per_tile) as u64;
             }
             self.stats.selected_groups += oc.selected.len() as u64;
@@ -618,24 +631,21 @@ impl<B: Backend> QuantKvCache<B> {
         }
         let tb = base.tile_bytes();
         let tile = self.heads[layer][head].tiles.get(ti * tb..(ti + 1) * tb)?;
-        let bits = r.config.bits;
         let (mut k, mut v) = (vec![0.0f32; g * d], vec![0.0f32; g * d]);
         let mut sub = vec![0u8; d];
         for t in 0..g {
-            bitpack::unpack(&unit, bits.key, t * d * bits.key as usize, &mut sub);
-            base.refined_key(tile, gt * g + t, &sub, bits.key, &mut k[t * d..(t + 1) * d]);
-            bitpack::unpack(
-                &unit,
-                bits.value,
-                g * d * bits.key as usize + t * d * bits.value as usize,
-                &mut sub,
-            );
-            base.refined_value(
+            let rows = t * d..(t + 1) * d;
+            refined_token(
+                base.as_ref(),
                 tile,
+                &unit,
+                r.config.bits,
+                g,
+                t,
                 gt * g + t,
-                &sub,
-                bits.value,
-                &mut v[t * d..(t + 1) * d],
+                &mut sub,
+                &mut k[rows.clone()],
+                &mut v[rows],
             );
         }
         Some((k, v))
@@ -701,11 +711,11 @@ fn encode_into(
     base.encode_tile(k, v, bits, &mut tiles[start..], &mut ks, &mut vs);
     let per_tile = tile / group;
     let mut units = vec![0u8; per_tile * unit_bytes];
-    let k_bits = group * d * bits.key as usize;
+    let (k_at, v_at) = unit_bit_offsets(bits, group, d, 0);
     for (g, unit) in units.chunks_exact_mut(unit_bytes).enumerate() {
         let rows = g * group * d..(g + 1) * group * d;
-        bitpack::pack(&ks[rows.clone()], bits.key, unit, 0);
-        bitpack::pack(&vs[rows], bits.value, unit, k_bits);
+        bitpack::pack(&ks[rows.clone()], bits.key, unit, k_at);
+        bitpack::pack(&vs[rows], bits.value, unit, v_at);
     }
     units
 }
@@ -743,10 +753,12 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
         }
         for layer in 0..self.shape.layers {
             self.rollback_layer(layer, len)?;
+            let kept: Vec<usize> = self.heads[layer]
+                .iter()
+                .map(|h| self.tile_count(h))
+                .collect();
             if let Some(r) = self.refine.as_mut() {
-                for j in 0..self.shape.kv_heads {
-                    let tb = self.base.as_ref().map_or(1, |b| b.tile_bytes().max(1));
-                    let n = self.heads[layer][j].tiles.len() / tb;
+                for (j, n) in kept.into_iter().enumerate() {
                     r.tier.truncate_tiles(layer * self.shape.kv_heads + j, n);
                 }
             }
@@ -825,8 +837,7 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
             None => self.len * d * 4 * self.shape.layers * self.shape.kv_heads,
             Some(_) => {
                 let tiles: usize = self.heads.iter().flatten().map(|h| h.tiles.len()).sum();
-                (self.sink_tokens + self.tile) * d * 4 * self.shape.layers * self.shape.kv_heads
-                    + tiles
+                self.fixed_fp16_bytes() + tiles
             }
         }
     }
