@@ -142,3 +142,70 @@ fn bad_kv_options_are_named() {
     let (code, err) = run(RUN, &[g, "--ppl", "wiki:1", "--kv", "2/2"]);
     assert_clean_failure(code, &err, "austen-long");
 }
+
+/// `import-qtip` on a QTIP folder (config.json + safetensors written here) whose config or
+/// Hadamard tables are unusable: a non-zero exit naming the field, order or file, and no
+/// output file.
+#[test]
+fn import_qtip_errors_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("qtip");
+    std::fs::create_dir_all(&dir).unwrap();
+    // One tensor: the errors below are found before any projection is read.
+    let one = [0u8; 4];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &one).unwrap();
+    safetensors::serialize_to_file([("x", view)], None, &dir.join("model.safetensors")).unwrap();
+    let config = |hidden: usize, decode_mode: &str, with_params: bool| {
+        let mut c = serde_json::json!({
+            "model_type": "llama", "hidden_size": hidden, "intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": hidden / 32, "head_dim": 32,
+            "num_key_value_heads": 1, "vocab_size": 32,
+            "quip_params": {"codebook": "bitshift", "L": 16, "K": 2, "V": 2, "tlut_bits": 9,
+                            "decode_mode": decode_mode, "td_x": 16, "td_y": 16}
+        });
+        if !with_params {
+            c.as_object_mut().unwrap().remove("quip_params");
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    };
+    let out = d.path().join("out.sfx");
+    let (o, dir_s) = (out.to_str().unwrap(), dir.to_str().unwrap());
+
+    config(64, "quantlut_sym", false);
+    let (code, err) = run(CONVERT, &["import-qtip", dir_s, "-o", o]);
+    assert_clean_failure(code, &err, "quip_params: missing");
+
+    config(64, "3inst", true);
+    let (code, err) = run(CONVERT, &["import-qtip", dir_s, "-o", o]);
+    assert_clean_failure(code, &err, "quip_params.decode_mode: \"3inst\"");
+
+    // 96 = 12·8: needs QTIP's 12×12 matrix, which the checkpoint does not carry.
+    config(96, "quantlut_sym", true);
+    let (code, err) = run(CONVERT, &["import-qtip", dir_s, "-o", o]);
+    assert_clean_failure(code, &err, "K = 12 for dimension 96");
+    assert_clean_failure(code, &err, "--hadamard-tables");
+
+    let tables = d.path().join("had.json");
+    std::fs::write(
+        &tables,
+        serde_json::json!({"12": vec!["++++++++++++"; 12]}).to_string(),
+    )
+    .unwrap();
+    let (code, err) = run(
+        CONVERT,
+        &[
+            "import-qtip",
+            dir_s,
+            "-o",
+            o,
+            "--hadamard-tables",
+            tables.to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(code, &err, "not orthogonal");
+    assert!(
+        !out.exists(),
+        "a failed import must not leave an output file"
+    );
+}

@@ -138,6 +138,7 @@ fn main() -> Result<()> {
                 let (rows, cols) = (view.shape[0], view.shape[1]);
                 let wf = view.to_f32_vec();
                 let q = rtn.quantize_group(WeightView {
+                    kron: None,
                     name: &name,
                     data: &wf,
                     rows,

@@ -11,3 +11,4 @@ pub mod refine;
 pub mod stats;
 #[cfg(test)]
 mod test_util;
+pub mod yaqa;

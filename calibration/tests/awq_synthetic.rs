@@ -36,12 +36,14 @@ fn data(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 fn views<'a>(w1: &'a [f32], w2: &'a [f32]) -> [WeightView<'a>; 2] {
     [
         WeightView {
+            kron: None,
             name: "w1",
             data: w1,
             rows: ROWS,
             cols: COLS,
         },
         WeightView {
+            kron: None,
             name: "w2",
             data: w2,
             rows: 2 * ROWS,

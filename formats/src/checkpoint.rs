@@ -122,7 +122,7 @@ fn looks_like_repo_id(spec: &str) -> bool {
         })
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, FormatError> {
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, FormatError> {
     match std::fs::read_to_string(path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -130,7 +130,7 @@ fn read_optional(path: &Path) -> Result<Option<String>, FormatError> {
     }
 }
 
-fn read_optional_json(path: &Path) -> Result<Option<Value>, FormatError> {
+pub(crate) fn read_optional_json(path: &Path) -> Result<Option<Value>, FormatError> {
     read_optional(path)?
         .map(|s| {
             serde_json::from_str(&s)

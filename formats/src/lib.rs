@@ -4,6 +4,7 @@
 //! - [`config`]: Hugging Face `config.json` → [`ModelConfig`].
 //! - [`checkpoint`]: safetensors checkpoints (single or sharded, memory-mapped) and hub ids.
 //! - [`gguf`]: llama.cpp GGUF reading, dequantization, tokenizer and HF-folder import.
+//! - [`qtip`]: QTIP/YAQA prequantized checkpoints → trellis weights.
 //! - [`corpus`]: the canonical evaluation and calibration texts.
 //! - [`atomic`]: crash-safe file writes.
 
@@ -13,6 +14,7 @@ pub mod config;
 pub mod corpus;
 pub mod error;
 pub mod gguf;
+pub mod qtip;
 pub mod resident;
 pub mod sfx;
 pub mod tensor;

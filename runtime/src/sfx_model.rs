@@ -16,17 +16,21 @@ use crate::backend::WeightPrecision;
 use crate::error::{Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
-use crate::resident::GroupQuantLinear;
+use crate::resident::{GroupQuantLinear, TrellisLinear};
 use half::f16;
-use sfx_formats::resident::GroupQuantized;
+use sfx_formats::resident::{
+    GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme,
+};
 use sfx_formats::sfx::{Layout, SectionView, SfxFile, MAGIC};
 use sfx_formats::{DType, FormatError, ModelConfig, TensorSource, TensorView};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// The only code packing this loader implements (`params["quant"]["packing"]`).
+/// Code packings this loader implements (`params["quant"]["packing"]`): group-wise integer
+/// codes, and trellis tiles (whose layout carries its own scheme).
 pub const PACKING_GROUP_ASYM_V1: &str = "group-asym-v1";
+pub const PACKING_TRELLIS_V1: &str = "trellis-v1";
 
 /// True when `path` is a regular file starting with the `.sfx` magic `SFX\0`. Detection by
 /// content rather than extension, so a renamed container still loads as one (and a folder or
@@ -86,10 +90,14 @@ fn check_packing(file: &SfxFile) -> Result<()> {
     };
     match quant.get("packing") {
         None => Ok(()),
-        Some(serde_json::Value::String(p)) if p == PACKING_GROUP_ASYM_V1 => Ok(()),
+        Some(serde_json::Value::String(p))
+            if p == PACKING_GROUP_ASYM_V1 || p == PACKING_TRELLIS_V1 =>
+        {
+            Ok(())
+        }
         Some(other) => Err(RuntimeError::Unsupported(format!(
-            "{}: params.quant.packing is {other}; this runtime reads only \
-             \"{PACKING_GROUP_ASYM_V1}\"",
+            "{}: params.quant.packing is {other}; this runtime reads \
+             \"{PACKING_GROUP_ASYM_V1}\" and \"{PACKING_TRELLIS_V1}\"",
             file.path().display()
         ))),
     }
@@ -103,6 +111,7 @@ fn layout_name(l: &Layout) -> &'static str {
         Layout::PackedCodes { .. } => "packed_codes",
         Layout::ColumnNibbles { .. } => "column_nibbles",
         Layout::NeuronBundles { .. } => "neuron_bundles",
+        Layout::TrellisTiles { .. } => "trellis_tiles",
     }
 }
 
@@ -373,6 +382,144 @@ impl<'f> SfxLinearFactory<'f> {
     }
 }
 
+impl SfxLinearFactory<'_> {
+    /// A dense section of exactly `shape` in `dtype`, decoded; the error names the section and
+    /// what it is for.
+    fn dense_exact(&self, name: &str, dtype: DType, shape: &[u64], why: &str) -> Result<Vec<u8>> {
+        let file = self.file;
+        let s = required_section(file, name, why)?;
+        match s.layout {
+            Layout::Dense {
+                dtype: d,
+                shape: got,
+            } if *d == dtype && got[..] == *shape => {}
+            other => {
+                return Err(section_err(
+                    file,
+                    name,
+                    format!(
+                        "{}, expected dense {} {shape:?} ({why})",
+                        describe_layout(other),
+                        dtype.as_str()
+                    ),
+                ))
+            }
+        }
+        let n = shape
+            .iter()
+            .try_fold(dtype.size_in_bytes(), |a, &d| {
+                usize::try_from(d).ok().and_then(|d| a.checked_mul(d))
+            })
+            .ok_or_else(|| section_err(file, name, "shape overflows"))?;
+        Ok(decoded_exact(file, &s, n)?.into_owned())
+    }
+
+    /// The trellis-coded weight of one projection (`P.weight` trellis tiles, `P.weight.su`,
+    /// `P.weight.sv`, the HYB table `P.weight.tlut` or `resident.tlut`, and the Hadamard
+    /// factors `resident.hadamard.{m}`), every section checked against `spec`.
+    pub fn trellis_quantized(&self, spec: &LinearSpec<'_>) -> Result<TrellisQuantized> {
+        let file = self.file;
+        let name = spec.weight_name;
+        let what = spec.role.describe();
+        let codes = required_section(file, name, &format!("trellis tiles of the {what}"))?;
+        let Layout::TrellisTiles {
+            rows,
+            cols,
+            k,
+            scheme,
+        } = *codes.layout
+        else {
+            return Err(section_err(
+                file,
+                name,
+                format!(
+                    "layout {}, expected trellis_tiles",
+                    layout_name(codes.layout)
+                ),
+            ));
+        };
+        let (rows, cols) = (to_usize(file, name, rows)?, to_usize(file, name, cols)?);
+        if (rows, cols) != (spec.out_dim, spec.in_dim) {
+            return Err(section_err(
+                file,
+                name,
+                format!(
+                    "tiles of a [{rows}, {cols}] weight, the model config needs [{}, {}]",
+                    spec.out_dim, spec.in_dim
+                ),
+            ));
+        }
+        let scheme = TrellisScheme::decode(scheme, k).map_err(|e| section_err(file, name, e))?;
+        let n_tiles = TrellisQuantized::tile_stream_len(&scheme, rows, cols)
+            .ok_or_else(|| section_err(file, name, "tile count overflows"))?;
+        let tiles = decoded_exact(file, &codes, n_tiles)?.into_owned();
+        let su_name = format!("{name}.su");
+        let su = self.dense_exact(&su_name, DType::F16, &[cols as u64], "input signs")?;
+        let sv_name = format!("{name}.sv");
+        let sv = self.dense_exact(&sv_name, DType::F32, &[rows as u64], "output signs × scale")?;
+        let lut_rows = scheme.code.table_rows() as u64;
+        let tlut = if lut_rows == 0 {
+            Vec::new()
+        } else {
+            let own = format!("{name}.tlut");
+            let lut_name = if file.section(&own).is_ok() {
+                own
+            } else {
+                "resident.tlut".to_string()
+            };
+            self.dense_exact(&lut_name, DType::F16, &[lut_rows, 2], "HYB lookup table")?
+        };
+        let factor = |n: usize| -> Result<SmallHadamard> {
+            let m = n >> n.trailing_zeros();
+            if m == 1 {
+                return Ok(SmallHadamard::unit());
+            }
+            // The dense factor's order is the odd part times the smallest power of two with a
+            // stored section (our converter and QTIP both use m = odd·2^j, small j).
+            let mut order = m;
+            while order <= n {
+                let sec = format!("resident.hadamard.{order}");
+                if file.section(&sec).is_ok() {
+                    let o = order as u64;
+                    let b = self.dense_exact(&sec, DType::F32, &[o, o], "Hadamard factor")?;
+                    let e: Vec<i8> = b
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i8)
+                        .collect();
+                    return SmallHadamard::new(order, e).map_err(|e| section_err(file, &sec, e));
+                }
+                order *= 2;
+            }
+            Err(section_err(
+                file,
+                name,
+                format!("no resident.hadamard.{{m}} section for a transform of order {n}"),
+            ))
+        };
+        TrellisQuantized::from_parts(TrellisParts {
+            scheme,
+            rows,
+            cols,
+            tiles,
+            su: su
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect(),
+            sv: sv
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            tlut: tlut
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect(),
+            had_in: factor(cols)?,
+            had_out: factor(rows)?,
+        })
+        .map_err(|e| section_err(file, name, e))
+    }
+}
+
 /// Layout with its dtype/shape, for "found X, expected Y" messages.
 fn describe_layout(l: &Layout) -> String {
     match l {
@@ -397,8 +544,18 @@ impl LinearFactory<CpuBackend> for SfxLinearFactory<'_> {
                 self.head_precision,
             )?));
         }
-        let q = self.group_quantized(spec)?;
         let bias = load_bias(tensors, spec)?;
+        let trellis = matches!(
+            self.file
+                .section(spec.weight_name)
+                .map(|s| s.layout.clone()),
+            Ok(Layout::TrellisTiles { .. })
+        );
+        if trellis {
+            let q = self.trellis_quantized(spec)?;
+            return Ok(Box::new(TrellisLinear::new(q, bias)?));
+        }
+        let q = self.group_quantized(spec)?;
         Ok(Box::new(GroupQuantLinear::new(q, bias)?))
     }
 }

@@ -53,7 +53,11 @@ struct ConvertArgs {
     #[arg(short, long, required = true)]
     output: Option<PathBuf>,
     /// Resident base: rtn2, rtn3, rtn4 (round-to-nearest) or awq2, awq3, awq4 (activation-aware
-    /// scale + clip search). All asymmetric with group 128.
+    /// scale + clip search), both asymmetric with group 128; qtip2, qtip3, qtip4 (QTIP: random
+    /// Hadamard rotation, LDLQ with the calibration Hessian E[xx^T], HYB bitshift trellis over
+    /// 16×16 tiles); or yaqa2, yaqa3, yaqa4 (the same format rounded with YAQA's two-sided LDLQ
+    /// on Kronecker factors of the full-model KL Hessian, see --yaqa-seqs). Trellis
+    /// conversions run a Viterbi search per 256 weights: ~50 min on 2 cores for SmolLM2.
     #[arg(long, required = true)]
     quant: Option<String>,
     /// AWQ search grid "ALPHAS,CLIPS": number of α values (0, 1/n, …) and of clip ratios
@@ -91,6 +95,11 @@ struct ConvertArgs {
     /// Held-out sequences (of --calib-len tokens).
     #[arg(long, default_value_t = 4)]
     heldout_seqs: usize,
+    /// yaqaN only: calibration sequences whose sampled-label gradients build YAQA's Kronecker
+    /// Hessian factors (the first N of --calib-seqs; 0 = all). Cost is linear in N
+    /// (docs/decisions.md, "YAQA Hessians").
+    #[arg(long, default_value_t = 0)]
+    yaqa_seqs: usize,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -116,6 +125,42 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Import a QTIP or YAQA prequantized Hugging Face checkpoint into a .sfx container.
+    ///
+    /// Reads config.json (with `quip_params`), the safetensors files and the tokenizer files of
+    /// <HF_DIR> and writes the projections as trellis sections (packing trellis-v1: per
+    /// projection the tile streams, SU and SV; the HYB table and the dense Hadamard factors once
+    /// per model), the embedding, norms, biases and an untied head as dense sections, and the
+    /// config, tokenizer and provenance as metadata. Only QTIP's kernel format is accepted:
+    /// bitshift codebook, L = 16, 16x16 tiles, V = 2, decode_mode quantlut_sym (HYB),
+    /// K = 2, 3 or 4; anything else is an error naming the quip_params field.
+    ///
+    /// QTIP checkpoints do not contain the small Hadamard matrices of non-power-of-two
+    /// dimensions (e.g. K = 36 for SmolLM2's 576 = 36*16); pass them with --hadamard-tables.
+    ///
+    /// The container has no refinement sections: to add them, run
+    /// `sfx-convert --fit` with the float source model separately.
+    /// The output is written atomically (temp file, fsync, rename).
+    ImportQtip(ImportQtipArgs),
+}
+
+#[derive(Args)]
+struct ImportQtipArgs {
+    /// The QTIP/YAQA Hugging Face model folder (config.json, model.safetensors or shards).
+    hf_dir: PathBuf,
+    /// Output .sfx file (replaced atomically; nothing appears there if the import fails).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// JSON file of the dense Hadamard matrices QTIP used for dimensions that are not powers
+    /// of two: {"K": [K rows, each a list of K numbers +1/-1 or a string of K '+'/'-']}, one
+    /// entry per order K (the matrix QTIP's forward transform left-multiplies by;
+    /// docs/format.md, "QTIP/YAQA checkpoint import"). Not needed when every dimension is a
+    /// power of two.
+    #[arg(long)]
+    hadamard_tables: Option<PathBuf>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Makes glibc serve every allocation of 4 MiB or more with its own mmap (returned to the
@@ -146,6 +191,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::ImportGguf { gguf, output, json }) => import_gguf(gguf, output, json),
+        Some(Command::ImportQtip(a)) => import_qtip(a),
         None => run_convert(cli.convert),
     }
 }
@@ -297,6 +343,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             "ssd" => Tier::Ssd,
             other => bail!("--refine-tier {other:?}: expected ram or ssd"),
         },
+        yaqa_sequences: a.yaqa_seqs,
     };
     if a.calib_seqs == 0 || a.calib_len == 0 {
         bail!("--calib-seqs and --calib-len must be at least 1");
@@ -378,6 +425,13 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => eprintln!("{line}"),
         }
     };
+    let mut on_sketch = |done: usize, total: usize| {
+        let line = format!("YAQA Hessian sketch: {done}/{total} sequences");
+        match &bar {
+            Some(b) => b.set_message(line),
+            None => eprintln!("{line}"),
+        }
+    };
     let report = convert(
         &ckpt.config,
         &*ckpt.tensors,
@@ -386,6 +440,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         &options,
         &mut writer,
         &mut on_layer,
+        &mut on_sketch,
     )
     .with_context(|| format!("converting {spec}"))?;
     if let Some(b) = &bar {
@@ -570,6 +625,116 @@ fn import_gguf(gguf: PathBuf, output: PathBuf, json: bool) -> Result<()> {
             n_tensors,
             elapsed
         );
+    }
+    Ok(())
+}
+
+fn import_qtip(a: ImportQtipArgs) -> Result<()> {
+    use sfx_formats::qtip::{HadamardTables, QtipCheckpoint};
+    let t0 = Instant::now();
+    let dir = &a.hf_dir;
+    if !dir.is_dir() {
+        bail!(
+            "{}: not a folder (expected a QTIP/YAQA Hugging Face model folder)",
+            dir.display()
+        );
+    }
+    let tables = match &a.hadamard_tables {
+        Some(p) => HadamardTables::from_file(p)
+            .with_context(|| format!("--hadamard-tables {}", p.display()))?,
+        None => HadamardTables::new(),
+    };
+    let ckpt = QtipCheckpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let mut hashes = source_hashes(&dir.display().to_string(), Some(dir))?;
+    if let Some(p) = &a.hadamard_tables {
+        // The tables decide the decoded weights as much as the checkpoint does.
+        let name = p
+            .file_name()
+            .map_or("tables".into(), |n| n.to_string_lossy().into_owned());
+        hashes.insert(format!("hadamard-tables/{name}"), sha256_file(p)?);
+    }
+    let provenance = Provenance {
+        tool: "sfx-convert import-qtip".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        source_id: dir.display().to_string(),
+        source_revision: None,
+        source_files_sha256: hashes,
+        calibration_text_sha256: None,
+        seed: None,
+    };
+    let layers = ckpt.config.num_hidden_layers;
+    let bar = (std::io::stderr().is_terminal() && !a.json).then(|| {
+        let b = ProgressBar::new(layers as u64);
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} layers {elapsed_precise}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("import-qtip {}", dir.display()));
+        b
+    });
+    let mut writer =
+        SfxWriter::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?;
+    let report = ckpt
+        .write_sfx(&tables, &mut writer, &mut |done, _| {
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+        })
+        .with_context(|| format!("importing {}", dir.display()))?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let metadata = SfxMetadata {
+        config: Some(ckpt.config.clone()),
+        tokenizer_json: ckpt.tokenizer_json.clone(),
+        tokenizer_config: ckpt.tokenizer_config.clone(),
+        provenance,
+        params: report.params.clone(),
+    };
+    writer
+        .finish(&metadata)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let file_bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
+    if a.json {
+        let v = serde_json::json!({
+            "input": dir.display().to_string(),
+            "output": a.output.display().to_string(),
+            "seconds": seconds,
+            "file_bytes": file_bytes,
+            "section_bytes": report.bytes,
+            "trellis_projections": report.linears,
+            "dense_tensors": report.dense_tensors,
+            "per_projection_tables": report.own_tables,
+            "hadamard_orders": report.hadamard_orders,
+            "linear_bits_per_weight": report.linear_bits_per_weight,
+            "tokenizer": ckpt.tokenizer_json.is_some(),
+            "ignored_tensors": report.ignored_tensors,
+            "params": report.params,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let s = ckpt.params.scheme();
+        println!(
+            "imported {} → {} ({:.1} MiB, {:.1} s): {} trellis projections ({}, {:.3} bits/weight), \
+             {} dense tensors{}",
+            dir.display(),
+            a.output.display(),
+            file_bytes as f64 / (1 << 20) as f64,
+            seconds,
+            report.linears,
+            s.name(),
+            report.linear_bits_per_weight,
+            report.dense_tensors,
+            if ckpt.tokenizer_json.is_some() { ", tokenizer" } else { ", no tokenizer.json" }
+        );
+        if !report.ignored_tensors.is_empty() {
+            println!(
+                "  ignored {} tensors (e.g. {})",
+                report.ignored_tensors.len(),
+                report.ignored_tensors[0]
+            );
+        }
     }
     Ok(())
 }

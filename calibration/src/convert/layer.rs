@@ -3,9 +3,7 @@
 
 use super::{ConvertError, ConvertOptions, Sink};
 use crate::quant::awq::{fold_into_norm, fold_into_rows, scale_columns};
-use crate::quant::{
-    GroupQuantized, InputStats, ResidentQuantizer, ResidentWeight, SetContext, WeightView,
-};
+use crate::quant::{InputStats, Kron, ResidentQuantizer, ResidentWeight, SetContext, WeightView};
 use crate::refine::bundles::build_bundles;
 use crate::refine::{fit_refinement, quantize_columns_4bit, RefinementColumns};
 use crate::stats::{mask_top_k, RefinementStats};
@@ -48,6 +46,8 @@ pub(super) struct LayerContext<'a> {
     pub tensors: &'a dyn TensorSource,
     pub quantizer: &'a dyn ResidentQuantizer,
     pub options: &'a ConvertOptions,
+    /// YAQA's Kronecker factors keyed by weight name.
+    pub kron: Option<&'a std::collections::BTreeMap<String, crate::yaqa::KroneckerFactors>>,
 }
 
 /// Projections of each set, in [`ProjectionSet::ALL`] order; q, k, v order matters to AWQ.
@@ -67,19 +67,19 @@ struct Proj {
     rows: usize,
     cols: usize,
     bias: Option<Vec<f32>>,
-    q: Option<GroupQuantized>,
+    q: Option<ResidentWeight>,
     refine: Option<RefinementColumns>,
 }
 
 impl Proj {
-    fn quantized(&self) -> Result<&GroupQuantized, ConvertError> {
+    fn quantized(&self) -> Result<&ResidentWeight, ConvertError> {
         self.q
             .as_ref()
             .ok_or_else(|| ConvertError::Options(format!("{}: not quantized", self.prefix)))
     }
 
     fn residual(&self) -> Result<Vec<f32>, ConvertError> {
-        let deq = self.quantized()?.dequantize();
+        let deq = self.quantized()?.dequantize(&self.prefix)?;
         Ok(self.w.iter().zip(&deq).map(|(w, q)| w - q).collect())
     }
 }
@@ -260,6 +260,13 @@ impl LayerContext<'_> {
                         data: &p.w,
                         rows: p.rows,
                         cols: p.cols,
+                        kron: self
+                            .kron
+                            .and_then(|m| m.get(&format!("{}.weight", p.prefix)))
+                            .map(|f| Kron {
+                                h_in: &f.h_in,
+                                h_out: &f.h_out,
+                            }),
                     })
                     .collect();
                 let context = SetContext {
@@ -291,8 +298,7 @@ impl LayerContext<'_> {
                 inv_scales[i] = Some(s.iter().map(|v| 1.0 / v).collect());
             }
             for (proj, w) in sets[i].iter_mut().zip(quantized.weights) {
-                let ResidentWeight::Group(g) = w;
-                proj.q = Some(g);
+                proj.q = Some(w);
             }
             if !quantized.info.is_empty() {
                 quant_info.insert(set.name().to_string(), quantized.info);
@@ -417,29 +423,33 @@ impl LayerContext<'_> {
         for set in ProjectionSet::ALL {
             let channels = o.mlp.channels() || matches!(set, Qkv | O);
             for proj in &sets[set.index()] {
-                let q = proj.quantized()?;
                 let (rows, cols) = (proj.rows as u64, proj.cols as u64);
-                let groups = q.groups_per_row() as u64;
                 let name = &proj.prefix;
-                let layout = Layout::PackedCodes {
-                    rows,
-                    cols,
-                    bits: q.bits() as u64,
-                    group: q.group_size() as u64,
-                };
-                sink.put(format!("{name}.weight"), Tier::Resident, layout, q.codes())?;
-                sink.put_f16(
-                    format!("{name}.weight.scales"),
-                    vec![rows, groups],
-                    q.scales(),
-                )?;
-                sink.put(
-                    format!("{name}.weight.zeros"),
-                    Tier::Resident,
-                    Layout::Bytes,
-                    q.zeros(),
-                )?;
-                code_bits += 8 * (q.codes().len() + 2 * q.scales().len() + q.zeros().len()) as u64;
+                match proj.quantized()? {
+                    ResidentWeight::Group(q) => {
+                        let groups = q.groups_per_row() as u64;
+                        let layout = Layout::PackedCodes {
+                            rows,
+                            cols,
+                            bits: q.bits() as u64,
+                            group: q.group_size() as u64,
+                        };
+                        sink.put(format!("{name}.weight"), Tier::Resident, layout, q.codes())?;
+                        sink.put_f16(
+                            format!("{name}.weight.scales"),
+                            vec![rows, groups],
+                            q.scales(),
+                        )?;
+                        sink.put(
+                            format!("{name}.weight.zeros"),
+                            Tier::Resident,
+                            Layout::Bytes,
+                            q.zeros(),
+                        )?;
+                    }
+                    ResidentWeight::Trellis(t) => sink.put_trellis(name, t)?,
+                }
+                code_bits += 8 * proj.quantized()?.size_in_bytes() as u64;
                 weights += rows * cols;
                 if let Some(b) = &proj.bias {
                     sink.put_f32(format!("{name}.bias"), vec![rows], b)?;

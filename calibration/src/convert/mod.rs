@@ -36,6 +36,8 @@ pub enum ConvertError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Quant(#[from] QuantError),
+    #[error("YAQA Hessians: {0}")]
+    Yaqa(#[from] crate::yaqa::YaqaError),
     #[error("refinement of layer {layer} set {set}: {source}")]
     Refine {
         layer: usize,
@@ -50,9 +52,13 @@ pub enum ConvertError {
 pub enum QuantMethod {
     Rtn,
     Awq,
+    /// QTIP trellis (HYB, L = 16) with LDLQ on the layer-input Hessian.
+    Qtip,
+    /// QTIP's format with YAQA's two-sided LDLQ on Kronecker factors of the full-model KL.
+    Yaqa,
 }
 
-/// `rtn{2,3,4}` or `awq{2,3,4}` at a group size.
+/// `rtn{2,3,4}` or `awq{2,3,4}` at a group size, or `qtip{2,3,4}` (trellis; no groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantSpec {
     pub method: QuantMethod,
@@ -69,13 +75,17 @@ impl QuantSpec {
     pub fn parse(s: &str) -> Result<Self, ConvertError> {
         let bad = || {
             ConvertError::Options(format!(
-                "--quant {s:?}: expected rtn2, rtn3, rtn4, awq2, awq3 or awq4"
+                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4"
             ))
         };
         let (method, bits) = if let Some(b) = s.strip_prefix("rtn") {
             (QuantMethod::Rtn, b)
         } else if let Some(b) = s.strip_prefix("awq") {
             (QuantMethod::Awq, b)
+        } else if let Some(b) = s.strip_prefix("qtip") {
+            (QuantMethod::Qtip, b)
+        } else if let Some(b) = s.strip_prefix("yaqa") {
+            (QuantMethod::Yaqa, b)
         } else {
             return Err(bad());
         };
@@ -106,6 +116,8 @@ impl QuantSpec {
                 clip_steps: self.awq_clip_steps,
                 ..Awq::new(self.bits)
             }),
+            QuantMethod::Qtip => Box::new(crate::quant::Qtip::new(self.bits)),
+            QuantMethod::Yaqa => Box::new(crate::quant::Yaqa::new(self.bits)),
         }
     }
 
@@ -113,6 +125,16 @@ impl QuantSpec {
         match self.method {
             QuantMethod::Rtn => "rtn",
             QuantMethod::Awq => "awq",
+            QuantMethod::Qtip => "qtip",
+            QuantMethod::Yaqa => "yaqa",
+        }
+    }
+
+    /// The code packing named in the container's `params.quant.packing`.
+    pub fn packing(&self) -> &'static str {
+        match self.method {
+            QuantMethod::Rtn | QuantMethod::Awq => "group-asym-v1",
+            QuantMethod::Qtip | QuantMethod::Yaqa => "trellis-v1",
         }
     }
 }
@@ -170,6 +192,9 @@ pub struct ConvertOptions {
     pub mlp: MlpScheme,
     /// Tier of the refinement sections (`ram` or `ssd`).
     pub refine_tier: Tier,
+    /// YAQA: calibration sequences (from the start of the calibration set) whose sampled-label
+    /// gradients build the Kronecker factors; 0 = all.
+    pub yaqa_sequences: usize,
 }
 
 impl ConvertOptions {
@@ -221,12 +246,16 @@ pub struct ConvertReport {
     pub refine_bytes: u64,
     pub refine_zstd_bytes: u64,
     pub calib_tokens: u64,
+    pub calib_sequences: usize,
     pub heldout_tokens: u64,
 }
 
 /// Section accounting shared by the pipeline's writers.
 struct Sink<'w> {
     writer: &'w mut SfxWriter,
+    /// Model-wide sections written once (HYB table, Hadamard factors) and their bytes, so a
+    /// projection that needs different contents gets its own section instead.
+    shared: BTreeMap<String, Vec<u8>>,
     bytes_by_tier: BTreeMap<String, u64>,
     refine_bytes: u64,
     refine_zstd_bytes: u64,
@@ -277,6 +306,55 @@ impl Sink<'_> {
         self.put(name, Tier::Resident, layout, &bytes)
     }
 
+    /// A model-wide section: written on first use; `Ok(true)` when `bytes` equal what the
+    /// section holds (the caller writes a per-projection copy otherwise).
+    fn put_shared(
+        &mut self,
+        name: &str,
+        layout: Layout,
+        bytes: Vec<u8>,
+    ) -> Result<bool, ConvertError> {
+        match self.shared.get(name) {
+            Some(b) => Ok(*b == bytes),
+            None => {
+                self.put(name.to_string(), Tier::Resident, layout, &bytes)?;
+                self.shared.insert(name.to_string(), bytes);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Sections of a trellis-coded projection `name`: its own, then the model-wide table and
+    /// Hadamard factors on first use (a differing table gets a per-projection copy).
+    fn put_trellis(
+        &mut self,
+        name: &str,
+        t: &sfx_formats::resident::TrellisQuantized,
+    ) -> Result<(), ConvertError> {
+        let (own, shared) = sfx_formats::resident::trellis_sections(name, t);
+        for (sec, layout, bytes) in own {
+            self.put(sec, Tier::Resident, layout, &bytes)?;
+        }
+        for (sec, layout, bytes) in shared {
+            if self.put_shared(&sec, layout.clone(), bytes.clone())? {
+                continue;
+            }
+            if sec == sfx_formats::resident::TLUT_SECTION {
+                self.put(
+                    format!("{name}.weight.tlut"),
+                    Tier::Resident,
+                    layout,
+                    &bytes,
+                )?;
+            } else {
+                return Err(ConvertError::Options(format!(
+                    "{sec}: two different Hadamard factors of one order in one model"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// A float tensor copied in its source dtype.
     fn put_source(&mut self, tensors: &dyn TensorSource, name: &str) -> Result<(), ConvertError> {
         let view = tensors.tensor(name)?;
@@ -291,6 +369,7 @@ impl Sink<'_> {
 /// Converts the float model in `tensors` into sections of `writer` (the caller writes the
 /// metadata and finishes the file). `calib` and `heldout` are token sequences (each run from
 /// position 0); `on_layer(report, layers)` is called after every block.
+#[allow(clippy::too_many_arguments)] // inputs, options, output and two progress hooks
 pub fn convert(
     config: &ModelConfig,
     tensors: &dyn TensorSource,
@@ -299,6 +378,7 @@ pub fn convert(
     options: &ConvertOptions,
     writer: &mut SfxWriter,
     on_layer: &mut dyn FnMut(&LayerReport, usize),
+    on_sketch: &mut dyn FnMut(usize, usize),
 ) -> Result<ConvertReport, ConvertError> {
     options.validate()?;
     if calib.is_empty() || calib.iter().any(|s| s.is_empty()) {
@@ -310,6 +390,7 @@ pub fn convert(
     let quantizer = options.quant.quantizer();
     let mut sink = Sink {
         writer,
+        shared: BTreeMap::new(),
         bytes_by_tier: BTreeMap::new(),
         refine_bytes: 0,
         refine_zstd_bytes: 0,
@@ -326,11 +407,30 @@ pub fn convert(
         .map(|s| runner.embed(tensors, s))
         .collect::<Result<Vec<_>, _>>()?;
 
+    // YAQA: the Kronecker factors need gradients through the whole float model, so they are
+    // computed before the block-by-block pass (Sketch B, crate::yaqa).
+    let kron = if options.quant.method == QuantMethod::Yaqa {
+        let n = match options.yaqa_sequences {
+            0 => calib.len(),
+            n => n.min(calib.len()),
+        };
+        let opts = crate::yaqa::SketchOptions::default();
+        Some(crate::yaqa::sketch_b(
+            config,
+            tensors,
+            &calib[..n],
+            &opts,
+            on_sketch,
+        )?)
+    } else {
+        None
+    };
     let ctx = layer::LayerContext {
         runner: &runner,
         tensors,
         quantizer: &*quantizer,
         options,
+        kron: kron.as_ref(),
     };
     let mut report = ConvertReport::default();
     let (mut code_bits, mut weights) = (0u64, 0u64);
@@ -353,6 +453,7 @@ pub fn convert(
 
     report.linear_bits_per_weight = code_bits as f64 / weights.max(1) as f64;
     report.calib_tokens = calib.iter().map(|s| s.len() as u64).sum();
+    report.calib_sequences = calib.len();
     report.heldout_tokens = heldout.iter().map(|s| s.len() as u64).sum();
     report.params = params(options, &*quantizer, &report);
     report.bytes_by_tier = sink.bytes_by_tier;
@@ -378,11 +479,22 @@ fn params(
             "name": quantizer.name(),
             "method": o.quant.method_name(),
             "bits": o.quant.bits,
-            "group": o.quant.group,
-            "packing": "group-asym-v1",
+            "group": if o.quant.packing() == "trellis-v1" { json!(null) } else { json!(o.quant.group) },
+            "packing": o.quant.packing(),
             "bits_per_weight": report.linear_bits_per_weight,
         }),
     );
+    if o.quant.method == QuantMethod::Yaqa {
+        let n = if o.yaqa_sequences == 0 {
+            report.calib_sequences
+        } else {
+            o.yaqa_sequences.min(report.calib_sequences)
+        };
+        p.insert(
+            "yaqa".into(),
+            json!({ "sketch": "B", "sequences": n, "power_iterations": 0, "label_seed": 0 }),
+        );
+    }
     if o.quant.method == QuantMethod::Awq {
         p.insert(
             "awq".into(),

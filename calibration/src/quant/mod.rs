@@ -6,15 +6,23 @@
 //! - [`rtn`]: asymmetric min/max round-to-nearest per group of 128 input channels.
 //! - [`awq`]: activation-aware per-channel scales (folded into the input's producer) and
 //!   clipping on top of the same group layout.
+//! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
+//!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
 pub mod awq;
+pub mod qtip;
 pub mod rtn;
+pub mod yaqa;
 
 pub use awq::Awq;
+pub use qtip::Qtip;
 pub use rtn::Rtn;
-pub use sfx_formats::resident::{GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
+pub use sfx_formats::resident::{
+    GroupQuantized, ResidentError, TrellisQuantized, DEFAULT_GROUP_SIZE,
+};
 use sfx_runtime::ProjectionSet;
 use std::collections::BTreeMap;
+pub use yaqa::Yaqa;
 
 /// A borrowed row-major float weight `[rows (out), cols (in)]` of one projection.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +32,16 @@ pub struct WeightView<'a> {
     pub data: &'a [f32],
     pub rows: usize,
     pub cols: usize,
+    /// YAQA's Kronecker factors of the full-model KL Hessian for this weight, if computed.
+    pub kron: Option<Kron<'a>>,
+}
+
+/// Kronecker factors `H_in` (`cols²`) and `H_out` (`rows²`), row-major, of one weight's
+/// Hessian (`tr(E H_in Eᵀ H_out)`), as accumulated by [`crate::yaqa`].
+#[derive(Debug, Clone, Copy)]
+pub struct Kron<'a> {
+    pub h_in: &'a [f32],
+    pub h_out: &'a [f32],
 }
 
 /// Input statistics of one projection set from the calibration pass, everything an
@@ -68,18 +86,46 @@ pub struct QuantizedSet {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResidentWeight {
     Group(GroupQuantized),
+    Trellis(TrellisQuantized),
 }
 
 impl ResidentWeight {
     pub fn bits_per_weight(&self) -> f64 {
         match self {
             ResidentWeight::Group(g) => g.bits_per_weight(),
+            ResidentWeight::Trellis(t) => t.bits_per_weight(),
         }
     }
-    /// Dequantized weight, row-major (R = W − Ŵ for the refinement needs it).
-    pub fn dequantize(&self) -> Vec<f32> {
+    /// Resident bytes of this projection's own sections.
+    pub fn size_in_bytes(&self) -> usize {
         match self {
-            ResidentWeight::Group(g) => g.dequantize(),
+            ResidentWeight::Group(g) => g.size_in_bytes(),
+            ResidentWeight::Trellis(t) => t.size_in_bytes(),
+        }
+    }
+    pub fn rows(&self) -> usize {
+        match self {
+            ResidentWeight::Group(g) => g.rows(),
+            ResidentWeight::Trellis(t) => t.rows(),
+        }
+    }
+    pub fn cols(&self) -> usize {
+        match self {
+            ResidentWeight::Group(g) => g.cols(),
+            ResidentWeight::Trellis(t) => t.cols(),
+        }
+    }
+    /// Dequantized weight in the original domain, row-major (R = W − Ŵ for the refinement
+    /// needs it). Fails only on a trellis weight whose stored Hadamard factors are unusable.
+    pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, QuantError> {
+        match self {
+            ResidentWeight::Group(g) => Ok(g.dequantize()),
+            ResidentWeight::Trellis(t) => {
+                sfx_runtime::resident::dequantize_trellis(t).map_err(|e| QuantError::Layout {
+                    name: name.to_string(),
+                    source: ResidentError::Invalid(e.to_string()),
+                })
+            }
         }
     }
 }

@@ -78,6 +78,7 @@ mod tests {
 
     fn view<'a>(data: &'a [f32], rows: usize, cols: usize) -> WeightView<'a> {
         WeightView {
+            kron: None,
             name: "w",
             data,
             rows,

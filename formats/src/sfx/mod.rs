@@ -151,6 +151,16 @@ pub enum Layout {
     /// the float down column j (nibble order as in [`Layout::ColumnNibbles`]). One bundle is
     /// one contiguous read; the scales live in resident sections.
     NeuronBundles { neurons: u64, hidden: u64 },
+    /// Trellis-coded weight `[rows, cols]` at `k` bits per weight: `(rows/16)·(cols/16)` tile
+    /// streams of `32·k` bytes in row-major tile order; `scheme` is
+    /// [`crate::resident::TrellisScheme::encode`] (code, table bits, L, tile order). Signs,
+    /// scales, table and Hadamard factors live in their own sections (docs/format.md).
+    TrellisTiles {
+        rows: u64,
+        cols: u64,
+        k: u64,
+        scheme: u64,
+    },
 }
 
 impl Layout {
@@ -161,6 +171,7 @@ impl Layout {
             Layout::PackedCodes { .. } => 2,
             Layout::ColumnNibbles { .. } => 3,
             Layout::NeuronBundles { .. } => 4,
+            Layout::TrellisTiles { .. } => 5,
         }
     }
 
@@ -199,6 +210,11 @@ impl Layout {
                 .and_then(|b| b.checked_mul(*neurons))
                 .map(Some)
                 .ok_or(()),
+            Layout::TrellisTiles { rows, cols, k, .. } => (rows / 16)
+                .checked_mul(cols / 16)
+                .and_then(|t| t.checked_mul(32 * k))
+                .map(Some)
+                .ok_or(()),
         }
     }
 
@@ -229,6 +245,15 @@ impl Layout {
                 dims[0] = *neurons;
                 dims[1] = *hidden;
                 (4, 0, 2, dims)
+            }
+            Layout::TrellisTiles {
+                rows,
+                cols,
+                k,
+                scheme,
+            } => {
+                dims = [*rows, *cols, *k, *scheme];
+                (5, 0, 4, dims)
             }
         }
     }
@@ -307,6 +332,24 @@ impl Layout {
                 Ok(Layout::NeuronBundles {
                     neurons: dims[0],
                     hidden: dims[1],
+                })
+            }
+            5 => {
+                want(4)?;
+                no_dtype()?;
+                if !dims[0].is_multiple_of(16) || !dims[1].is_multiple_of(16) {
+                    return Err(format!(
+                        "trellis tiles of a [{}, {}] weight (not multiples of 16)",
+                        dims[0], dims[1]
+                    ));
+                }
+                crate::resident::TrellisScheme::decode(dims[3], dims[2])
+                    .map_err(|e| e.to_string())?;
+                Ok(Layout::TrellisTiles {
+                    rows: dims[0],
+                    cols: dims[1],
+                    k: dims[2],
+                    scheme: dims[3],
                 })
             }
             _ => Err(format!("unknown layout code {code}")),

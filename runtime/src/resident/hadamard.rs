@@ -46,6 +46,11 @@ pub enum HadamardError {
     LengthMismatch { expected: usize, got: usize },
     #[error("buffer of {got} floats is not {rows} rows of Hadamard order {n}")]
     RowsMismatch { n: usize, rows: usize, got: usize },
+    #[error(
+        "stored Hadamard factor of order {m} is unusable for order {n} (n/m must be a power of \
+         two and the factor an m×m ±1 matrix with orthogonal rows)"
+    )]
+    BadFactor { n: usize, m: usize },
 }
 
 /// How a small Hadamard matrix is built.
@@ -59,6 +64,8 @@ pub enum Construction {
     PaleyII { q: usize },
     /// Kronecker product `A ⊗ B`.
     Kronecker(Box<Construction>, Box<Construction>),
+    /// A factor read from a file (a converted or imported checkpoint).
+    Stored { order: usize },
 }
 
 impl Construction {
@@ -73,6 +80,7 @@ impl Construction {
             Self::PaleyI { q } => q + 1,
             Self::PaleyII { q } => 2 * (q + 1),
             Self::Kronecker(a, b) => a.order() * b.order(),
+            Self::Stored { order } => *order,
         }
     }
 }
@@ -84,6 +92,7 @@ impl fmt::Display for Construction {
             Self::PaleyI { q } => write!(f, "PaleyI(GF({q}))"),
             Self::PaleyII { q } => write!(f, "PaleyII(GF({q}))"),
             Self::Kronecker(a, b) => write!(f, "{a} ⊗ {b}"),
+            Self::Stored { order } => write!(f, "stored({order})"),
         }
     }
 }
@@ -132,13 +141,53 @@ impl Hadamard {
         })
     }
 
+    /// The transform of order `n` with a given dense ±1 factor of order `m` (row-major), as
+    /// stored in a container: `n / m` must be a power of two and the factor a Hadamard matrix.
+    pub fn with_factor(n: usize, m: usize, entries: &[i8]) -> Result<Hadamard, HadamardError> {
+        if n == 0 {
+            return Err(HadamardError::Empty);
+        }
+        let fits = m > 0 && n.is_multiple_of(m) && (n / m).is_power_of_two();
+        let square = m.checked_mul(m) == Some(entries.len());
+        let pm_one = entries.iter().all(|&e| e == 1 || e == -1);
+        let orthogonal = square
+            && pm_one
+            && (0..m).all(|i| {
+                (i + 1..m).all(|j| {
+                    (0..m)
+                        .map(|c| i32::from(entries[i * m + c]) * i32::from(entries[j * m + c]))
+                        .sum::<i32>()
+                        == 0
+                })
+            });
+        if !(fits && orthogonal) {
+            return Err(HadamardError::BadFactor { n, m });
+        }
+        Ok(Self::from_entries(
+            n,
+            Construction::Stored { order: m },
+            entries.to_vec(),
+        ))
+    }
+
+    /// The dense ±1 factor `H_m`, row-major (what a container stores).
+    pub fn small_factor(&self) -> Vec<i8> {
+        let scale = self.scale;
+        self.small_scaled
+            .iter()
+            .map(|&v| if v / scale > 0.0 { 1 } else { -1 })
+            .collect()
+    }
+
     fn from_construction(n: usize, construction: Construction) -> Hadamard {
+        let entries = build(&construction);
+        Self::from_entries(n, construction, entries)
+    }
+
+    fn from_entries(n: usize, construction: Construction, entries: Vec<i8>) -> Hadamard {
         let m = construction.order();
         let scale = (1.0 / (n as f64).sqrt()) as f32;
-        let small_scaled: Vec<f32> = build(&construction)
-            .into_iter()
-            .map(|h| f32::from(h) * scale)
-            .collect();
+        let small_scaled: Vec<f32> = entries.into_iter().map(|h| f32::from(h) * scale).collect();
         let small_scaled_t = (0..m * m)
             .map(|t| small_scaled[(t % m) * m + t / m])
             .collect();
@@ -488,6 +537,8 @@ fn build(c: &Construction) -> Vec<i8> {
             }
             h
         }
+        // Never reached: stored factors come with their entries (`with_factor`).
+        Construction::Stored { order } => vec![0; order * order],
     }
 }
 

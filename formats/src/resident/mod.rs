@@ -21,6 +21,12 @@
 
 use half::f16;
 
+pub mod trellis;
+pub use trellis::{
+    hadamard_section, trellis_sections, SmallHadamard, TileOrder, TrellisCode, TrellisParts,
+    TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS, TLUT_SECTION,
+};
+
 /// Default quantization group (AWQ, RTN): 128 input channels.
 pub const DEFAULT_GROUP_SIZE: usize = 128;
 
