@@ -364,7 +364,32 @@ impl Qtip {
         let h = rotate_symmetric(gram, cols, &su, &had_in).map_err(|e| err(w.name, e))?;
         let (u, _delta) = block_udu(&h, cols, TILE_SIDE, self.damp).map_err(|e| err(w.name, e))?;
         let tiles = self.ldlq(w.name, &wt, rows, cols, &u, tq, book)?;
-        let weight = TrellisQuantized::from_parts(TrellisParts {
+        let weight = self.pack(
+            w.name, rows, cols, tiles, &su, &sv, scale, book, &had_in, &had_out,
+        )?;
+        let proxy = proxy_error(&weight, &wt, &h, rows, cols);
+        Ok(Rounded { weight, proxy })
+    }
+}
+
+impl Qtip {
+    /// The stored weight: tiles, f16 input signs, output signs × scale, the code's table and
+    /// the Hadamard factors.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pack(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        tiles: Vec<u8>,
+        su: &[f32],
+        sv: &[f32],
+        scale: f64,
+        book: &CodeBook,
+        had_in: &Hadamard,
+        had_out: &Hadamard,
+    ) -> Result<TrellisQuantized, QuantError> {
+        TrellisQuantized::from_parts(TrellisParts {
             scheme: self.scheme(),
             rows,
             cols,
@@ -372,15 +397,13 @@ impl Qtip {
             su: su.iter().map(|&s| f16::from_f32(s)).collect(),
             sv: sv.iter().map(|&s| (f64::from(s) * scale) as f32).collect(),
             tlut: book.tlut.clone(),
-            had_in: small(&had_in, w.name)?,
-            had_out: small(&had_out, w.name)?,
+            had_in: small(had_in, name)?,
+            had_out: small(had_out, name)?,
         })
         .map_err(|source| QuantError::Layout {
-            name: w.name.to_string(),
+            name: name.to_string(),
             source,
-        })?;
-        let proxy = proxy_error(&weight, &wt, &h, rows, cols);
-        Ok(Rounded { weight, proxy })
+        })
     }
 }
 

@@ -15,17 +15,13 @@
 //! Cost: `rows·cols²/2 + rows²·cols/2` multiply-adds besides the Viterbi.
 
 use super::qtip::{
-    block_udu, proxy_error, rotate_symmetric, short_name, small, CodeBook, Qtip, Rotated,
-    TileResult,
+    block_udu, proxy_error, rotate_symmetric, short_name, CodeBook, Qtip, Rotated, TileResult,
 };
 use super::{
     InputStats, QuantError, QuantizedSet, ResidentQuantizer, ResidentWeight, SetContext, WeightView,
 };
-use half::f16;
 use rayon::prelude::*;
-use sfx_formats::resident::{
-    ResidentError, TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS,
-};
+use sfx_formats::resident::{ResidentError, TrellisQuantized, TILE_SIDE, TILE_WEIGHTS};
 use sfx_runtime::resident::hadamard::Hadamard;
 use sfx_runtime::resident::trellis::{decode_tile, TrellisQuantizer, TrellisSpec};
 use std::collections::BTreeMap;
@@ -200,21 +196,9 @@ impl Yaqa {
             book,
             q.tail_biting,
         )?;
-        let weight = TrellisQuantized::from_parts(TrellisParts {
-            scheme: TrellisScheme::qtip(q.code, q.bits),
-            rows,
-            cols,
-            tiles,
-            su: su.iter().map(|&s| f16::from_f32(s)).collect(),
-            sv: sv.iter().map(|&s| (f64::from(s) * scale) as f32).collect(),
-            tlut: book.tlut.clone(),
-            had_in: small(&had_in, w.name)?,
-            had_out: small(&had_out, w.name)?,
-        })
-        .map_err(|source| QuantError::Layout {
-            name: w.name.to_string(),
-            source,
-        })?;
+        let weight = q.pack(
+            w.name, rows, cols, tiles, &su, &sv, scale, book, &had_in, &had_out,
+        )?;
         // Report the input-side proxy (comparable with QTIP's) on the KL factor H_in.
         let proxy = proxy_error(&weight, &wt, &h_in, rows, cols);
         Ok((weight, proxy))
