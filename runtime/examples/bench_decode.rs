@@ -109,36 +109,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     if decode_steps > 0 {
         let mut cache = model.new_cache(context + decode_steps + 1)?;
-        let mut next = argmax(
-            model
-                .forward(&prompt, &mut cache, LogitsMode::Last)?
-                .last()
-                .unwrap_or(&[]),
-        );
+        let next = step(&model, &mut cache, &prompt)?;
         // Warm-up steps (page faults, rayon start) are not timed.
-        for _ in 0..4.min(decode_steps) {
-            next = argmax(
-                model
-                    .forward(&[next], &mut cache, LogitsMode::Last)?
-                    .last()
-                    .unwrap_or(&[]),
-            );
-        }
-        let steps = decode_steps - 4.min(decode_steps);
+        let next = steps(&model, &mut cache, next, 4.min(decode_steps))?;
+        let timed = decode_steps - 4.min(decode_steps);
         let t = Instant::now();
-        for _ in 0..steps {
-            next = argmax(
-                model
-                    .forward(&[next], &mut cache, LogitsMode::Last)?
-                    .last()
-                    .unwrap_or(&[]),
-            );
-        }
+        steps(&model, &mut cache, next, timed)?;
         let s = t.elapsed().as_secs_f64();
-        let per_tok = s / steps.max(1) as f64;
+        let per_tok = s / timed.max(1) as f64;
         println!(
-            "decode: {steps} steps after {} context tokens: {:.1} tok/s ({:.2} ms/token, {:.1} GB/s of weights = {:.0} % of measured bandwidth)",
-            cache.len() - steps,
+            "decode: {timed} steps after {} context tokens: {:.1} tok/s ({:.2} ms/token, {:.1} GB/s of weights = {:.0} % of measured bandwidth)",
+            cache.len() - timed,
             1.0 / per_tok,
             per_tok * 1e3,
             weight_mb / 1e3 / per_tok,
@@ -246,7 +227,7 @@ fn load_any(
 fn side_by_side(
     paths: &[String],
     opts: &ModelOptions,
-    steps: usize,
+    n_steps: usize,
     context: usize,
     rounds: usize,
     as_code: Option<sfx_formats::resident::TrellisCode>,
@@ -264,31 +245,12 @@ fn side_by_side(
     let mut secs = vec![Vec::new(); models.len()];
     for _ in 0..rounds {
         for (m, model) in models.iter().enumerate() {
-            let mut cache = model.new_cache(context + steps + 8)?;
-            let mut next = argmax(
-                model
-                    .forward(&prompt, &mut cache, LogitsMode::Last)?
-                    .last()
-                    .unwrap_or(&[]),
-            );
-            for _ in 0..4 {
-                next = argmax(
-                    model
-                        .forward(&[next], &mut cache, LogitsMode::Last)?
-                        .last()
-                        .unwrap_or(&[]),
-                );
-            }
+            let mut cache = model.new_cache(context + n_steps + 8)?;
+            let next = step(model, &mut cache, &prompt)?;
+            let next = steps(model, &mut cache, next, 4)?;
             let t = Instant::now();
-            for _ in 0..steps {
-                next = argmax(
-                    model
-                        .forward(&[next], &mut cache, LogitsMode::Last)?
-                        .last()
-                        .unwrap_or(&[]),
-                );
-            }
-            secs[m].push(t.elapsed().as_secs_f64() / steps as f64);
+            steps(model, &mut cache, next, n_steps)?;
+            secs[m].push(t.elapsed().as_secs_f64() / n_steps as f64);
         }
     }
     let median = |v: &mut Vec<f64>| {
@@ -296,7 +258,7 @@ fn side_by_side(
         v[v.len() / 2]
     };
     let base = median(&mut secs[0].clone());
-    println!("{{\"rounds\": {rounds}, \"steps\": {steps}, \"context\": {context}, \"models\": [");
+    println!("{{\"rounds\": {rounds}, \"steps\": {n_steps}, \"context\": {context}, \"models\": [");
     for (m, (path, model)) in paths.iter().zip(&models).enumerate() {
         let s = median(&mut secs[m]);
         println!(
@@ -310,6 +272,35 @@ fn side_by_side(
     }
     println!("]}}");
     Ok(())
+}
+
+type Cpu = sfx_runtime::CpuBackend;
+
+/// One forward of `tokens`; the argmax of the last position.
+fn step(
+    model: &Model<Cpu>,
+    cache: &mut dyn KvCache<Cpu>,
+    tokens: &[u32],
+) -> Result<u32, Box<dyn std::error::Error>> {
+    Ok(argmax(
+        model
+            .forward(tokens, cache, LogitsMode::Last)?
+            .last()
+            .unwrap_or(&[]),
+    ))
+}
+
+/// `n` greedy decode steps from `next`; the last token.
+fn steps(
+    model: &Model<Cpu>,
+    cache: &mut dyn KvCache<Cpu>,
+    mut next: u32,
+    n: usize,
+) -> Result<u32, Box<dyn std::error::Error>> {
+    for _ in 0..n {
+        next = step(model, cache, &[next])?;
+    }
+    Ok(next)
 }
 
 fn argmax(row: &[f32]) -> u32 {

@@ -313,26 +313,14 @@ impl<'f> SfxLinearFactory<'f> {
         let code_data = decoded_exact(file, &codes, code_bytes)?;
 
         let scales_name = format!("{name}.scales");
-        let s = required_section(
-            file,
+        let scale_bytes = self.dense_exact(
             &scales_name,
-            &format!("per-group scales of the {what}{layer}"),
+            DType::F16,
+            &[rows as u64, groups as u64],
+            &format!(
+                "per-group scales of the {what}{layer}: {rows} rows × ceil({cols}/{group}) groups"
+            ),
         )?;
-        let want_shape = [rows as u64, groups as u64];
-        match s.layout {
-            Layout::Dense { dtype: DType::F16, shape } if shape[..] == want_shape => {}
-            other => {
-                return Err(section_err(
-                    file,
-                    &scales_name,
-                    format!(
-                        "{}, expected dense F16 [{rows}, {groups}] ({rows} rows × ceil({cols}/{group}) groups)",
-                        describe_layout(other)
-                    ),
-                ))
-            }
-        }
-        let scale_bytes = decoded_exact(file, &s, n_groups * 2)?;
         let scales: Vec<f16> = scale_bytes
             .chunks_exact(2)
             .map(|b| f16::from_le_bytes([b[0], b[1]]))

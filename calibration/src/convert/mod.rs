@@ -246,7 +246,8 @@ pub struct ConvertReport {
     pub refine_bytes: u64,
     pub refine_zstd_bytes: u64,
     pub calib_tokens: u64,
-    pub calib_sequences: usize,
+    /// Calibration sequences YAQA's Hessian sketch used (`None` for other methods).
+    pub yaqa_sequences: Option<usize>,
     pub heldout_tokens: u64,
 }
 
@@ -409,11 +410,12 @@ pub fn convert(
 
     // YAQA: the Kronecker factors need gradients through the whole float model, so they are
     // computed before the block-by-block pass (Sketch B, crate::yaqa).
-    let kron = if options.quant.method == QuantMethod::Yaqa {
-        let n = match options.yaqa_sequences {
+    let yaqa_sequences =
+        (options.quant.method == QuantMethod::Yaqa).then(|| match options.yaqa_sequences {
             0 => calib.len(),
             n => n.min(calib.len()),
-        };
+        });
+    let kron = if let Some(n) = yaqa_sequences {
         let opts = crate::yaqa::SketchOptions::default();
         Some(crate::yaqa::sketch_b(
             config,
@@ -453,7 +455,7 @@ pub fn convert(
 
     report.linear_bits_per_weight = code_bits as f64 / weights.max(1) as f64;
     report.calib_tokens = calib.iter().map(|s| s.len() as u64).sum();
-    report.calib_sequences = calib.len();
+    report.yaqa_sequences = yaqa_sequences;
     report.heldout_tokens = heldout.iter().map(|s| s.len() as u64).sum();
     report.params = params(options, &*quantizer, &report);
     report.bytes_by_tier = sink.bytes_by_tier;
@@ -484,15 +486,11 @@ fn params(
             "bits_per_weight": report.linear_bits_per_weight,
         }),
     );
-    if o.quant.method == QuantMethod::Yaqa {
-        let n = if o.yaqa_sequences == 0 {
-            report.calib_sequences
-        } else {
-            o.yaqa_sequences.min(report.calib_sequences)
-        };
+    if let Some(n) = report.yaqa_sequences {
+        let seed = crate::yaqa::SketchOptions::default().seed;
         p.insert(
             "yaqa".into(),
-            json!({ "sketch": "B", "sequences": n, "power_iterations": 0, "label_seed": 0 }),
+            json!({ "sketch": "B", "sequences": n, "power_iterations": 0, "label_seed": seed }),
         );
     }
     if o.quant.method == QuantMethod::Awq {

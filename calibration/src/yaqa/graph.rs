@@ -473,41 +473,18 @@ fn projection(
     })
 }
 
-/// The runtime's config checks (its `validate_config` is crate-private): `ModelConfig`'s
-/// fields are public, so a hand-built one has not necessarily passed the config.json parser.
+/// The runtime's config checks plus what this graph needs besides: `ModelConfig`'s fields are
+/// public, so a hand-built one has not necessarily passed the config.json parser.
 fn validate_config(c: &ModelConfig) -> Result<(), YaqaError> {
+    sfx_runtime::model::validate_config(c).map_err(|e| match e {
+        sfx_runtime::RuntimeError::Config(msg) => YaqaError::Config(msg),
+        other => YaqaError::Config(other.to_string()),
+    })?;
     let bad = |msg: String| Err(YaqaError::Config(msg));
-    if c.hidden_size == 0
-        || c.intermediate_size == 0
-        || c.vocab_size == 0
-        || c.head_dim == 0
-        || c.num_hidden_layers == 0
-    {
-        return bad(format!(
-            "zero dimension (hidden_size {}, intermediate_size {}, vocab_size {}, head_dim {}, num_hidden_layers {})",
-            c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim, c.num_hidden_layers
-        ));
-    }
-    if c.num_attention_heads == 0 || c.num_key_value_heads == 0 {
-        return bad("num_attention_heads and num_key_value_heads must be at least 1".into());
-    }
-    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
-        return bad(format!(
-            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-            c.num_attention_heads, c.num_key_value_heads
-        ));
-    }
-    if !c.head_dim.is_multiple_of(2) {
-        return bad(format!(
-            "head_dim {} is odd; RoPE pairs dimensions",
-            c.head_dim
-        ));
-    }
-    if u32::try_from(c.vocab_size).is_err() {
-        return bad(format!(
-            "vocab_size {} does not fit token ids (u32)",
-            c.vocab_size
-        ));
+    // Beyond the runtime's checks: the graph loops over layers and computes RoPE
+    // frequencies and the norm's epsilon once, so these must be usable up front.
+    if c.num_hidden_layers == 0 {
+        return bad("num_hidden_layers must be at least 1".into());
     }
     if !(c.rms_norm_eps.is_finite() && c.rms_norm_eps >= 0.0) {
         return bad(format!(

@@ -360,20 +360,22 @@ impl Model<CpuBackend> {
 
 /// Rejects configs the graph cannot run (ModelConfig's fields are public, so a hand-built one
 /// has not necessarily been through the config.json checks).
-pub(crate) fn validate_config(c: &ModelConfig) -> Result<()> {
+/// The structural checks every graph over a `ModelConfig` needs (dimensions, head grouping,
+/// RoPE pairing, token-id range); `Model::load_with` and YAQA's autograd graph both run them.
+pub fn validate_config(c: &ModelConfig) -> Result<()> {
     let bad = |msg: String| Err(RuntimeError::Config(msg));
     if c.hidden_size == 0 || c.intermediate_size == 0 || c.vocab_size == 0 || c.head_dim == 0 {
         return bad(format!(
-            "zero dimension (hidden {}, intermediate {}, vocab {}, head_dim {})",
+            "zero dimension (hidden_size {}, intermediate_size {}, vocab_size {}, head_dim {})",
             c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim
         ));
     }
     if c.num_attention_heads == 0 || c.num_key_value_heads == 0 {
-        return bad("zero attention heads".into());
+        return bad("num_attention_heads and num_key_value_heads must be at least 1".into());
     }
     if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return bad(format!(
-            "{} attention heads are not a multiple of {} KV heads",
+            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             c.num_attention_heads, c.num_key_value_heads
         ));
     }
