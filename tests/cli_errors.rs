@@ -83,6 +83,33 @@ fn missing_model_and_bad_eval_spec_are_clear() {
 }
 
 #[test]
+fn bad_trellis_code_is_named_before_any_work() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("x.sfx");
+    let gguf = gguf();
+    let args = |code: &'static str| {
+        [
+            "--quant",
+            "qtip2",
+            "--trellis-code",
+            code,
+            gguf.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from)
+    };
+    for bad in ["2mad", "hyb-q0", "hyb-q16"] {
+        let a = args(bad);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let (code, err) = run(CONVERT, &a);
+        assert_clean_failure(code, &err, "--trellis-code");
+        assert!(err.contains(bad), "{err}");
+    }
+    assert!(!out.exists(), "a failed conversion must leave no output");
+}
+
+#[test]
 fn truncated_safetensors_folder_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("hf");

@@ -5,6 +5,8 @@
 //! - QTIP 2-bit (trellis + LDLQ with the input Hessian) beats RTN 2-bit g128 by a wide margin
 //!   on the Hessian-weighted error `tr(E H Eᵀ) / tr(W H Wᵀ)`;
 //! - LDLQ beats plain trellis rounding of the same rotated weight (QTIP with `H = I`);
+//! - the 1MAD and 3INST codes (V = 1, other Viterbi kernels, other decoders) round it about
+//!   as well as HYB;
 //! - YAQA's two-sided LDLQ beats QTIP on YAQA's own objective `tr(E H_in Eᵀ H_out)`.
 
 mod common;
@@ -13,6 +15,7 @@ use sfx_calibration::quant::{
     InputStats, Kron, Qtip, QuantizedSet, ResidentQuantizer, Rtn, SetContext, WeightView, Yaqa,
 };
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::resident::TrellisCode;
 use sfx_runtime::ProjectionSet;
 
 const NAME: &str = "model.layers.0.self_attn.k_proj.weight";
@@ -164,6 +167,37 @@ fn qtip2_with_ldlq_beats_rtn2_and_plain_trellis_rounding() {
     assert!((2.0..2.2).contains(&bits), "{bits}");
     assert!(e_qtip < 0.5 * e_rtn, "qtip2 {e_qtip} vs rtn2 {e_rtn}");
     assert!(e_qtip < e_plain, "LDLQ {e_qtip} vs plain trellis {e_plain}");
+}
+
+#[test]
+fn every_trellis_code_rounds_the_real_projection() {
+    let ckpt = Checkpoint::open(common::gguf().to_str().unwrap()).unwrap();
+    let s = setup(&ckpt);
+    let st = stats(&s, s.gram.clone());
+    let rtn = Rtn::new(2)
+        .quantize_set(&[view(&s, None)], None, CTX)
+        .unwrap();
+    let e_rtn = relative(&s, &dequantized(&rtn), &s.gram);
+    let mut errors = Vec::new();
+    for code in [
+        TrellisCode::Hyb { q: 9 },
+        TrellisCode::OneMad,
+        TrellisCode::ThreeInst,
+    ] {
+        let q = Qtip {
+            code,
+            ..Qtip::new(2)
+        }
+        .quantize_set(&[view(&s, None)], Some(&st), CTX)
+        .unwrap();
+        errors.push((code.name(), relative(&s, &dequantized(&q), &s.gram)));
+    }
+    eprintln!("{NAME}: H-weighted relative error per code {errors:?}, rtn2-g128 {e_rtn:.4}");
+    let hyb = errors[0].1;
+    for (name, e) in &errors {
+        assert!(*e < 0.5 * e_rtn, "{name} {e} vs rtn2 {e_rtn}");
+        assert!(*e < 2.0 * hyb, "{name} {e} vs hyb {hyb}");
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ use sfx_calibration::convert::{
     convert, ConvertOptions, ConvertReport, LayerReport, MlpScheme, QuantSpec,
 };
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
 use sfx_runtime::ProjectionSet;
 use sha2::{Digest, Sha256};
@@ -64,6 +65,11 @@ struct ConvertArgs {
     /// (1.0 down to 0.5; 0 or 1 disables clipping). Smaller grids convert faster.
     #[arg(long, default_value = "20,20")]
     awq_grid: String,
+    /// qtipN / yaqaN only: the trellis code. hyb (QTIP's default: a 2^9-entry 2-D table, two
+    /// weights per step), 1mad (one multiply-add per weight, no table: the fastest to decode on
+    /// CPUs, docs/results.md), or 3inst.
+    #[arg(long, default_value = "hyb")]
+    trellis_code: String,
     /// Store the fitted refinement C instead of the plain residual R = W - Q(W).
     #[arg(long)]
     fit: bool,
@@ -332,6 +338,12 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     quant.awq_alpha_steps = alphas;
     quant.awq_clip_steps = clips;
+    quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
+        anyhow!(
+            "--trellis-code {:?}: expected hyb, hyb-qN (N = 1..15), 1mad or 3inst",
+            a.trellis_code
+        )
+    })?;
     let options = ConvertOptions {
         quant,
         fit: a.fit,

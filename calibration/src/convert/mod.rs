@@ -18,6 +18,7 @@ mod layer;
 
 use crate::quant::{Awq, QuantError, ResidentQuantizer, Rtn};
 use crate::refine::RefineError;
+use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Codec, Layout, SectionSpec, SfxWriter, Tier};
 use sfx_formats::{DType, FormatError, ModelConfig, TensorSource};
 use sfx_runtime::{CpuBackend, LayerwiseRunner, ProjectionSet, RuntimeError};
@@ -68,6 +69,9 @@ pub struct QuantSpec {
     /// 1.0 → 0.5). Ignored by RTN.
     pub awq_alpha_steps: usize,
     pub awq_clip_steps: usize,
+    /// Trellis code of qtipN / yaqaN (QTIP's default: HYB with a 2^9-entry table). Ignored by
+    /// the group quantizers.
+    pub trellis_code: TrellisCode,
 }
 
 impl QuantSpec {
@@ -101,6 +105,7 @@ impl QuantSpec {
             group: crate::quant::DEFAULT_GROUP_SIZE,
             awq_alpha_steps: 20,
             awq_clip_steps: 20,
+            trellis_code: TrellisCode::Hyb { q: 9 },
         })
     }
 
@@ -116,8 +121,15 @@ impl QuantSpec {
                 clip_steps: self.awq_clip_steps,
                 ..Awq::new(self.bits)
             }),
-            QuantMethod::Qtip => Box::new(crate::quant::Qtip::new(self.bits)),
-            QuantMethod::Yaqa => Box::new(crate::quant::Yaqa::new(self.bits)),
+            QuantMethod::Qtip => Box::new(crate::quant::Qtip {
+                code: self.trellis_code,
+                ..crate::quant::Qtip::new(self.bits)
+            }),
+            QuantMethod::Yaqa => {
+                let mut yaqa = crate::quant::Yaqa::new(self.bits);
+                yaqa.qtip.code = self.trellis_code;
+                Box::new(yaqa)
+            }
         }
     }
 

@@ -14,6 +14,7 @@ pub mod hadamard;
 pub mod trellis;
 pub mod trellis_kernel;
 pub mod trellis_linear;
+mod viterbi_kernel;
 
 pub use group::{GroupQuantLinear, RtnFactory};
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
