@@ -15,37 +15,40 @@ use crate::backend::cpu::SimdLevel;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Forward step: `next[s] = min_a prev[(s >> KV) | a·H] + cost(s)` with `H = N >> KV`;
-/// `bp[u]` receives the minimising `a` for `u = s >> KV`. `m` is scratch of at least `H`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_step(
-    level: SimdLevel,
-    prev: &[f32],
-    next: &mut [f32],
-    m: &mut [f32],
-    bp: Option<&mut [u8]>,
-    vals: &[f32],
-    tgt: &[f32],
-    kv: u32,
-    v: usize,
-) {
-    dispatch_kv_v!(kv, v, forward(level, prev, next, m, bp, vals, tgt))
+/// The DP arrays of one forward step: `next[s] = min_a prev[(s >> KV) | a·H] + cost(s)` with
+/// `H = N >> KV`; `bp[u]`, if given, receives the minimising `a` for `u = s >> KV`. `m` is
+/// scratch of at least `H`.
+pub(crate) struct Forward<'a> {
+    pub prev: &'a [f32],
+    pub next: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub bp: Option<&'a mut [u8]>,
 }
 
-/// Backward step: `cur[s] = min_b next[((s mod H) << KV) | b] + cost(s)`. `mn` is scratch of
-/// at least `H`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward_step(
-    level: SimdLevel,
-    next: &[f32],
-    cur: &mut [f32],
-    mn: &mut [f32],
-    vals: &[f32],
-    tgt: &[f32],
-    kv: u32,
-    v: usize,
-) {
-    dispatch_kv_v!(kv, v, backward(level, next, cur, mn, vals, tgt))
+/// The DP arrays of one backward step: `cur[s] = min_b next[((s mod H) << KV) | b] + cost(s)`.
+/// `mn` is scratch of at least `H`.
+pub(crate) struct Backward<'a> {
+    pub next: &'a [f32],
+    pub cur: &'a mut [f32],
+    pub mn: &'a mut [f32],
+}
+
+/// What a state's cost depends on: the planar state values, the step's V targets, and the
+/// trellis shape.
+#[derive(Clone, Copy)]
+pub(crate) struct Costs<'a> {
+    pub vals: &'a [f32],
+    pub tgt: &'a [f32],
+    pub kv: u32,
+    pub v: usize,
+}
+
+pub(crate) fn forward_step(level: SimdLevel, f: Forward<'_>, c: Costs<'_>) {
+    dispatch_kv_v!(c.kv, c.v, forward(level, f, c))
+}
+
+pub(crate) fn backward_step(level: SimdLevel, b: Backward<'_>, c: Costs<'_>) {
+    dispatch_kv_v!(c.kv, c.v, backward(level, b, c))
 }
 
 /// Every (K·V, V) the quantizer admits: codes have V = 1 or 2 and K·V ≤ 8
@@ -74,58 +77,42 @@ use dispatch_kv_v;
 struct Step<const KV: usize, const V: usize>;
 
 impl<const KV: usize, const V: usize> Step<KV, V> {
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        level: SimdLevel,
-        prev: &[f32],
-        next: &mut [f32],
-        m: &mut [f32],
-        bp: Option<&mut [u8]>,
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
-        let n = prev.len();
-        assert!(next.len() == n && vals.len() >= V * n && m.len() >= n >> KV && tgt.len() >= V);
-        if let Some(bp) = &bp {
-            assert!(bp.len() >= n >> KV);
-        }
+    fn forward(level: SimdLevel, f: Forward<'_>, c: Costs<'_>) {
+        let n = f.prev.len();
+        assert!(f.next.len() == n && f.m.len() >= n >> KV);
+        assert!(f.bp.as_ref().is_none_or(|bp| bp.len() >= n >> KV));
+        assert!(c.vals.len() >= V * n && c.tgt.len() >= V);
         #[cfg(target_arch = "x86_64")]
         if level == SimdLevel::Avx512 && level.is_supported() && Self::avx512_shape(n) {
             // SAFETY: AVX-512F was detected at run time; the lengths were checked above and
             // the shape (multiples of 16 lanes) by `avx512_shape`.
-            return unsafe { Self::forward_avx512(prev, next, m, bp, vals, tgt) };
+            return unsafe { Self::forward_avx512(f, c) };
         }
         #[cfg(target_arch = "x86_64")]
         if level >= SimdLevel::Avx2 && SimdLevel::Avx2.is_supported() {
             // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { Self::forward_avx2(prev, next, m, bp, vals, tgt) };
+            return unsafe { Self::forward_avx2(f, c) };
         }
         let _ = level;
-        Self::forward_portable(prev, next, m, bp, vals, tgt)
+        Self::forward_portable(f, c)
     }
 
-    fn backward(
-        level: SimdLevel,
-        next: &[f32],
-        cur: &mut [f32],
-        mn: &mut [f32],
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
-        let n = next.len();
-        assert!(cur.len() == n && vals.len() >= V * n && mn.len() >= n >> KV && tgt.len() >= V);
+    fn backward(level: SimdLevel, b: Backward<'_>, c: Costs<'_>) {
+        let n = b.next.len();
+        assert!(b.cur.len() == n && b.mn.len() >= n >> KV);
+        assert!(c.vals.len() >= V * n && c.tgt.len() >= V);
         #[cfg(target_arch = "x86_64")]
         if level == SimdLevel::Avx512 && level.is_supported() && Self::avx512_shape(n) {
             // SAFETY: as in `forward`.
-            return unsafe { Self::backward_avx512(next, cur, mn, vals, tgt) };
+            return unsafe { Self::backward_avx512(b, c) };
         }
         #[cfg(target_arch = "x86_64")]
         if level >= SimdLevel::Avx2 && SimdLevel::Avx2.is_supported() {
             // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { Self::backward_avx2(next, cur, mn, vals, tgt) };
+            return unsafe { Self::backward_avx2(b, c) };
         }
         let _ = level;
-        Self::backward_portable(next, cur, mn, vals, tgt)
+        Self::backward_portable(b, c)
     }
 
     /// Whole 16-lane vectors of states and of `u` values.
@@ -173,33 +160,26 @@ impl<const KV: usize, const V: usize> Step<KV, V> {
     }
 
     #[inline(always)]
-    fn forward_portable(
-        prev: &[f32],
-        next: &mut [f32],
-        m: &mut [f32],
-        bp: Option<&mut [u8]>,
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
-        let n = prev.len();
-        Self::predecessor_min(prev, m, bp);
-        for (u, (out, &mu)) in next.chunks_exact_mut(1 << KV).zip(m.iter()).enumerate() {
+    fn forward_portable(f: Forward<'_>, c: Costs<'_>) {
+        let n = f.prev.len();
+        Self::predecessor_min(f.prev, f.m, f.bp);
+        for (u, (out, &mu)) in f.next.chunks_exact_mut(1 << KV).zip(f.m.iter()).enumerate() {
             for (b, o) in out.iter_mut().enumerate() {
-                *o = Self::cost(mu, vals, n, (u << KV) | b, tgt);
+                *o = Self::cost(mu, c.vals, n, (u << KV) | b, c.tgt);
             }
         }
     }
 
     #[inline(always)]
-    fn backward_portable(next: &[f32], cur: &mut [f32], mn: &mut [f32], vals: &[f32], tgt: &[f32]) {
-        let n = next.len();
+    fn backward_portable(b: Backward<'_>, c: Costs<'_>) {
+        let n = b.next.len();
         let h = n >> KV;
-        for (x, blk) in mn.iter_mut().zip(next.chunks_exact(1 << KV)) {
+        for (x, blk) in b.mn.iter_mut().zip(b.next.chunks_exact(1 << KV)) {
             *x = blk.iter().copied().fold(f32::INFINITY, f32::min);
         }
-        for (a, out) in cur.chunks_exact_mut(h).enumerate() {
-            for (u, (o, &mu)) in out.iter_mut().zip(mn.iter()).enumerate() {
-                *o = Self::cost(mu, vals, n, a * h + u, tgt);
+        for (a, out) in b.cur.chunks_exact_mut(h).enumerate() {
+            for (u, (o, &mu)) in out.iter_mut().zip(b.mn.iter()).enumerate() {
+                *o = Self::cost(mu, c.vals, n, a * h + u, c.tgt);
             }
         }
     }
@@ -208,21 +188,14 @@ impl<const KV: usize, const V: usize> Step<KV, V> {
     /// AVX-512 and for state counts that are not whole vectors).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn forward_avx2(
-        prev: &[f32],
-        next: &mut [f32],
-        m: &mut [f32],
-        bp: Option<&mut [u8]>,
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
-        Self::forward_portable(prev, next, m, bp, vals, tgt)
+    fn forward_avx2(f: Forward<'_>, c: Costs<'_>) {
+        Self::forward_portable(f, c)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn backward_avx2(next: &[f32], cur: &mut [f32], mn: &mut [f32], vals: &[f32], tgt: &[f32]) {
-        Self::backward_portable(next, cur, mn, vals, tgt)
+    fn backward_avx2(b: Backward<'_>, c: Costs<'_>) {
+        Self::backward_portable(b, c)
     }
 
     /// `acc + Σ_j (t_j − vals_j[s0..s0+16])²`, summed in the portable order.
@@ -255,14 +228,9 @@ impl<const KV: usize, const V: usize> Step<KV, V> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn forward_avx512(
-        prev: &[f32],
-        next: &mut [f32],
-        m: &mut [f32],
-        bp: Option<&mut [u8]>,
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
+    unsafe fn forward_avx512(f: Forward<'_>, c: Costs<'_>) {
+        let Forward { prev, next, m, bp } = f;
+        let (vals, tgt) = (c.vals, c.tgt);
         let n = prev.len();
         Self::predecessor_min(prev, m, bp);
         let t: [__m512; V] = std::array::from_fn(|j| _mm512_set1_ps(tgt[j]));
@@ -287,13 +255,9 @@ impl<const KV: usize, const V: usize> Step<KV, V> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn backward_avx512(
-        next: &[f32],
-        cur: &mut [f32],
-        mn: &mut [f32],
-        vals: &[f32],
-        tgt: &[f32],
-    ) {
+    unsafe fn backward_avx512(b: Backward<'_>, c: Costs<'_>) {
+        let Backward { next, cur, mn } = b;
+        let (vals, tgt) = (c.vals, c.tgt);
         let n = next.len();
         let h = n >> KV;
         let (xp, mp) = (next.as_ptr(), mn.as_mut_ptr());
@@ -429,26 +393,39 @@ mod tests {
                     }
                     let h = n >> kv;
                     let (mut next, mut m, mut bp) = (vec![0.0; n], vec![0.0; h], vec![0u8; h]);
-                    forward_step(
-                        level,
-                        &prev,
-                        &mut next,
-                        &mut m,
-                        Some(&mut bp),
-                        &vals,
-                        &tgt,
+                    let c = Costs {
+                        vals: &vals,
+                        tgt: &tgt,
                         kv,
                         v,
-                    );
+                    };
+                    let f = Forward {
+                        prev: &prev,
+                        next: &mut next,
+                        m: &mut m,
+                        bp: Some(&mut bp),
+                    };
+                    forward_step(level, f, c);
                     assert_eq!(next, fwd, "forward {level:?} L={l} KV={kv} V={v}");
                     assert_eq!(bp, bp_ref, "back-pointers {level:?} L={l} KV={kv} V={v}");
-                    forward_step(level, &prev, &mut next, &mut m, None, &vals, &tgt, kv, v);
+                    let f = Forward {
+                        prev: &prev,
+                        next: &mut next,
+                        m: &mut m,
+                        bp: None,
+                    };
+                    forward_step(level, f, c);
                     assert_eq!(
                         next, fwd,
                         "forward without bp {level:?} L={l} KV={kv} V={v}"
                     );
                     let mut cur = vec![0.0; n];
-                    backward_step(level, &prev, &mut cur, &mut m, &vals, &tgt, kv, v);
+                    let b = Backward {
+                        next: &prev,
+                        cur: &mut cur,
+                        mn: &mut m,
+                    };
+                    backward_step(level, b, c);
                     assert_eq!(cur, bwd, "backward {level:?} L={l} KV={kv} V={v}");
                 }
             }
