@@ -11,7 +11,7 @@ use crate::FormatError;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -139,6 +139,59 @@ pub(crate) fn read_optional_json(path: &Path) -> Result<Option<Value>, FormatErr
         .transpose()
 }
 
+/// The safetensors files of a model folder: `model.safetensors`, or the shards named by
+/// `model.safetensors.index.json` (sorted, each once), with that index's `weight_map` so the
+/// caller can check it against the files.
+pub(crate) struct ShardIndex {
+    pub files: Vec<PathBuf>,
+    pub weight_map: Option<(PathBuf, serde_json::Map<String, Value>)>,
+}
+
+impl ShardIndex {
+    pub fn read(dir: &Path) -> Result<Self, FormatError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let Some(json) = read_optional_json(&index_path)? else {
+            let single = dir.join("model.safetensors");
+            if !single.is_file() {
+                return Err(FormatError::invalid(
+                    dir,
+                    "no model.safetensors or model.safetensors.index.json in the model folder",
+                ));
+            }
+            return Ok(Self {
+                files: vec![single],
+                weight_map: None,
+            });
+        };
+        let Some(Value::Object(map)) = json.get("weight_map") else {
+            return Err(FormatError::invalid(
+                &index_path,
+                "missing 'weight_map' object",
+            ));
+        };
+        let mut shards = BTreeSet::new();
+        for (tensor, shard) in map {
+            let shard = shard.as_str().ok_or_else(|| {
+                FormatError::invalid(
+                    &index_path,
+                    format!("weight_map['{tensor}'] is not a string"),
+                )
+            })?;
+            if shard.contains('/') || shard.contains('\\') || shard.contains("..") {
+                return Err(FormatError::invalid(
+                    &index_path,
+                    format!("weight_map['{tensor}'] = '{shard}' points outside the folder"),
+                ));
+            }
+            shards.insert(shard);
+        }
+        Ok(Self {
+            files: shards.into_iter().map(|s| dir.join(s)).collect(),
+            weight_map: Some((index_path.clone(), map.clone())),
+        })
+    }
+}
+
 /// One memory-mapped safetensors file, with its tensor table parsed once.
 struct MappedFile {
     path: PathBuf,
@@ -190,50 +243,14 @@ pub struct SafetensorsCheckpoint {
 
 impl SafetensorsCheckpoint {
     pub fn open_dir(dir: &Path) -> Result<Self, FormatError> {
-        let index_path = dir.join("model.safetensors.index.json");
-        if index_path.is_file() {
-            let text = std::fs::read_to_string(&index_path)
-                .map_err(|e| FormatError::io(&index_path, e))?;
-            let json: Value = serde_json::from_str(&text)
-                .map_err(|e| FormatError::invalid(&index_path, format!("not valid JSON: {e}")))?;
-            let map = json
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| FormatError::invalid(&index_path, "missing 'weight_map' object"))?;
-            let mut shard_names: Vec<&str> = Vec::new();
-            for (tensor, shard) in map {
-                let shard = shard.as_str().ok_or_else(|| {
-                    FormatError::invalid(
-                        &index_path,
-                        format!("weight_map['{tensor}'] is not a string"),
-                    )
-                })?;
-                if shard.contains('/') || shard.contains("..") {
-                    return Err(FormatError::invalid(
-                        &index_path,
-                        format!("weight_map['{tensor}'] = '{shard}' points outside the folder"),
-                    ));
-                }
-                if !shard_names.contains(&shard) {
-                    shard_names.push(shard);
-                }
-            }
-            shard_names.sort_unstable();
-            let files: Vec<MappedFile> = shard_names
-                .iter()
-                .map(|s| MappedFile::open(&dir.join(s)))
-                .collect::<Result<_, _>>()?;
-            Self::from_files(files, Some((&index_path, map)))
-        } else {
-            let single = dir.join("model.safetensors");
-            if !single.is_file() {
-                return Err(FormatError::invalid(
-                    dir,
-                    "no model.safetensors or model.safetensors.index.json in the model folder",
-                ));
-            }
-            Self::from_files(vec![MappedFile::open(&single)?], None)
-        }
+        let shards = ShardIndex::read(dir)?;
+        let files: Vec<MappedFile> = shards
+            .files
+            .iter()
+            .map(|p| MappedFile::open(p))
+            .collect::<Result<_, _>>()?;
+        let declared = shards.weight_map.as_ref().map(|(p, m)| (p.as_path(), m));
+        Self::from_files(files, declared)
     }
 
     pub fn open_file(path: &Path) -> Result<Self, FormatError> {
@@ -404,6 +421,48 @@ pub mod hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shard list both safetensors readers (checkpoints and QTIP import) share: sorted,
+    /// each shard once, and index entries that leave the folder or are not strings refused.
+    #[test]
+    fn shard_index_lists_each_shard_once_and_refuses_escapes() {
+        let d = tempfile::tempdir().unwrap();
+        let index = d.path().join("model.safetensors.index.json");
+        let err = ShardIndex::read(d.path()).err().unwrap().to_string();
+        assert!(err.contains("no model.safetensors"), "{err}");
+
+        std::fs::write(
+            &index,
+            r#"{"weight_map": {"a": "b.safetensors", "c": "a.safetensors", "d": "b.safetensors"}}"#,
+        )
+        .unwrap();
+        let shards = ShardIndex::read(d.path()).unwrap();
+        let names: Vec<_> = shards
+            .files
+            .iter()
+            .map(|p| p.file_name().unwrap())
+            .collect();
+        assert_eq!(names, ["a.safetensors", "b.safetensors"]);
+        assert_eq!(shards.weight_map.unwrap().1.len(), 3);
+
+        for (bad, needle) in [
+            (
+                r#"{"weight_map": {"w": "../x.safetensors"}}"#,
+                "points outside",
+            ),
+            (
+                r#"{"weight_map": {"w": "sub\\x.safetensors"}}"#,
+                "points outside",
+            ),
+            (r#"{"weight_map": {"w": 3}}"#, "is not a string"),
+            (r#"{"metadata": {}}"#, "missing 'weight_map'"),
+            ("{", "not valid JSON"),
+        ] {
+            std::fs::write(&index, bad).unwrap();
+            let err = ShardIndex::read(d.path()).err().unwrap().to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn repo_id_detection() {

@@ -16,7 +16,7 @@
 //! Meaning after import (the runtime's, `resident::trellis`): `y = SV ⊙ H_outᵀ·(Ŵ·(H_in·(SU ⊙ x)))`.
 //! QTIP's extra fixed factor 32 (`x/32` before the matvec, `·32` after) cancels and is not stored.
 
-use crate::checkpoint::{read_optional, read_optional_json};
+use crate::checkpoint::{read_optional, read_optional_json, ShardIndex};
 use crate::config::ModelConfig;
 use crate::resident::{
     trellis_sections, SmallHadamard, TileOrder, TrellisCode, TrellisParts, TrellisQuantized,
@@ -453,42 +453,7 @@ pub struct QtipTensors {
 impl QtipTensors {
     /// `model.safetensors`, or the shards named by `model.safetensors.index.json`.
     pub fn open_dir(dir: &Path) -> Result<Self, QtipError> {
-        let index_path = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if index_path.is_file() {
-            let json = read_optional_json(&index_path)?.unwrap_or(Value::Null);
-            let map = json
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| FormatError::invalid(&index_path, "missing 'weight_map' object"))?;
-            let mut shards = BTreeSet::new();
-            for (tensor, shard) in map {
-                let shard = shard.as_str().ok_or_else(|| {
-                    FormatError::invalid(
-                        &index_path,
-                        format!("weight_map['{tensor}'] is not a string"),
-                    )
-                })?;
-                if shard.contains('/') || shard.contains('\\') || shard.contains("..") {
-                    return Err(FormatError::invalid(
-                        &index_path,
-                        format!("weight_map['{tensor}'] = '{shard}' points outside the folder"),
-                    )
-                    .into());
-                }
-                shards.insert(shard.to_string());
-            }
-            shards.into_iter().map(|s| dir.join(s)).collect()
-        } else {
-            let single = dir.join("model.safetensors");
-            if !single.is_file() {
-                return Err(FormatError::invalid(
-                    dir,
-                    "no model.safetensors or model.safetensors.index.json in the model folder",
-                )
-                .into());
-            }
-            vec![single]
-        };
+        let files = ShardIndex::read(dir)?.files;
         let mut maps = Vec::new();
         let mut entries = BTreeMap::new();
         for (i, path) in files.into_iter().enumerate() {

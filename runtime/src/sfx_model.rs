@@ -143,6 +143,28 @@ fn decoded_exact<'f>(file: &'f SfxFile, s: &SectionView<'f>, want: usize) -> Res
     Ok(bytes)
 }
 
+/// A stored weight's `[rows, cols]`, which must be the `[out, in]` the model config gives.
+fn config_dims(
+    file: &SfxFile,
+    name: &str,
+    noun: &str,
+    (rows, cols): (u64, u64),
+    spec: &LinearSpec<'_>,
+) -> Result<(usize, usize)> {
+    let (rows, cols) = (to_usize(file, name, rows)?, to_usize(file, name, cols)?);
+    if (rows, cols) != (spec.out_dim, spec.in_dim) {
+        return Err(section_err(
+            file,
+            name,
+            format!(
+                "{noun} of a [{rows}, {cols}] weight, the model config needs [{}, {}]",
+                spec.out_dim, spec.in_dim
+            ),
+        ));
+    }
+    Ok((rows, cols))
+}
+
 fn to_usize(file: &SfxFile, section: &str, v: u64) -> Result<usize> {
     usize::try_from(v).map_err(|_| {
         section_err(
@@ -272,17 +294,7 @@ impl<'f> SfxLinearFactory<'f> {
                 ),
             ));
         };
-        let (rows, cols) = (to_usize(file, name, rows)?, to_usize(file, name, cols)?);
-        if (rows, cols) != (spec.out_dim, spec.in_dim) {
-            return Err(section_err(
-                file,
-                name,
-                format!(
-                    "codes of a [{rows}, {cols}] weight, the model config needs [{}, {}]",
-                    spec.out_dim, spec.in_dim
-                ),
-            ));
-        }
+        let (rows, cols) = config_dims(file, name, "codes", (rows, cols), spec)?;
         // The CPU kernels exist for 2, 3 and 4 bits; the layout allows 1–8.
         let bits = match u8::try_from(bits) {
             Ok(b @ 2..=4) => b,
@@ -426,17 +438,7 @@ impl SfxLinearFactory<'_> {
                 ),
             ));
         };
-        let (rows, cols) = (to_usize(file, name, rows)?, to_usize(file, name, cols)?);
-        if (rows, cols) != (spec.out_dim, spec.in_dim) {
-            return Err(section_err(
-                file,
-                name,
-                format!(
-                    "tiles of a [{rows}, {cols}] weight, the model config needs [{}, {}]",
-                    spec.out_dim, spec.in_dim
-                ),
-            ));
-        }
+        let (rows, cols) = config_dims(file, name, "tiles", (rows, cols), spec)?;
         let scheme = TrellisScheme::decode(scheme, k).map_err(|e| section_err(file, name, e))?;
         let n_tiles = TrellisQuantized::tile_stream_len(&scheme, rows, cols)
             .ok_or_else(|| section_err(file, name, "tile count overflows"))?;
