@@ -73,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = ModelOptions {
             precision,
             prefill_chunk: chunk,
+            ..ModelOptions::default()
         };
         let mut paths = vec![model_path];
         paths.extend(versus);
@@ -84,6 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = ModelOptions {
         precision,
         prefill_chunk: chunk,
+        ..ModelOptions::default()
     };
     let t = Instant::now();
     let model = Model::load_cpu(&ck.config, &*ck.tensors, &opts)?;

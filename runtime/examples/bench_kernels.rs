@@ -5,8 +5,10 @@
 //!     [--hidden 576 --ffn 1536 --heads 9 --kv-heads 3 --head-dim 64 --vocab 49152]
 
 use faer::{Accum, MatMut, MatRef, Par};
-use sfx_runtime::backend::cpu::{CpuBackend, CpuBuffer, CpuMatrix, CpuWeights};
-use sfx_runtime::backend::{AttentionShape, Backend, KvLayout};
+use sfx_runtime::backend::cpu::{
+    CpuBackend, CpuBuffer, CpuIndex, CpuKvStore, CpuMatrix, CpuWeights,
+};
+use sfx_runtime::backend::{AttentionShape, Backend, KvDtype, KvLayout, MatmulOut};
 use std::time::Instant;
 
 fn best_of<F: FnMut()>(reps: usize, mut f: F) -> f64 {
@@ -62,12 +64,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mf = CpuMatrix::new(rows, cols, CpuWeights::F32(wf.clone()))?;
         let x1 = CpuBuffer(vec![0.5; cols]);
         let mut y1 = CpuBuffer(vec![0.0; rows]);
-        let t_bf = best_of(20, || b.matmul_t(&x1, 1, &mb, None, &mut y1).unwrap());
-        let t_f = best_of(20, || b.matmul_t(&x1, 1, &mf, None, &mut y1).unwrap());
+        let t_bf = best_of(20, || {
+            b.matmul_t(&x1, 1, &mb, None, &mut y1, MatmulOut::Store)
+                .unwrap()
+        });
+        let t_f = best_of(20, || {
+            b.matmul_t(&x1, 1, &mf, None, &mut y1, MatmulOut::Store)
+                .unwrap()
+        });
         let xm = CpuBuffer(vec![0.5; m * cols]);
         let mut ym = CpuBuffer(vec![0.0; m * rows]);
-        let g_bf = best_of(3, || b.matmul_t(&xm, m, &mb, None, &mut ym).unwrap());
-        let g_f = best_of(3, || b.matmul_t(&xm, m, &mf, None, &mut ym).unwrap());
+        let g_bf = best_of(3, || {
+            b.matmul_t(&xm, m, &mb, None, &mut ym, MatmulOut::Store)
+                .unwrap()
+        });
+        let g_f = best_of(3, || {
+            b.matmul_t(&xm, m, &mf, None, &mut ym, MatmulOut::Store)
+                .unwrap()
+        });
         // faer alone, one parallel GEMM on the f32 weights: the ceiling for the prefill path.
         let g_faer = best_of(3, || {
             faer::linalg::matmul::matmul(
@@ -99,16 +113,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         head_dim: hd,
         capacity: ctx,
     };
-    let kc = CpuBuffer(
-        (0..kv.buffer_len())
+    let kc = CpuKvStore {
+        data: (0..kv.buffer_len())
             .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
             .collect(),
-    );
-    let vc = CpuBuffer(
-        (0..kv.buffer_len())
+        dtype: KvDtype::F32,
+    };
+    let vc = CpuKvStore {
+        data: (0..kv.buffer_len())
             .map(|i| ((i % 7) as f32 - 3.0) * 0.1)
             .collect(),
-    );
+        dtype: KvDtype::F32,
+    };
     for (label, past, nq) in [
         ("prefill chunk", ctx - m, m),
         ("prefill first chunk", 0, m),
@@ -122,7 +138,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let q = CpuBuffer(vec![0.1; nq * heads * hd]);
         let mut out = CpuBuffer(vec![0.0; nq * heads * hd]);
-        let t = best_of(5, || b.attention(&q, &kc, &vc, &s, &mut out).unwrap());
+        let pos = CpuIndex((past..past + nq).map(|p| p as u32).collect());
+        let mut scratch = CpuBuffer(vec![0.0; 1]);
+        let t = best_of(5, || {
+            b.attention(&q, &kc, &vc, &s, &pos, &mut scratch, &mut out)
+                .unwrap()
+        });
         // Causal work: each query attends to past + its index + 1 keys; QKᵀ and PV.
         let pairs: f64 = (0..nq).map(|i| (past + i + 1) as f64).sum();
         let flops = 4.0 * pairs * (heads * hd) as f64;

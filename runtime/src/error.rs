@@ -39,6 +39,8 @@ pub enum RuntimeError {
     Config(String),
     #[error("{0}")]
     Unsupported(String),
+    #[error("CUDA {op}: {msg}")]
+    Cuda { op: &'static str, msg: String },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

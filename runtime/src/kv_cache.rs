@@ -5,9 +5,10 @@
 //! cache's attention depends on its storage (resident codes, an FP16 sink/partial block, the
 //! refinement correction of eq. 8). The float cache simply calls the backend's attention.
 
-use crate::backend::{AttentionShape, Backend, KvLayout};
+use crate::backend::{AttentionShape, Backend, KvDtype, KvLayout};
 use crate::error::{Result, RuntimeError};
 use sfx_formats::ModelConfig;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a cache was built for; the model checks it before a forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +47,8 @@ pub trait KvCache<B: Backend>: Send {
     fn truncate(&mut self, len: usize) -> Result<()>;
     /// Stores `k`, `v` (`[n_new, kv_heads · head_dim]`, after RoPE) of `layer` at positions
     /// `len()..len() + n_new` and writes causal attention of `q` (`[n_new, n_heads ·
-    /// head_dim]`) over positions `0..len() + n_new` into `out`.
+    /// head_dim]`) over positions `0..len() + n_new` into `out`. `positions` holds those
+    /// positions on the device (what captured kernels read).
     #[allow(clippy::too_many_arguments)]
     fn append_and_attend(
         &mut self,
@@ -54,6 +56,7 @@ pub trait KvCache<B: Backend>: Send {
         layer: usize,
         n_heads: usize,
         n_new: usize,
+        positions: &B::Index,
         q: &B::Buffer,
         k: &B::Buffer,
         v: &B::Buffer,
@@ -63,6 +66,19 @@ pub trait KvCache<B: Backend>: Send {
     fn commit(&mut self, n_new: usize) -> Result<()>;
     /// Device bytes held (for memory accounting).
     fn resident_bytes(&self) -> usize;
+    /// An identity that stays fixed while the cache's device storage does, when a decode
+    /// step over this cache may be captured into a graph and replayed: every op of its
+    /// `append_and_attend` is a device op reading positions from the device, with no host
+    /// state changed. `None` (the default) for caches that do host work per step.
+    fn graph_id(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Fresh identities for [`KvCache::graph_id`].
+pub(crate) fn next_cache_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// `CacheFull` unless `n_new` more positions fit after `len`.
@@ -77,18 +93,32 @@ pub(crate) fn check_room(len: usize, n_new: usize, capacity: usize) -> Result<()
     Ok(())
 }
 
-/// Float cache: per layer one K and one V buffer `[kv_heads, capacity, head_dim]`, allocated
-/// up front (SmolLM2-135M at 2048 positions: 94 MB).
-pub struct F32KvCache<B: Backend> {
+/// Float cache: per layer one K and one V store `[kv_heads, capacity, head_dim]` of f32 or
+/// f16 elements, allocated up front (SmolLM2-135M at 2048 positions, f32: 94 MB), plus the
+/// attention kernel's scratch, so a decode step allocates nothing.
+pub struct FloatKvCache<B: Backend> {
     shape: KvShape,
     layout: KvLayout,
-    keys: Vec<B::Buffer>,
-    values: Vec<B::Buffer>,
+    dtype: KvDtype,
+    keys: Vec<B::KvStore>,
+    values: Vec<B::KvStore>,
+    scratch: Option<(usize, B::Buffer)>,
     len: usize,
+    id: u64,
 }
 
-impl<B: Backend> F32KvCache<B> {
+impl<B: Backend> FloatKvCache<B> {
+    /// An f32 cache.
     pub fn new(backend: &B, shape: KvShape, capacity: usize) -> Result<Self> {
+        Self::with_dtype(backend, shape, capacity, KvDtype::F32)
+    }
+
+    pub fn with_dtype(
+        backend: &B,
+        shape: KvShape,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
         let layout = KvLayout {
             kv_heads: shape.kv_heads,
             head_dim: shape.head_dim,
@@ -102,30 +132,37 @@ impl<B: Backend> F32KvCache<B> {
         let mut keys = Vec::with_capacity(shape.layers);
         let mut values = Vec::with_capacity(shape.layers);
         for _ in 0..shape.layers {
-            keys.push(backend.alloc(len)?);
-            values.push(backend.alloc(len)?);
+            keys.push(backend.alloc_kv(len, dtype)?);
+            values.push(backend.alloc_kv(len, dtype)?);
         }
         Ok(Self {
             shape,
             layout,
+            dtype,
             keys,
             values,
+            scratch: None,
             len: 0,
+            id: next_cache_id(),
         })
     }
 
-    /// One layer's raw `[kv_heads, capacity, head_dim]` key and value buffers (positions
+    /// One layer's raw `[kv_heads, capacity, head_dim]` key and value stores (positions
     /// `len()..` hold stale data).
-    pub fn layer(&self, layer: usize) -> Option<(&B::Buffer, &B::Buffer)> {
+    pub fn layer(&self, layer: usize) -> Option<(&B::KvStore, &B::KvStore)> {
         Some((self.keys.get(layer)?, self.values.get(layer)?))
     }
 
     pub fn layout(&self) -> KvLayout {
         self.layout
     }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
 }
 
-impl<B: Backend> KvCache<B> for F32KvCache<B> {
+impl<B: Backend> KvCache<B> for FloatKvCache<B> {
     fn shape(&self) -> KvShape {
         self.shape
     }
@@ -149,27 +186,42 @@ impl<B: Backend> KvCache<B> for F32KvCache<B> {
         layer: usize,
         n_heads: usize,
         n_new: usize,
+        positions: &B::Index,
         q: &B::Buffer,
         k: &B::Buffer,
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
         check_room(self.len, n_new, self.layout.capacity)?;
+        // Scratch sized for this head count, allocated on first use (a model asks with one
+        // head count; capture happens only after an eager step has made it).
+        let need = backend.attention_scratch_len(self.layout, n_heads);
+        if self
+            .scratch
+            .as_ref()
+            .is_none_or(|(heads, _)| *heads != n_heads)
+        {
+            self.scratch = Some((n_heads, backend.alloc(need.max(1))?));
+        }
         let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
             return Err(RuntimeError::CacheMismatch(format!(
                 "layer {layer} requested, cache has {} layers",
                 self.shape.layers
             )));
         };
-        backend.write_kv(k, kc, self.layout, self.len)?;
-        backend.write_kv(v, vc, self.layout, self.len)?;
+        backend.write_kv(k, v, kc, vc, self.layout, positions)?;
         let shape = AttentionShape {
             n_heads,
             kv: self.layout,
             past: self.len,
             n_queries: n_new,
         };
-        backend.attention(q, kc, vc, &shape, out)
+        let Some((_, scratch)) = self.scratch.as_mut() else {
+            return Err(RuntimeError::CacheMismatch(
+                "attention scratch missing".into(),
+            ));
+        };
+        backend.attention(q, kc, vc, &shape, positions, scratch, out)
     }
 
     fn commit(&mut self, n_new: usize) -> Result<()> {
@@ -179,6 +231,13 @@ impl<B: Backend> KvCache<B> for F32KvCache<B> {
     }
 
     fn resident_bytes(&self) -> usize {
-        2 * self.shape.layers * self.layout.buffer_len() * 4
+        2 * self.shape.layers * self.layout.buffer_len() * self.dtype.size_in_bytes()
+    }
+
+    fn graph_id(&self) -> Option<u64> {
+        // The scratch is (re)allocated only when the head count changes, which changes the
+        // id too.
+        let heads = self.scratch.as_ref().map_or(0, |(h, _)| *h as u64);
+        Some(self.id ^ (heads << 48))
     }
 }

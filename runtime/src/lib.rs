@@ -10,7 +10,9 @@
 //! Data moves one way: `TensorSource` (sfx-formats) → resident matrices → ops → logits.
 
 pub mod backend;
+pub mod bench;
 pub mod chat;
+pub mod conformance;
 pub mod error;
 pub mod eval;
 pub mod kv;
@@ -22,13 +24,14 @@ pub mod refine;
 pub mod resident;
 pub mod sampling;
 pub mod sfx_model;
+pub mod synthetic;
 #[cfg(test)]
 mod test_util;
 
 pub use backend::cpu::{CpuBackend, SimdLevel};
 pub use backend::{Backend, WeightPrecision};
 pub use error::RuntimeError;
-pub use kv_cache::{F32KvCache, KvCache, KvShape};
+pub use kv_cache::{FloatKvCache, KvCache, KvShape};
 pub use linear::{FloatLinear, FloatLinearFactory, Linear, LinearFactory, LinearRole, LinearSpec};
 pub use model::{LayerwiseRunner, Logits, LogitsMode, Model, ModelOptions};
 pub use observe::{ActivationObserver, ProjectionSet};

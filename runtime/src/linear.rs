@@ -7,7 +7,7 @@
 //! [`LinearFactory`], so a new format plugs into [`crate::model::Model::load_with`] without
 //! touching the graph.
 
-use crate::backend::{Backend, WeightPrecision};
+use crate::backend::{Backend, MatmulOut, WeightPrecision};
 use crate::error::{Result, RuntimeError};
 use sfx_formats::{DType, TensorSource};
 
@@ -18,6 +18,25 @@ pub trait Linear<B: Backend>: Send + Sync {
     fn has_bias(&self) -> bool;
     /// `x` holds `m × in_dim` values, `y` `m × out_dim`; `y` is overwritten.
     fn forward(&self, backend: &B, x: &B::Buffer, m: usize, y: &mut B::Buffer) -> Result<()>;
+    /// `acc += x·Wᵀ (+ b)`: the projection followed by the residual add. The default runs
+    /// [`Linear::forward`] into `scratch` (`m × out_dim`) and adds; a format whose kernel can
+    /// accumulate in place overrides it (one kernel and one pass over `acc` fewer).
+    fn forward_add(
+        &self,
+        backend: &B,
+        x: &B::Buffer,
+        m: usize,
+        acc: &mut B::Buffer,
+        scratch: &mut B::Buffer,
+    ) -> Result<()> {
+        self.forward(backend, x, m, scratch)?;
+        backend.add_assign(acc, scratch)
+    }
+    /// The resident float matrix and bias, for the graph's fused multi-projection ops
+    /// ([`Backend::matmul_t_group`], [`Backend::matmul_t_swiglu`]); `None` for other formats.
+    fn float_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
+        None
+    }
     /// Bytes this linear keeps resident on the device (weights, scales, bias), for the
     /// per-tier memory accounting of the evaluation protocol.
     fn resident_bytes(&self) -> usize;
@@ -93,7 +112,27 @@ impl<B: Backend> Linear<B> for FloatLinear<B> {
         self.bias.is_some()
     }
     fn forward(&self, backend: &B, x: &B::Buffer, m: usize, y: &mut B::Buffer) -> Result<()> {
-        backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y)
+        backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y, MatmulOut::Store)
+    }
+    fn forward_add(
+        &self,
+        backend: &B,
+        x: &B::Buffer,
+        m: usize,
+        acc: &mut B::Buffer,
+        _scratch: &mut B::Buffer,
+    ) -> Result<()> {
+        backend.matmul_t(
+            x,
+            m,
+            &self.weight,
+            self.bias.as_ref(),
+            acc,
+            MatmulOut::Accumulate,
+        )
+    }
+    fn float_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
+        Some((&self.weight, self.bias.as_ref()))
     }
     fn resident_bytes(&self) -> usize {
         let bias = if self.bias.is_some() {

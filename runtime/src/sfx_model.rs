@@ -16,7 +16,7 @@ use crate::backend::WeightPrecision;
 use crate::error::{Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
-use crate::resident::{GroupQuantLinear, TrellisLinear};
+use crate::resident::ResidentKernels;
 use half::f16;
 use sfx_formats::resident::{
     GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme,
@@ -74,11 +74,21 @@ pub fn sfx_config(file: &SfxFile) -> Result<&ModelConfig> {
 /// config from the metadata, float tables from `dense` sections (stored per
 /// `options.precision`), group-quantized projections. Refinement sections are not used.
 pub fn load_sfx_model(file: &SfxFile, options: &ModelOptions) -> Result<Model<CpuBackend>> {
+    load_sfx_model_on(CpuBackend::new(), file, options)
+}
+
+/// [`load_sfx_model`] onto any backend; a resident format the backend has no kernel for is
+/// an error naming the format and the projection.
+pub fn load_sfx_model_on<B: ResidentKernels>(
+    backend: B,
+    file: &SfxFile,
+    options: &ModelOptions,
+) -> Result<Model<B>> {
     let config = sfx_config(file)?;
     check_packing(file)?;
     let tensors = SfxTensors::new(file)?;
     let factory = SfxLinearFactory::new(file, options.precision);
-    Model::load_with(CpuBackend::new(), config, &tensors, &factory, options)
+    Model::load_with(backend, config, &tensors, &factory, options)
 }
 
 /// Rejects a container whose metadata names a code packing other than `group-asym-v1`: its
@@ -518,13 +528,13 @@ fn describe_layout(l: &Layout) -> String {
     }
 }
 
-impl LinearFactory<CpuBackend> for SfxLinearFactory<'_> {
+impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
     fn load(
         &self,
-        backend: &CpuBackend,
+        backend: &B,
         tensors: &dyn TensorSource,
         spec: &LinearSpec<'_>,
-    ) -> Result<Box<dyn Linear<CpuBackend>>> {
+    ) -> Result<Box<dyn Linear<B>>> {
         if spec.role == LinearRole::LmHead {
             // docs/format.md: the untied head is kept float (`lm_head.weight`, dense).
             return Ok(Box::new(FloatLinear::load(
@@ -541,11 +551,17 @@ impl LinearFactory<CpuBackend> for SfxLinearFactory<'_> {
                 .map(|s| s.layout.clone()),
             Ok(Layout::TrellisTiles { .. })
         );
+        let what = format!(
+            "{}{}",
+            spec.weight_name,
+            spec.layer
+                .map_or(String::new(), |l| format!(" (layer {l})"))
+        );
         if trellis {
             let q = self.trellis_quantized(spec)?;
-            return Ok(Box::new(TrellisLinear::new(q, bias)?));
+            return B::trellis_linear(q, bias, &what);
         }
         let q = self.group_quantized(spec)?;
-        Ok(Box::new(GroupQuantLinear::new(q, bias)?))
+        B::group_linear(q, bias, &what)
     }
 }

@@ -8,7 +8,7 @@ use sfx_runtime::kv::{
     KvBaseChoice, KvBits, KvConfig, KvRefineConfig, KvTierConfig, QuantKvCache, RefineBits,
 };
 use sfx_runtime::refine::MissPolicy;
-use sfx_runtime::{CpuBackend, F32KvCache, KvCache, KvShape};
+use sfx_runtime::{CpuBackend, FloatKvCache, KvCache, KvShape};
 
 struct Lcg(u64);
 impl Lcg {
@@ -66,7 +66,17 @@ fn fill(
             );
             let mut out = b.alloc(m * n_heads * D).unwrap();
             cache
-                .append_and_attend(b, layer, n_heads, m, &qb, &kb, &vb, &mut out)
+                .append_and_attend(
+                    b,
+                    layer,
+                    n_heads,
+                    m,
+                    &positions_of(cache.len(), m),
+                    &qb,
+                    &kb,
+                    &vb,
+                    &mut out,
+                )
                 .unwrap();
         }
         cache.commit(m).unwrap();
@@ -109,7 +119,17 @@ fn decode_step(
         );
         let mut out = b.alloc(n_heads * D).unwrap();
         cache
-            .append_and_attend(b, layer, n_heads, 1, &qb, &kb, &vb, &mut out)
+            .append_and_attend(
+                b,
+                layer,
+                n_heads,
+                1,
+                &positions_of(cache.len(), 1),
+                &qb,
+                &kb,
+                &vb,
+                &mut out,
+            )
             .unwrap();
         if layer == 0 {
             let mut o = vec![0.0f32; n_heads * D];
@@ -250,7 +270,7 @@ fn f16_base_matches_float_cache_fed_fp16_values() {
     let n_heads = 9;
     let mut quant =
         QuantKvCache::<CpuBackend>::new(shape, 512, &KvConfig::base(KvBaseChoice::F16)).unwrap();
-    let mut float = F32KvCache::new(&b, shape, 512).unwrap();
+    let mut float = FloatKvCache::new(&b, shape, 512).unwrap();
     let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&y| f16::from_f32(y).to_f32()).collect() };
     let mut rng = Lcg(11);
     for step in 0..300 {
@@ -264,10 +284,30 @@ fn f16_base_matches_float_cache_fed_fp16_values() {
             let mut o1 = b.alloc(n * n_heads * D).unwrap();
             let mut o2 = b.alloc(n * n_heads * D).unwrap();
             quant
-                .append_and_attend(&b, layer, n_heads, n, &qb, &kb, &vb, &mut o1)
+                .append_and_attend(
+                    &b,
+                    layer,
+                    n_heads,
+                    n,
+                    &positions_of(quant.len(), n),
+                    &qb,
+                    &kb,
+                    &vb,
+                    &mut o1,
+                )
                 .unwrap();
             float
-                .append_and_attend(&b, layer, n_heads, n, &qb, &kr, &vr, &mut o2)
+                .append_and_attend(
+                    &b,
+                    layer,
+                    n_heads,
+                    n,
+                    &positions_of(float.len(), n),
+                    &qb,
+                    &kr,
+                    &vr,
+                    &mut o2,
+                )
                 .unwrap();
             let (mut a, mut c) = (vec![0.0; n * n_heads * D], vec![0.0; n * n_heads * D]);
             b.download(&o1, &mut a).unwrap();
@@ -422,4 +462,9 @@ fn truncation_inside_an_encoded_tile_is_refused() {
     assert_eq!(cache.len(), 8 + 128 + 4);
     cache.truncate(8 + 128).unwrap();
     assert_eq!(cache.resident_bytes(), cache.resident_bytes_for(8 + 128));
+}
+
+/// Device-side positions `start..start + n` (the CPU backend's index buffer).
+fn positions_of(start: usize, n: usize) -> sfx_runtime::backend::cpu::CpuIndex {
+    sfx_runtime::backend::cpu::CpuIndex((start..start + n).map(|p| p as u32).collect())
 }

@@ -419,7 +419,7 @@ fn bad_inputs_are_errors_not_panics() {
 
     let other = config("qwen3", true);
     let mut wrong =
-        sfx_runtime::F32KvCache::new(m.backend(), sfx_runtime::KvShape::of(&other), 8).unwrap();
+        sfx_runtime::FloatKvCache::new(m.backend(), sfx_runtime::KvShape::of(&other), 8).unwrap();
     assert!(matches!(
         m.forward(&[1], &mut wrong, LogitsMode::Last),
         Err(RuntimeError::CacheMismatch(_))

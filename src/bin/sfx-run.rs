@@ -7,6 +7,7 @@ use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::corpus;
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::ModelConfig;
+use sfx_runtime::backend::KvDtype;
 use sfx_runtime::chat::{render_chat, ChatMessage};
 use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
 use sfx_runtime::eval::{
@@ -20,11 +21,13 @@ use sfx_runtime::refine::{
     file_settings, open_refinement, plan_from_sfx, MissPolicy, MlpMode, RefineOpenOptions, Refiner,
     TierChoice,
 };
+use sfx_runtime::resident::ResidentKernels;
 use sfx_runtime::sampling::{Sampler, SamplingParams};
-use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model, sfx_tokenizer_json};
-use sfx_runtime::{CpuBackend, KvCache, KvShape, LogitsMode, Model, ModelOptions, WeightPrecision};
+use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model_on, sfx_tokenizer_json};
+use sfx_runtime::{Backend, KvCache, KvShape, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::io::Write;
 use std::time::Instant;
+use strataflux::device::{with_backend, DeviceChoice, OnBackend};
 use tokenizers::Tokenizer;
 
 #[derive(Parser)]
@@ -101,6 +104,21 @@ struct Cli {
     /// Worker threads (default: all cores; also RAYON_NUM_THREADS).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Where the model runs: cpu, cuda, cuda:N, or auto (the GPU for float models when one
+    /// is present; a .sfx runs on the CPU until its low-bit formats have CUDA kernels).
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Device of the --kl-ref model (default: the same as --device).
+    #[arg(long, requires = "kl_ref")]
+    kl_ref_device: Option<DeviceChoice>,
+    /// Element type of the float KV cache: f32 or f16 (the default cache when --kv is not
+    /// given).
+    #[arg(long, default_value = "f32")]
+    kv_dtype: String,
+    /// Run every op of a decode step as its own launch instead of replaying a captured step
+    /// graph (CUDA).
+    #[arg(long)]
+    no_graphs: bool,
     /// Print a JSON report on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -216,7 +234,7 @@ fn parse_bytes(flag: &str, s: &str) -> Result<u64> {
 /// The refinement engine for a `.sfx` model, per the CLI options; `None` for float models,
 /// `--no-refine`, files without refinement, or refinement that failed verification (then
 /// with one warning).
-fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend>>> {
+fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Refiner<B>>> {
     let Some((path, file)) = &loaded.sfx else {
         return Ok(None);
     };
@@ -268,7 +286,7 @@ fn build_refiner(cli: &Cli, loaded: &Loaded) -> Result<Option<Refiner<CpuBackend
 }
 
 /// JSON record of a refinement run: settings, engine counters and tier statistics.
-fn refine_report(r: &Refiner<CpuBackend>, options_tier: &Option<String>) -> serde_json::Value {
+fn refine_report<B: Backend>(r: &Refiner<B>, options_tier: &Option<String>) -> serde_json::Value {
     let c = r.counters();
     let st = r.store_stats();
     let tokens = c.tokens.max(1) as f64;
@@ -321,28 +339,39 @@ impl ModelInfo {
     }
 }
 
-struct Loaded {
+struct Loaded<B: Backend> {
     info: ModelInfo,
-    model: Model,
+    model: Model<B>,
     /// The container and its path when the model is a `.sfx` (its refinement is read from it).
     sfx: Option<(std::path::PathBuf, SfxFile)>,
     tokenizer: Tokenizer,
     load_seconds: f64,
 }
 
-fn load(spec: &str, precision: Precision) -> Result<Loaded> {
+/// Load-time options from the command line.
+fn model_options(cli: &Cli) -> Result<ModelOptions> {
+    Ok(ModelOptions {
+        precision: cli.precision.into(),
+        kv_dtype: match cli.kv_dtype.as_str() {
+            "f32" => KvDtype::F32,
+            "f16" => KvDtype::F16,
+            other => bail!("--kv-dtype {other:?}: expected f32 or f16"),
+        },
+        step_graphs: !cli.no_graphs,
+        ..ModelOptions::default()
+    })
+}
+
+fn load<B: ResidentKernels>(backend: B, spec: &str, cli: &Cli) -> Result<Loaded<B>> {
     // A `.sfx` container is recognised by its magic bytes, not its name, so a renamed file
     // still loads and a folder or GGUF never takes this path.
     if is_sfx_file(std::path::Path::new(spec)) {
-        return load_sfx(spec, precision);
+        return load_sfx(backend, spec, cli);
     }
     let t0 = Instant::now();
     let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
-    let options = ModelOptions {
-        precision: precision.into(),
-        ..ModelOptions::default()
-    };
-    let model = Model::load_cpu(&ckpt.config, ckpt.tensors.as_ref(), &options)
+    let options = model_options(cli)?;
+    let model = Model::load(backend, &ckpt.config, ckpt.tensors.as_ref(), &options)
         .with_context(|| format!("loading model {spec}"))?;
     let json = ckpt
         .tokenizer_json
@@ -367,14 +396,12 @@ fn load(spec: &str, precision: Precision) -> Result<Loaded> {
 /// Loads the resident base of a converter-written `.sfx` container (refinement sections are
 /// not used yet); tokenizer and chat template come from its metadata. `precision` applies to
 /// the float tables (embedding, untied head) as for float models.
-fn load_sfx(spec: &str, precision: Precision) -> Result<Loaded> {
+fn load_sfx<B: ResidentKernels>(backend: B, spec: &str, cli: &Cli) -> Result<Loaded<B>> {
     let t0 = Instant::now();
     let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
-    let options = ModelOptions {
-        precision: precision.into(),
-        ..ModelOptions::default()
-    };
-    let model = load_sfx_model(&file, &options).with_context(|| format!("loading model {spec}"))?;
+    let options = model_options(cli)?;
+    let model = load_sfx_model_on(backend, &file, &options)
+        .with_context(|| format!("loading model {spec}"))?;
     let json = sfx_tokenizer_json(&file)
         .ok_or_else(|| anyhow!("{spec}: the container's metadata has no tokenizer_json"))?;
     let tokenizer = Tokenizer::from_bytes(json.as_bytes())
@@ -405,33 +432,49 @@ fn main() -> Result<()> {
     if cli.ppl.is_some() && (cli.prompt.is_some() || cli.prompt_file.is_some()) {
         bail!("--ppl and --prompt are separate modes; run them separately");
     }
-    let loaded = load(&cli.model, cli.precision)?;
-    if !cli.json {
-        eprintln!(
-            "loaded {} ({:?}, {} layers, {:.1} MB resident) in {:.1} s on {} thread(s)",
-            loaded.info.origin,
-            loaded.info.config.arch,
-            loaded.info.config.num_hidden_layers,
-            loaded.model.resident_bytes() as f64 / 1e6,
-            loaded.load_seconds,
-            rayon::current_num_threads()
-        );
-    }
-    if let Some(spec) = cli.ppl.clone() {
-        return run_eval(&cli, &loaded, &spec);
-    }
-    let prompt = match (&cli.prompt, &cli.prompt_file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading prompt file {}", f.display()))?,
-        (None, None) => bail!("nothing to do: give a prompt (-p) or an evaluation (--ppl)"),
+    // `auto` keeps a .sfx on the CPU: its low-bit projections have CPU kernels only so far.
+    let device = match cli.device {
+        DeviceChoice::Auto if is_sfx_file(std::path::Path::new(&cli.model)) => DeviceChoice::Cpu,
+        d => d,
     };
-    let mut refiner = build_refiner(&cli, &loaded)?;
-    generate(&cli, &loaded, &prompt, refiner.as_mut())
+    with_backend(device, Main(&cli))
+}
+
+/// The whole command on the chosen backend.
+struct Main<'a>(&'a Cli);
+
+impl OnBackend for Main<'_> {
+    type Output = ();
+    fn run<B: ResidentKernels>(self, backend: B) -> Result<()> {
+        let cli = self.0;
+        let loaded = load(backend, &cli.model, cli)?;
+        if !cli.json {
+            eprintln!(
+                "loaded {} ({:?}, {} layers, {:.1} MB resident) in {:.1} s on {}",
+                loaded.info.origin,
+                loaded.info.config.arch,
+                loaded.info.config.num_hidden_layers,
+                loaded.model.resident_bytes() as f64 / 1e6,
+                loaded.load_seconds,
+                loaded.model.backend().name()
+            );
+        }
+        if let Some(spec) = cli.ppl.clone() {
+            return run_eval(cli, &loaded, &spec);
+        }
+        let prompt = match (&cli.prompt, &cli.prompt_file) {
+            (Some(p), _) => p.clone(),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .with_context(|| format!("reading prompt file {}", f.display()))?,
+            (None, None) => bail!("nothing to do: give a prompt (-p) or an evaluation (--ppl)"),
+        };
+        let mut refiner = build_refiner(cli, &loaded)?;
+        generate(cli, &loaded, &prompt, refiner.as_mut())
+    }
 }
 
 /// Text of a special token, for chat templates that reference `bos_token` / `eos_token`.
-fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
+fn special_token<B: Backend>(loaded: &Loaded<B>, key: &str, id: Option<u32>) -> String {
     let from_config = loaded
         .info
         .tokenizer_config
@@ -447,7 +490,7 @@ fn special_token(loaded: &Loaded, key: &str, id: Option<u32>) -> String {
         .unwrap_or_default()
 }
 
-fn eos_ids(loaded: &Loaded) -> Vec<u32> {
+fn eos_ids<B: Backend>(loaded: &Loaded<B>) -> Vec<u32> {
     let mut ids = loaded.info.config.eos_token_ids.clone();
     if let Some(g) = loaded
         .info
@@ -476,11 +519,11 @@ fn eos_ids(loaded: &Loaded) -> Vec<u32> {
     ids
 }
 
-fn generate(
+fn generate<B: Backend>(
     cli: &Cli,
-    loaded: &Loaded,
+    loaded: &Loaded<B>,
     prompt: &str,
-    mut refiner: Option<&mut Refiner<CpuBackend>>,
+    mut refiner: Option<&mut Refiner<B>>,
 ) -> Result<()> {
     let text = if cli.chat {
         let template = loaded.info.chat_template().ok_or_else(|| {
@@ -531,9 +574,9 @@ fn generate(
     let kv_config = kv_configs(cli)?.pop();
     let kv_label = kv_config
         .as_ref()
-        .map_or_else(|| "f32".to_string(), KvConfig::label);
-    let mut cache: Box<dyn KvCache<CpuBackend>> = match &kv_config {
-        Some(config) => Box::new(QuantKvCache::<CpuBackend>::new(
+        .map_or_else(|| cli.kv_dtype.clone(), KvConfig::label);
+    let mut cache: Box<dyn KvCache<B>> = match &kv_config {
+        Some(config) => Box::new(QuantKvCache::<B>::new(
             KvShape::of(model.config()),
             capacity,
             config,
@@ -548,11 +591,10 @@ fn generate(
     });
     let eos = eos_ids(loaded);
 
-    let mut forward =
-        |ids: &[u32], cache: &mut dyn KvCache<CpuBackend>| match refiner.as_deref_mut() {
-            Some(r) => model.forward_refined(ids, cache, LogitsMode::Last, r),
-            None => model.forward(ids, cache, LogitsMode::Last),
-        };
+    let mut forward = |ids: &[u32], cache: &mut dyn KvCache<B>| match refiner.as_deref_mut() {
+        Some(r) => model.forward_refined(ids, cache, LogitsMode::Last, r),
+        None => model.forward(ids, cache, LogitsMode::Last),
+    };
     let t0 = Instant::now();
     let logits = forward(&prompt_ids, cache.as_mut())?;
     let prefill_s = t0.elapsed().as_secs_f64();
@@ -623,6 +665,7 @@ fn generate(
             "generation_tokens_per_second": gen_tps,
             "refine": refine,
             "threads": rayon::current_num_threads(),
+            "backend": model.backend().name(),
         });
         writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
@@ -657,8 +700,8 @@ fn tokenize(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
         .to_vec())
 }
 
-fn eval_parts(
-    loaded: &Loaded,
+fn eval_parts<B: Backend>(
+    loaded: &Loaded<B>,
     spec: &EvalSpec,
     verbose: bool,
 ) -> Result<(Vec<EvalPart>, serde_json::Value)> {
@@ -713,31 +756,68 @@ fn eval_parts(
     }
 }
 
-fn run_eval(cli: &Cli, loaded: &Loaded, spec_str: &str) -> Result<()> {
+fn run_eval<B: ResidentKernels>(cli: &Cli, loaded: &Loaded<B>, spec_str: &str) -> Result<()> {
     let spec = EvalSpec::parse(spec_str, Some(cli.ctx))?;
     if cli.kv.is_some() {
         return run_kv_eval(cli, loaded, spec_str, &spec);
     }
-    let (parts, meta) = eval_parts(loaded, &spec, !cli.json)?;
+    let Some(r) = &cli.kl_ref else {
+        return eval_against::<B, B>(cli, loaded, None, spec_str, &spec);
+    };
+    // The reference may live on another device (--kl-ref-device): CPU vs CUDA agreement.
+    let device = cli.kl_ref_device.unwrap_or(cli.device);
+    with_backend(
+        device,
+        RefTask {
+            cli,
+            loaded,
+            spec_str,
+            spec: &spec,
+            reference: r,
+        },
+    )
+}
+
+/// An evaluation with its KL reference loaded on its own backend.
+struct RefTask<'a, B: Backend> {
+    cli: &'a Cli,
+    loaded: &'a Loaded<B>,
+    spec_str: &'a str,
+    spec: &'a EvalSpec,
+    reference: &'a str,
+}
+
+impl<B: Backend> OnBackend for RefTask<'_, B> {
+    type Output = ();
+    fn run<R: ResidentKernels>(self, backend: R) -> Result<()> {
+        let cli = self.cli;
+        let l = load(backend, self.reference, cli)?;
+        if !cli.json {
+            eprintln!(
+                "KL reference {} loaded in {:.1} s on {}",
+                l.info.origin,
+                l.load_seconds,
+                l.model.backend().name()
+            );
+        }
+        eval_against(cli, self.loaded, Some(&l), self.spec_str, self.spec)
+    }
+}
+
+fn eval_against<B: Backend, R: Backend>(
+    cli: &Cli,
+    loaded: &Loaded<B>,
+    reference: Option<&Loaded<R>>,
+    spec_str: &str,
+    spec: &EvalSpec,
+) -> Result<()> {
+    let (parts, meta) = eval_parts(loaded, spec, !cli.json)?;
     let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
     let max_ctx = loaded.info.config.max_position_embeddings;
     if longest > max_ctx {
         bail!("evaluation needs {longest} positions; the model's context is {max_ctx}");
     }
-    let reference = match &cli.kl_ref {
-        Some(r) => {
-            let l = load(r, cli.precision)?;
-            if !cli.json {
-                eprintln!(
-                    "KL reference {} loaded in {:.1} s",
-                    l.info.origin, l.load_seconds
-                );
-            }
-            Some(l)
-        }
-        None => None,
-    };
-    let mut ref_scorer = match &reference {
+    let mut ref_scorer = match reference {
         Some(r) => Some(ModelScorer::new(&r.model, longest)?),
         None => None,
     };
@@ -825,9 +905,9 @@ fn run_json(r: &EvalRun) -> serde_json::Value {
     })
 }
 
-fn report_eval(
+fn report_eval<B: Backend>(
     cli: &Cli,
-    loaded: &Loaded,
+    loaded: &Loaded<B>,
     spec: &str,
     meta: &serde_json::Value,
     runs: &[EvalRun],
@@ -1046,7 +1126,12 @@ fn kv_bytes_per_1k(config: &KvConfig, shape: KvShape) -> Result<serde_json::Valu
 
 /// `--kv` with `--ppl austen-long:L`: every KV configuration side by side on one shared exact
 /// prefill per novel, KL against FP16 KV (this model's, or --kl-ref's).
-fn run_kv_eval(cli: &Cli, loaded: &Loaded, spec_str: &str, spec: &EvalSpec) -> Result<()> {
+fn run_kv_eval<B: ResidentKernels>(
+    cli: &Cli,
+    loaded: &Loaded<B>,
+    spec_str: &str,
+    spec: &EvalSpec,
+) -> Result<()> {
     use sfx_runtime::eval::kv_sweep::{kv_sweep, KvSide};
     if !matches!(spec, EvalSpec::AustenLong { .. }) {
         bail!(
@@ -1066,8 +1151,9 @@ fn run_kv_eval(cli: &Cli, loaded: &Loaded, spec_str: &str, spec: &EvalSpec) -> R
             p.tokens.len()
         );
     }
+    // The KV sweep's reference runs on the model's device.
     let reference = match &cli.kl_ref {
-        Some(r) => Some(load(r, cli.precision)?),
+        Some(r) => Some(load(loaded.model.backend().clone(), r, cli)?),
         None => None,
     };
     let mut refiner = build_refiner(cli, loaded)?;

@@ -13,7 +13,7 @@ use std::process::{Command as Proc, Stdio};
 #[command(
     name = "sfx",
     version,
-    about = "StrataFlux utilities: fetch assets, inspect models"
+    about = "StrataFlux utilities: fetch assets, inspect models, check and benchmark backends"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,6 +44,66 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a backend op by op: every op of the decoder graph at every shape family (odd
+    /// sizes, every GQA ratio of the Llama/Qwen families, long contexts, BF16/F32 weights,
+    /// F32/F16 KV) against a reference with a stated normalised-error bound. A GPU is compared
+    /// with the CPU backend; the CPU backend with plain f64 loops. Exits non-zero on any
+    /// failure.
+    TestBackend {
+        /// cpu, cuda, cuda:N or auto (the GPU when there is one).
+        #[arg(long, default_value = "auto")]
+        device: strataflux::device::DeviceChoice,
+        /// Run only ops whose name contains this (e.g. attention, matmul_t).
+        #[arg(long)]
+        op: Option<String>,
+        /// Seed of the random inputs (default: fresh each run; printed to replay).
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure speed as llama-bench does: pp (prompt tokens/s) and tg (generated tokens/s)
+    /// rows with mean ± sd over repetitions, after a context of -d tokens. Any model file, or
+    /// a synthetic model of a real architecture with random weights made on the device.
+    Bench {
+        /// Model: .gguf, Hugging Face folder, Hub id or .sfx.
+        #[arg(short = 'm', long, conflicts_with = "synthetic")]
+        model: Option<String>,
+        /// Synthetic model of a real shape: llama-3.1-8b, llama-3.2-1b, llama-3.2-3b,
+        /// mistral-7b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, smollm2-135m.
+        #[arg(long)]
+        synthetic: Option<String>,
+        /// Prompt lengths (comma list); 0 skips prompt tests.
+        #[arg(short = 'p', long, default_value = "512")]
+        n_prompt: String,
+        /// Generation lengths (comma list); 0 skips generation tests.
+        #[arg(short = 'n', long, default_value = "128")]
+        n_gen: String,
+        /// Context depths before each test (comma list).
+        #[arg(short = 'd', long, default_value = "0")]
+        depth: String,
+        /// Timed repetitions per test (after one warm-up).
+        #[arg(short = 'r', long, default_value_t = 3)]
+        repetitions: usize,
+        /// cpu, cuda, cuda:N or auto.
+        #[arg(long, default_value = "auto")]
+        device: strataflux::device::DeviceChoice,
+        /// Decode step graphs: on, off, or both (each row measured both ways).
+        #[arg(long, default_value = "on")]
+        graphs: String,
+        /// Weight type of synthetic models: bf16 or f32.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        /// KV cache element type: f16 or f32.
+        #[arg(long, default_value = "f16")]
+        kv_type: String,
+        /// Seed of synthetic weights and token ids.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print JSON instead of the markdown table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 const FETCH_SCRIPT: &str = include_str!("../../scripts/fetch_assets.sh");
@@ -57,6 +117,61 @@ fn main() -> Result<()> {
             tensors,
         } => inspect(&model, json, tensors),
         Command::Verify { file, json } => verify(&file, json),
+        Command::TestBackend {
+            device,
+            op,
+            seed,
+            json,
+        } => strataflux::test_backend::run(strataflux::test_backend::TestArgs {
+            device,
+            op,
+            seed,
+            json,
+        }),
+        Command::Bench {
+            model,
+            synthetic,
+            n_prompt,
+            n_gen,
+            depth,
+            repetitions,
+            device,
+            graphs,
+            dtype,
+            kv_type,
+            seed,
+            json,
+        } => {
+            use strataflux::bench::parse_list;
+            let nonzero = |v: Vec<usize>| v.into_iter().filter(|&n| n > 0).collect::<Vec<_>>();
+            strataflux::bench::run(strataflux::bench::BenchArgs {
+                model,
+                synthetic,
+                prompt: nonzero(parse_list("-p", &n_prompt, true)?),
+                generate: nonzero(parse_list("-n", &n_gen, true)?),
+                depths: parse_list("-d", &depth, true)?,
+                reps: repetitions,
+                device,
+                graphs: match graphs.as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    "both" => vec![true, false],
+                    other => bail!("--graphs {other:?}: expected on, off or both"),
+                },
+                dtype: match dtype.as_str() {
+                    "bf16" => sfx_formats::DType::BF16,
+                    "f32" => sfx_formats::DType::F32,
+                    other => bail!("--dtype {other:?}: expected bf16 or f32"),
+                },
+                kv: match kv_type.as_str() {
+                    "f16" => sfx_runtime::backend::KvDtype::F16,
+                    "f32" => sfx_runtime::backend::KvDtype::F32,
+                    other => bail!("--kv-type {other:?}: expected f16 or f32"),
+                },
+                seed,
+                json,
+            })
+        }
     }
 }
 

@@ -22,11 +22,14 @@ pub fn gguf() -> PathBuf {
     p
 }
 
-/// A committed fixture from the independent transformers reference (`scripts/golden`).
+/// A committed fixture from the independent transformers reference (`scripts/golden`). The
+/// checkout is `$SFX_REPO` when set (a test binary run from another copy of the tree, e.g.
+/// on a GPU machine), else the one the test was built in.
 pub fn fixture(name: &str) -> serde_json::Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
+    let root = std::env::var_os("SFX_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
+    let p = root.join("tests/fixtures").join(name);
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }

@@ -6,10 +6,17 @@
 //! new module with its own `Buffer`/`Matrix` types and kernels, not an edit of the graph.
 //! Quantized and refined linears are not backend ops: they implement [`crate::linear::Linear`]
 //! for the backends they have kernels for.
+//!
+//! Everything a decode step reads that changes from token to token — token ids, positions,
+//! the cache length — lives in device buffers ([`Backend::Index`]), never in kernel
+//! arguments, so one captured step ([`Backend::Graph`]) replays at every position. RoPE
+//! angles are a resident table ([`RopeTable`]) indexed by those positions. Design and
+//! measurements: docs/decisions.md, "CUDA backend".
 
 pub mod cpu;
+pub mod cuda;
 
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use sfx_formats::{DType, TensorView};
 
 /// How a float checkpoint tensor is stored once resident.
@@ -54,12 +61,66 @@ impl KvLayout {
 
 /// Shape of one causal attention call: `n_queries` new tokens at positions
 /// `past..past + n_queries` attend to cache positions `0..=their own position`.
+///
+/// `past` is what the host knows when it issues the call; it is used for checks and by
+/// backends that schedule on the host. A kernel that may be captured into a step graph reads
+/// each query's position from the positions buffer instead (the graph replays at other
+/// positions), and sizes its grid from `kv.capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionShape {
     pub n_heads: usize,
     pub kv: KvLayout,
     pub past: usize,
     pub n_queries: usize,
+}
+
+/// Element type of a float KV cache. F16 halves the bytes every decode step streams at long
+/// context (an 8B model at 32K: 4.3 GB instead of 8.6 GB per token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
+/// How a matmul's result combines with what the output buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulOut {
+    /// `y = x·wᵀ (+ bias)`.
+    Store,
+    /// `y += x·wᵀ (+ bias)`: the residual add fused into the projection (o, down).
+    Accumulate,
+}
+
+/// One projection of a group sharing its input (q/k/v): weight, optional bias, output.
+pub struct GroupItem<'a, B: Backend> {
+    pub weight: &'a B::Matrix,
+    pub bias: Option<&'a B::Buffer>,
+    pub out: &'a mut B::Buffer,
+}
+
+/// cos/sin of θ_j·p for positions `0..positions`, each `[positions, head_dim / 2]` on the
+/// device ([`crate::model::rope_cos_sin`] from 0). Kernels index it by the positions buffer.
+pub struct RopeTable<B: Backend> {
+    pub cos: B::Buffer,
+    pub sin: B::Buffer,
+    pub positions: usize,
+    pub half: usize,
 }
 
 impl AttentionShape {
@@ -77,19 +138,29 @@ impl AttentionShape {
 ///
 /// Every op checks the lengths it is given and returns [`crate::RuntimeError::Shape`] rather
 /// than panicking, so a graph bug surfaces as a message naming the op.
-pub trait Backend: Send + Sync + Sized + 'static {
+///
+/// Ops are asynchronous where the device is: they enqueue work in order on one stream, and
+/// only `download`, `download_index`, `read_rows` and `synchronize` wait for it.
+pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// An f32 activation buffer resident on the device.
     type Buffer: Send + Sync;
     /// A float weight matrix `[rows, cols]` resident on the device (BF16 or F32). Cloning
     /// shares storage, which is how tied embeddings avoid a second copy.
     type Matrix: Send + Sync + Clone;
+    /// u32 values on the device (token ids, positions), with a host staging area so a step
+    /// graph can pick up new values without re-recording.
+    type Index: Send + Sync;
+    /// One layer's K or V cache storage `[kv_heads, capacity, head_dim]` of a [`KvDtype`].
+    type KvStore: Send + Sync;
+    /// A captured sequence of ops, replayed by one launch ([`Backend::launch_graph`]).
+    type Graph: Send;
 
     fn name(&self) -> String;
 
     /// Runs one whole forward pass. The CPU backend moves it onto a rayon worker so the ~200
     /// parallel ops of a decode step fork from inside the pool instead of handing off from an
     /// outside thread each time (measured: 9–15 % of decode time in context switches
-    /// otherwise). A device backend can use it to bracket a command stream / graph capture.
+    /// otherwise). A device backend binds its context to the calling thread.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }
@@ -97,9 +168,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A zero-filled buffer of `len` f32 values.
     fn alloc(&self, len: usize) -> Result<Self::Buffer>;
     fn upload(&self, host: &[f32]) -> Result<Self::Buffer>;
-    /// Copies the whole buffer to `out` (`out.len()` must equal the buffer length).
+    /// Copies the whole buffer to `out` (`out.len()` must equal the buffer length); waits for
+    /// the work queued before it.
     fn download(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<()>;
     fn buffer_len(&self, buf: &Self::Buffer) -> usize;
+    /// Overwrites the whole buffer with `host` (`host.len()` must equal its length).
+    fn upload_into(&self, buf: &mut Self::Buffer, host: &[f32]) -> Result<()>;
+
+    /// A zero-filled index buffer of `len` values.
+    fn alloc_index(&self, len: usize) -> Result<Self::Index>;
+    fn index_len(&self, idx: &Self::Index) -> usize;
+    /// Sets the index buffer to `values` (ordered after the work queued before it).
+    fn write_index(&self, idx: &mut Self::Index, values: &[u32]) -> Result<()> {
+        self.stage_index(idx, values)?;
+        self.upload_staged_index(idx)
+    }
+    /// Writes `values` to the host staging area only; [`Backend::upload_staged_index`] (or a
+    /// replayed graph that recorded it) moves them to the device.
+    fn stage_index(&self, idx: &mut Self::Index, values: &[u32]) -> Result<()>;
+    /// Enqueues staging → device for the whole index buffer (recordable into a graph).
+    fn upload_staged_index(&self, idx: &Self::Index) -> Result<()>;
+    fn download_index(&self, idx: &Self::Index, out: &mut [u32]) -> Result<()>;
 
     /// Makes a 2-D checkpoint tensor resident with the given precision policy.
     fn upload_matrix(
@@ -108,15 +197,38 @@ pub trait Backend: Send + Sync + Sized + 'static {
         view: &TensorView<'_>,
         precision: WeightPrecision,
     ) -> Result<Self::Matrix>;
+    /// A `[rows, cols]` matrix (BF16 or F32) of values uniform in `[-scale, scale)`, drawn
+    /// element by element from [`synthetic_value`] so every backend makes the same matrix
+    /// for the same seed. Synthetic models of real shapes are built from these on the device.
+    fn random_matrix(
+        &self,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+        seed: u64,
+        scale: f32,
+    ) -> Result<Self::Matrix>;
     /// `(rows, cols)`; for a linear weight that is `(out_dim, in_dim)`.
     fn matrix_dims(&self, w: &Self::Matrix) -> (usize, usize);
     fn matrix_dtype(&self, w: &Self::Matrix) -> DType;
 
-    /// `out[t] = table[tokens[t]]` (token ids must already be checked against the vocab).
-    fn embedding(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buffer)
-        -> Result<()>;
+    /// A zero-filled KV store of `len` elements.
+    fn alloc_kv(&self, len: usize, dtype: KvDtype) -> Result<Self::KvStore>;
+    /// A KV store holding `host` (rounded to `dtype`).
+    fn upload_kv(&self, host: &[f32], dtype: KvDtype) -> Result<Self::KvStore>;
+    fn kv_len(&self, kv: &Self::KvStore) -> usize;
+    /// Copies the whole store, widened to f32, to `out`.
+    fn download_kv(&self, kv: &Self::KvStore, out: &mut [f32]) -> Result<()>;
 
-    /// `y[m, rows] = x[m, cols] · wᵀ (+ bias)`: the float linear.
+    /// `out[t] = table[tokens[t]]` (token ids must already be checked against the vocab).
+    fn embedding(
+        &self,
+        table: &Self::Matrix,
+        tokens: &Self::Index,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// `y[m, rows] = x[m, cols] · wᵀ (+ bias)`, stored or accumulated into `y`.
     fn matmul_t(
         &self,
         x: &Self::Buffer,
@@ -124,7 +236,74 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: &Self::Matrix,
         bias: Option<&Self::Buffer>,
         y: &mut Self::Buffer,
+        out: MatmulOut,
     ) -> Result<()>;
+
+    /// Several projections of the same input (q, k, v): one launch where the device can.
+    fn matmul_t_group(
+        &self,
+        x: &Self::Buffer,
+        m: usize,
+        items: &mut [GroupItem<'_, Self>],
+    ) -> Result<()> {
+        for it in items.iter_mut() {
+            self.matmul_t(x, m, it.weight, it.bias, it.out, MatmulOut::Store)?;
+        }
+        Ok(())
+    }
+
+    /// SwiGLU MLP input: `gate ← silu(x·w_gateᵀ) ⊙ (x·w_upᵀ)`; `up` is scratch (its contents
+    /// are unspecified afterwards).
+    fn matmul_t_swiglu(
+        &self,
+        x: &Self::Buffer,
+        m: usize,
+        w_gate: &Self::Matrix,
+        w_up: &Self::Matrix,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.matmul_t(x, m, w_gate, None, gate, MatmulOut::Store)?;
+        self.matmul_t(x, m, w_up, None, up, MatmulOut::Store)?;
+        self.silu_mul(gate, up)
+    }
+
+    /// `items[i].out = rms_norm(x; norm) · W_iᵀ (+ b_i)`: the pre-attention norm and the
+    /// q/k/v projections (or the final norm and the head). `normed` is scratch of `x`'s size
+    /// that receives the normalised rows where a backend materialises them (the default);
+    /// a device that fuses the norm into the projection leaves it unspecified.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_group(
+        &self,
+        x: &Self::Buffer,
+        norm: &Self::Buffer,
+        eps: f32,
+        normed: &mut Self::Buffer,
+        m: usize,
+        items: &mut [GroupItem<'_, Self>],
+    ) -> Result<()> {
+        self.rms_norm(x, norm, eps, normed)?;
+        self.matmul_t_group(normed, m, items)
+    }
+
+    /// [`Backend::matmul_t_swiglu`] of `rms_norm(x; norm)` (the MLP's norm fused in), with
+    /// `normed` as in [`Backend::rms_norm_matmul_group`].
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_swiglu(
+        &self,
+        x: &Self::Buffer,
+        norm: &Self::Buffer,
+        eps: f32,
+        normed: &mut Self::Buffer,
+        m: usize,
+        w_gate: &Self::Matrix,
+        w_up: &Self::Matrix,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.rms_norm(x, norm, eps, normed)?;
+        self.matmul_t_swiglu(normed, m, w_gate, w_up, gate, up)
+    }
 
     /// Row-wise RMSNorm (Zhang & Sennrich 2019, eq. 4): `out = x / sqrt(mean(x²) + eps) · w`;
     /// the row length is `weight`'s length.
@@ -144,34 +323,64 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<()>;
 
     /// Rotary embedding, Hugging Face "rotate_half" pairing (i, i + head_dim/2), on
-    /// `x[n_tokens, n_heads * head_dim]`. `cos`/`sin` are `[n_tokens, head_dim / 2]`.
+    /// `x[n_tokens, n_heads * head_dim]`; token `t` is rotated by the angles of position
+    /// `positions[t]` (rows of `table`).
     fn rope(
         &self,
         x: &mut Self::Buffer,
         n_heads: usize,
         head_dim: usize,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        table: &RopeTable<Self>,
+        positions: &Self::Index,
     ) -> Result<()>;
 
-    /// Scatters `src[n, kv_heads * head_dim]` (token-major, as a projection produces it) into
-    /// a `[kv_heads, capacity, head_dim]` cache buffer at positions `start..start + n`.
+    /// [`Backend::rope`] of queries (`n_heads`) and keys (`kv_heads`) at the same positions:
+    /// one launch where the device can.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buffer,
+        n_heads: usize,
+        k: &mut Self::Buffer,
+        kv_heads: usize,
+        head_dim: usize,
+        table: &RopeTable<Self>,
+        positions: &Self::Index,
+    ) -> Result<()> {
+        self.rope(q, n_heads, head_dim, table, positions)?;
+        self.rope(k, kv_heads, head_dim, table, positions)
+    }
+
+    /// Scatters `k[n, kv_heads * head_dim]` and `v` (token-major, as the projections produce
+    /// them) into `[kv_heads, capacity, head_dim]` stores at rows `positions[t]`.
     fn write_kv(
         &self,
-        src: &Self::Buffer,
-        dst: &mut Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvStore,
+        v_cache: &mut Self::KvStore,
         layout: KvLayout,
-        start: usize,
+        positions: &Self::Index,
     ) -> Result<()>;
 
+    /// f32 elements of scratch that [`Backend::attention`] needs for caches of `layout`
+    /// (split-K partial results); allocated once with the cache.
+    fn attention_scratch_len(&self, _layout: KvLayout, _n_heads: usize) -> usize {
+        0
+    }
+
     /// Causal grouped-query attention of `q[n_queries, n_heads * head_dim]` over cache
-    /// buffers already holding positions `0..past + n_queries`; softmax scale 1/√head_dim.
+    /// stores already holding every position up to each query's own (`positions[t]`);
+    /// softmax scale 1/√head_dim.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Buffer,
-        k_cache: &Self::Buffer,
-        v_cache: &Self::Buffer,
+        k_cache: &Self::KvStore,
+        v_cache: &Self::KvStore,
         shape: &AttentionShape,
+        positions: &Self::Index,
+        scratch: &mut Self::Buffer,
         out: &mut Self::Buffer,
     ) -> Result<()>;
 
@@ -180,6 +389,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Residual add: `acc += x`.
     fn add_assign(&self, acc: &mut Self::Buffer, x: &Self::Buffer) -> Result<()>;
+
+    /// Index of the largest value of each `cols`-wide row of `x` (ties: the lowest index, as
+    /// `torch.argmax`) into `out` (one per row): greedy decoding without downloading logits.
+    fn argmax_rows(&self, x: &Self::Buffer, cols: usize, out: &mut Self::Index) -> Result<()>;
 
     /// Host copy of rows `first..first + out.len() / row_len` of `src[_, row_len]`. The
     /// refinement engine's selection and neuron-bundle math read activations through this
@@ -218,4 +431,58 @@ pub trait Backend: Send + Sync + Sized + 'static {
         first: usize,
         dst: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// Waits for every op queued so far.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Which launch configuration a decode step at context `past` gets, for backends whose
+    /// kernels schedule differently at short and long context: a captured step is keyed by
+    /// it, so crossing the boundary re-captures instead of replaying the other schedule.
+    fn step_schedule(&self, _past: usize) -> u32 {
+        0
+    }
+
+    /// Whether [`Backend::begin_capture`] can record a step graph.
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+    /// Starts recording the ops that follow (they are not executed until launched).
+    fn begin_capture(&self) -> Result<()> {
+        Err(RuntimeError::Unsupported(format!(
+            "{}: no step graphs",
+            self.name()
+        )))
+    }
+    /// Stops recording and returns the graph (also after a failed op, so capture never
+    /// stays open).
+    fn end_capture(&self) -> Result<Self::Graph> {
+        Err(RuntimeError::Unsupported(format!(
+            "{}: no step graphs",
+            self.name()
+        )))
+    }
+    fn launch_graph(&self, _graph: &Self::Graph) -> Result<()> {
+        Err(RuntimeError::Unsupported(format!(
+            "{}: no step graphs",
+            self.name()
+        )))
+    }
+}
+
+/// The synthetic weight of element `index` of a matrix drawn with `seed`: uniform in
+/// `[-1, 1)` from a SplitMix64 hash of (seed, index). The CUDA kernel computes the same
+/// function bit for bit (an integer hash and one exact conversion), so a synthetic model is
+/// the same model on every backend.
+#[inline]
+pub fn synthetic_value(seed: u64, index: u64) -> f32 {
+    let mut z = seed
+        .wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // 24 random bits → an exact f32 in [0, 1), then [-1, 1).
+    ((z >> 40) as f32) * (2.0 / 16_777_216.0) - 1.0
 }

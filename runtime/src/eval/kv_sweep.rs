@@ -67,7 +67,7 @@ impl<B: Backend> KvSide<'_, B> {
         &mut self,
         tokens: &[u32],
         capacity: usize,
-    ) -> Result<(crate::F32KvCache<B>, Vec<f32>)> {
+    ) -> Result<(crate::FloatKvCache<B>, Vec<f32>)> {
         let mut cache = self.model.new_cache(capacity)?;
         let logits = self.forward(tokens, &mut cache)?;
         Ok((cache, logits))

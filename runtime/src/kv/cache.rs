@@ -25,9 +25,9 @@ use super::bitpack;
 use super::spec::KvConfig;
 use super::tier::{KvTier, TierBytes};
 use crate::backend::cpu::SimdLevel;
-use crate::backend::{AttentionShape, Backend, KvLayout};
+use crate::backend::{AttentionShape, Backend, KvDtype, KvLayout};
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::{check_room, F32KvCache, KvCache, KvShape};
+use crate::kv_cache::{check_room, FloatKvCache, KvCache, KvShape};
 
 #[derive(Default, Clone)]
 struct HeadStore {
@@ -180,7 +180,7 @@ impl<B: Backend> QuantKvCache<B> {
     /// exact keys and values), encoded from the uncompressed values.
     pub fn from_f32(
         backend: &B,
-        float: &F32KvCache<B>,
+        float: &FloatKvCache<B>,
         len: usize,
         capacity: usize,
         config: &KvConfig,
@@ -201,8 +201,8 @@ impl<B: Backend> QuantKvCache<B> {
             let (k, v) = float.layer(layer).ok_or_else(|| {
                 RuntimeError::CacheMismatch(format!("float cache has no layer {layer}"))
             })?;
-            backend.download(k, &mut kbuf)?;
-            backend.download(v, &mut vbuf)?;
+            backend.download_kv(k, &mut kbuf)?;
+            backend.download_kv(v, &mut vbuf)?;
             // [kv_heads, capacity, d] → per-head rows 0..len.
             let rows: Vec<(Vec<f32>, Vec<f32>)> = (0..shape.kv_heads)
                 .map(|j| {
@@ -586,10 +586,14 @@ impl<B: Backend> QuantKvCache<B> {
             n_queries: n_new,
         };
         let qb = backend.upload(q)?;
-        let kb = backend.upload(&kc)?;
-        let vb = backend.upload(&vc)?;
+        let kb = backend.upload_kv(&kc, KvDtype::F32)?;
+        let vb = backend.upload_kv(&vc, KvDtype::F32)?;
         let mut ob = backend.alloc(n_new * n_heads * d)?;
-        backend.attention(&qb, &kb, &vb, &shape, &mut ob)?;
+        let positions: Vec<u32> = (past..total).map(|p| p as u32).collect();
+        let mut pb = backend.alloc_index(n_new)?;
+        backend.write_index(&mut pb, &positions)?;
+        let mut scratch = backend.alloc(backend.attention_scratch_len(layout, n_heads).max(1))?;
+        backend.attention(&qb, &kb, &vb, &shape, &pb, &mut scratch, &mut ob)?;
         let mut out = vec![0.0f32; n_new * n_heads * d];
         backend.download(&ob, &mut out)?;
         self.to_model_frame_rows(&mut out);
@@ -773,6 +777,7 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
         layer: usize,
         n_heads: usize,
         n_new: usize,
+        _positions: &B::Index,
         q: &B::Buffer,
         k: &B::Buffer,
         v: &B::Buffer,
@@ -811,7 +816,11 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
             self.push_rows(layer, &kh, &vh, n_new);
             o
         };
-        *out = backend.upload(&result)?;
+        if backend.buffer_len(out) == result.len() {
+            backend.upload_into(out, &result)?;
+        } else {
+            *out = backend.upload(&result)?;
+        }
         Ok(())
     }
 

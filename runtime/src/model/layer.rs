@@ -1,6 +1,6 @@
 //! One decoder block's weights and its loading from Hugging Face tensor names.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, GroupItem, RopeTable};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{check_shape, require, Linear, LinearFactory, LinearRole, LinearSpec};
@@ -172,16 +172,21 @@ impl<B: Backend> LayerScratch<B> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    /// Runs the block on the residual stream `h` (`n` tokens): attention over `cache`'s layer
-    /// `cache_layer` (the full model uses its layer index; the layer-wise runner a one-layer
-    /// cache), observer calls tagged with `layer`.
+    /// Runs the block on the residual stream `h` (`n` tokens at the device-side `positions`):
+    /// attention over `cache`'s layer `cache_layer` (the full model uses its layer index; the
+    /// layer-wise runner a one-layer cache), observer calls tagged with `layer`.
+    ///
+    /// Without a refiner, float projections take the fused paths (q/k/v in one group, gate
+    /// and up with SwiGLU, o and down accumulating into `h`); the backends' defaults of those
+    /// ops are the unfused sequence, so the CPU computes the same numbers either way.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         b: &B,
         c: &ModelConfig,
         eps: f32,
-        (cos, sin): (&B::Buffer, &B::Buffer),
+        rope: &RopeTable<B>,
+        positions: &B::Index,
         h: &mut B::Buffer,
         n: usize,
         s: &mut LayerScratch<B>,
@@ -191,11 +196,47 @@ impl<B: Backend> DecoderLayer<B> {
         observer: &mut Option<&mut dyn ActivationObserver>,
         refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
-        b.rms_norm(h, &self.attn_norm, eps, &mut s.xn)?;
-        observe(b, observer, layer, ProjectionSet::Qkv, &s.xn, n)?;
-        self.q_proj.forward(b, &s.xn, n, &mut s.q)?;
-        self.k_proj.forward(b, &s.xn, n, &mut s.k)?;
-        self.v_proj.forward(b, &s.xn, n, &mut s.v)?;
+        // With nothing reading the normalised input, the norm fuses into the projections.
+        let plain = observer.is_none() && refiner.is_none();
+        match (
+            self.q_proj.float_parts(),
+            self.k_proj.float_parts(),
+            self.v_proj.float_parts(),
+        ) {
+            (Some((wq, bq)), Some((wk, bk)), Some((wv, bv))) => {
+                let items = &mut [
+                    GroupItem {
+                        weight: wq,
+                        bias: bq,
+                        out: &mut s.q,
+                    },
+                    GroupItem {
+                        weight: wk,
+                        bias: bk,
+                        out: &mut s.k,
+                    },
+                    GroupItem {
+                        weight: wv,
+                        bias: bv,
+                        out: &mut s.v,
+                    },
+                ];
+                if plain {
+                    b.rms_norm_matmul_group(h, &self.attn_norm, eps, &mut s.xn, n, items)?;
+                } else {
+                    b.rms_norm(h, &self.attn_norm, eps, &mut s.xn)?;
+                    observe(b, observer, layer, ProjectionSet::Qkv, &s.xn, n)?;
+                    b.matmul_t_group(&s.xn, n, items)?;
+                }
+            }
+            _ => {
+                b.rms_norm(h, &self.attn_norm, eps, &mut s.xn)?;
+                observe(b, observer, layer, ProjectionSet::Qkv, &s.xn, n)?;
+                self.q_proj.forward(b, &s.xn, n, &mut s.q)?;
+                self.k_proj.forward(b, &s.xn, n, &mut s.k)?;
+                self.v_proj.forward(b, &s.xn, n, &mut s.v)?;
+            }
+        }
         if let Some(r) = refiner.as_deref_mut() {
             let outs = &mut [&mut s.q, &mut s.k, &mut s.v];
             r.refine_set(b, layer, ProjectionSet::Qkv, &s.xn, outs)?;
@@ -204,46 +245,91 @@ impl<B: Backend> DecoderLayer<B> {
             b.rms_norm_in_place(&mut s.q, qn, eps)?;
             b.rms_norm_in_place(&mut s.k, kn, eps)?;
         }
-        b.rope(&mut s.q, c.num_attention_heads, c.head_dim, cos, sin)?;
-        b.rope(&mut s.k, c.num_key_value_heads, c.head_dim, cos, sin)?;
+        b.rope_qk(
+            &mut s.q,
+            c.num_attention_heads,
+            &mut s.k,
+            c.num_key_value_heads,
+            c.head_dim,
+            rope,
+            positions,
+        )?;
         let heads = c.num_attention_heads;
-        cache.append_and_attend(b, cache_layer, heads, n, &s.q, &s.k, &s.v, &mut s.attn)?;
+        cache.append_and_attend(
+            b,
+            cache_layer,
+            heads,
+            n,
+            positions,
+            &s.q,
+            &s.k,
+            &s.v,
+            &mut s.attn,
+        )?;
         observe(b, observer, layer, ProjectionSet::O, &s.attn, n)?;
-        self.o_proj.forward(b, &s.attn, n, &mut s.tmp)?;
-        if let Some(r) = refiner.as_deref_mut() {
-            r.refine_set(b, layer, ProjectionSet::O, &s.attn, &mut [&mut s.tmp])?;
-        }
-        b.add_assign(h, &s.tmp)?;
-        if let Some(r) = refiner.as_deref_mut() {
-            r.at_stream(b, 2 * layer + 1, h)?;
+        match refiner.as_deref_mut() {
+            None => self.o_proj.forward_add(b, &s.attn, n, h, &mut s.tmp)?,
+            Some(r) => {
+                self.o_proj.forward(b, &s.attn, n, &mut s.tmp)?;
+                r.refine_set(b, layer, ProjectionSet::O, &s.attn, &mut [&mut s.tmp])?;
+                b.add_assign(h, &s.tmp)?;
+                r.at_stream(b, 2 * layer + 1, h)?;
+            }
         }
 
-        b.rms_norm(h, &self.mlp_norm, eps, &mut s.xn)?;
-        observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
-        self.gate_proj.forward(b, &s.xn, n, &mut s.gate)?;
-        self.up_proj.forward(b, &s.xn, n, &mut s.up)?;
-        let bundles = refiner.as_deref().is_some_and(|r| r.uses_bundles(layer));
-        if let Some(r) = refiner.as_deref_mut() {
-            if bundles {
-                r.capture_mlp_inputs(b, layer, &s.xn, &s.gate, &s.up)?;
-            } else {
-                let outs = &mut [&mut s.gate, &mut s.up];
-                r.refine_set(b, layer, ProjectionSet::GateUp, &s.xn, outs)?;
+        let fused_mlp = match (self.gate_proj.float_parts(), self.up_proj.float_parts()) {
+            (Some((wg, None)), Some((wu, None))) if refiner.is_none() => Some((wg, wu)),
+            _ => None,
+        };
+        match fused_mlp {
+            Some((wg, wu)) if observer.is_none() => {
+                b.rms_norm_swiglu(
+                    h,
+                    &self.mlp_norm,
+                    eps,
+                    &mut s.xn,
+                    n,
+                    wg,
+                    wu,
+                    &mut s.gate,
+                    &mut s.up,
+                )?;
+            }
+            Some((wg, wu)) => {
+                b.rms_norm(h, &self.mlp_norm, eps, &mut s.xn)?;
+                observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
+                b.matmul_t_swiglu(&s.xn, n, wg, wu, &mut s.gate, &mut s.up)?;
+            }
+            None => {
+                b.rms_norm(h, &self.mlp_norm, eps, &mut s.xn)?;
+                observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
+                self.gate_proj.forward(b, &s.xn, n, &mut s.gate)?;
+                self.up_proj.forward(b, &s.xn, n, &mut s.up)?;
+                let bundles = refiner.as_deref().is_some_and(|r| r.uses_bundles(layer));
+                if let Some(r) = refiner.as_deref_mut() {
+                    if bundles {
+                        r.capture_mlp_inputs(b, layer, &s.xn, &s.gate, &s.up)?;
+                    } else {
+                        let outs = &mut [&mut s.gate, &mut s.up];
+                        r.refine_set(b, layer, ProjectionSet::GateUp, &s.xn, outs)?;
+                    }
+                }
+                b.silu_mul(&mut s.gate, &s.up)?;
             }
         }
-        b.silu_mul(&mut s.gate, &s.up)?;
         observe(b, observer, layer, ProjectionSet::Down, &s.gate, n)?;
-        self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
-        if let Some(r) = refiner.as_deref_mut() {
-            if bundles {
-                r.apply_bundles(b, layer, &s.gate, &mut s.tmp)?;
-            } else {
-                r.refine_set(b, layer, ProjectionSet::Down, &s.gate, &mut [&mut s.tmp])?;
+        match refiner.as_deref_mut() {
+            None => self.down_proj.forward_add(b, &s.gate, n, h, &mut s.tmp)?,
+            Some(r) => {
+                self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
+                if r.uses_bundles(layer) {
+                    r.apply_bundles(b, layer, &s.gate, &mut s.tmp)?;
+                } else {
+                    r.refine_set(b, layer, ProjectionSet::Down, &s.gate, &mut [&mut s.tmp])?;
+                }
+                b.add_assign(h, &s.tmp)?;
+                r.at_stream(b, 2 * layer + 2, h)?;
             }
-        }
-        b.add_assign(h, &s.tmp)?;
-        if let Some(r) = refiner.as_deref_mut() {
-            r.at_stream(b, 2 * layer + 2, h)?;
         }
         Ok(())
     }

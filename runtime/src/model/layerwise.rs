@@ -6,9 +6,9 @@
 use super::layer::{DecoderLayer, LayerScratch};
 use super::rope::rope_cos_sin;
 use super::validate_config;
-use crate::backend::Backend;
+use crate::backend::{Backend, RopeTable};
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::{F32KvCache, KvShape};
+use crate::kv_cache::{FloatKvCache, KvShape};
 use crate::linear::{check_shape, require, LinearFactory};
 use crate::observe::ActivationObserver;
 use sfx_formats::{ModelConfig, TensorSource};
@@ -105,16 +105,24 @@ impl<B: Backend> LayerwiseRunner<B> {
                 layers: 1,
                 ..KvShape::of(c)
             };
-            let mut cache = F32KvCache::new(b, shape, n)?;
+            let mut cache = FloatKvCache::new(b, shape, n)?;
             let mut h = b.upload(hidden)?;
             let (cos, sin) = rope_cos_sin(&self.inv_freq, 0, n);
-            let (cos, sin) = (b.upload(&cos)?, b.upload(&sin)?);
+            let rope = RopeTable {
+                cos: b.upload(&cos)?,
+                sin: b.upload(&sin)?,
+                positions: n,
+                half: self.inv_freq.len(),
+            };
+            let mut positions = b.alloc_index(n)?;
+            b.write_index(&mut positions, &(0..n as u32).collect::<Vec<_>>())?;
             let mut scratch = LayerScratch::new(b, c, n)?;
             block.forward(
                 b,
                 c,
                 self.eps,
-                (&cos, &sin),
+                &rope,
+                &positions,
                 &mut h,
                 n,
                 &mut scratch,

@@ -18,3 +18,79 @@ mod viterbi_kernel;
 
 pub use group::{GroupQuantLinear, RtnFactory};
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::linear::Linear;
+use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
+
+/// Which resident formats a backend has kernels for: the `.sfx` loader builds each projection
+/// through this, so a format missing on a backend is one clear error at load, naming the
+/// format and the projection, not a failure mid-run.
+pub trait ResidentKernels: Backend {
+    /// A group-quantized projection (RTN / AWQ codes); `what` names it for errors.
+    fn group_linear(
+        q: GroupQuantized,
+        bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Box<dyn Linear<Self>>>;
+    /// A trellis-coded projection (QTIP / YAQA tiles).
+    fn trellis_linear(
+        q: TrellisQuantized,
+        bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Box<dyn Linear<Self>>>;
+}
+
+impl ResidentKernels for CpuBackend {
+    fn group_linear(
+        q: GroupQuantized,
+        bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Box<dyn Linear<Self>>> {
+        Ok(Box::new(GroupQuantLinear::new(q, bias)?))
+    }
+    fn trellis_linear(
+        q: TrellisQuantized,
+        bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Box<dyn Linear<Self>>> {
+        Ok(Box::new(TrellisLinear::new(q, bias)?))
+    }
+}
+
+fn no_cuda_kernel(format: String, what: &str) -> RuntimeError {
+    RuntimeError::Unsupported(format!(
+        "{what}: resident format {format} has no CUDA kernel yet (the float parts of a .sfx \
+         run on CUDA; its low-bit projections run on the CPU): use --device cpu"
+    ))
+}
+
+impl ResidentKernels for CudaBackend {
+    fn group_linear(
+        q: GroupQuantized,
+        _bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Box<dyn Linear<Self>>> {
+        Err(no_cuda_kernel(
+            format!(
+                "group-asym-v1 ({}-bit codes, group {})",
+                q.bits(),
+                q.group_size()
+            ),
+            what,
+        ))
+    }
+    fn trellis_linear(
+        q: TrellisQuantized,
+        _bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Box<dyn Linear<Self>>> {
+        Err(no_cuda_kernel(
+            format!("trellis-v1 ({})", q.scheme().name()),
+            what,
+        ))
+    }
+}

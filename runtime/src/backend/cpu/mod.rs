@@ -12,8 +12,12 @@ mod simd;
 
 pub use simd::SimdLevel;
 
-use crate::backend::{AttentionShape, Backend, KvLayout, WeightPrecision};
+use crate::backend::{
+    synthetic_value, AttentionShape, Backend, KvDtype, KvLayout, MatmulOut, RopeTable,
+    WeightPrecision,
+};
 use crate::error::{check_len, Result, RuntimeError};
+use half::bf16;
 use sfx_formats::{DType, TensorView};
 use std::sync::Arc;
 
@@ -34,6 +38,27 @@ impl CpuBuffer {
     }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// u32 values (token ids, positions) in host memory; staging and device are the same place.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuIndex(pub Vec<u32>);
+
+/// A KV store: f32 elements; an F16 store holds values rounded to f16 on write, so the CPU
+/// reference computes exactly what a device with half-precision storage reads back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuKvStore {
+    pub data: Vec<f32>,
+    pub dtype: KvDtype,
+}
+
+/// Rounds in place to the store's element type.
+fn round_kv(values: &mut [f32], dtype: KvDtype) {
+    if dtype == KvDtype::F16 {
+        for v in values {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
     }
 }
 
@@ -152,9 +177,31 @@ fn check_rows(op: &'static str, what: &str, len: usize, row_len: usize) -> Resul
     Ok(len / row_len)
 }
 
+/// Positions as the CPU kernels take them: `first..first + n`, consecutive. The graph only
+/// ever issues consecutive runs; anything else is refused rather than misread.
+fn consecutive(op: &'static str, positions: &CpuIndex, n: usize) -> Result<usize> {
+    let p = &positions.0;
+    if p.len() != n {
+        return Err(RuntimeError::Shape {
+            op,
+            msg: format!("{} positions for {n} tokens", p.len()),
+        });
+    }
+    let first = p.first().copied().unwrap_or(0) as usize;
+    if p.iter().enumerate().any(|(i, &v)| v as usize != first + i) {
+        return Err(RuntimeError::Unsupported(format!(
+            "{op}: the CPU backend runs consecutive positions only (got {p:?})"
+        )));
+    }
+    Ok(first)
+}
+
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type Matrix = CpuMatrix;
+    type Index = CpuIndex;
+    type KvStore = CpuKvStore;
+    type Graph = ();
 
     fn name(&self) -> String {
         format!(
@@ -185,6 +232,91 @@ impl Backend for CpuBackend {
 
     fn buffer_len(&self, buf: &CpuBuffer) -> usize {
         buf.len()
+    }
+
+    fn upload_into(&self, buf: &mut CpuBuffer, host: &[f32]) -> Result<()> {
+        check_len("upload_into", "source", host.len(), buf.len())?;
+        buf.0.copy_from_slice(host);
+        Ok(())
+    }
+
+    fn alloc_index(&self, len: usize) -> Result<CpuIndex> {
+        Ok(CpuIndex(vec![0; len]))
+    }
+
+    fn index_len(&self, idx: &CpuIndex) -> usize {
+        idx.0.len()
+    }
+
+    fn stage_index(&self, idx: &mut CpuIndex, values: &[u32]) -> Result<()> {
+        check_len("stage_index", "values", values.len(), idx.0.len())?;
+        idx.0.copy_from_slice(values);
+        Ok(())
+    }
+
+    fn upload_staged_index(&self, _idx: &CpuIndex) -> Result<()> {
+        Ok(())
+    }
+
+    fn download_index(&self, idx: &CpuIndex, out: &mut [u32]) -> Result<()> {
+        check_len("download_index", "destination", out.len(), idx.0.len())?;
+        out.copy_from_slice(&idx.0);
+        Ok(())
+    }
+
+    fn alloc_kv(&self, len: usize, dtype: KvDtype) -> Result<CpuKvStore> {
+        Ok(CpuKvStore {
+            data: vec![0.0; len],
+            dtype,
+        })
+    }
+
+    fn upload_kv(&self, host: &[f32], dtype: KvDtype) -> Result<CpuKvStore> {
+        let mut data = host.to_vec();
+        round_kv(&mut data, dtype);
+        Ok(CpuKvStore { data, dtype })
+    }
+
+    fn kv_len(&self, kv: &CpuKvStore) -> usize {
+        kv.data.len()
+    }
+
+    fn download_kv(&self, kv: &CpuKvStore, out: &mut [f32]) -> Result<()> {
+        check_len("download_kv", "destination", out.len(), kv.data.len())?;
+        out.copy_from_slice(&kv.data);
+        Ok(())
+    }
+
+    fn random_matrix(
+        &self,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+        seed: u64,
+        scale: f32,
+    ) -> Result<CpuMatrix> {
+        use rayon::prelude::*;
+        let n = rows.checked_mul(cols).ok_or_else(|| RuntimeError::Shape {
+            op: "random_matrix",
+            msg: format!("{rows} × {cols} overflows"),
+        })?;
+        let value = |i: usize| synthetic_value(seed, i as u64) * scale;
+        let weights = match dtype {
+            DType::BF16 => CpuWeights::Bf16(
+                (0..n)
+                    .into_par_iter()
+                    .map(|i| bf16::from_f32(value(i)).to_bits())
+                    .collect(),
+            ),
+            DType::F32 => CpuWeights::F32((0..n).into_par_iter().map(value).collect()),
+            other => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "random_matrix: {} weights (BF16 and F32 only)",
+                    other.as_str()
+                )))
+            }
+        };
+        CpuMatrix::new(rows, cols, weights)
     }
 
     fn upload_matrix(
@@ -222,7 +354,8 @@ impl Backend for CpuBackend {
         w.dtype()
     }
 
-    fn embedding(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuBuffer) -> Result<()> {
+    fn embedding(&self, table: &CpuMatrix, tokens: &CpuIndex, out: &mut CpuBuffer) -> Result<()> {
+        let tokens = &tokens.0[..];
         let cols = table.cols();
         check_len("embedding", "output", out.len(), tokens.len() * cols)?;
         if cols == 0 {
@@ -249,12 +382,21 @@ impl Backend for CpuBackend {
         w: &CpuMatrix,
         bias: Option<&CpuBuffer>,
         y: &mut CpuBuffer,
+        out: MatmulOut,
     ) -> Result<()> {
         let (rows, cols) = (w.rows(), w.cols());
         check_len("matmul_t", "input", x.len(), m * cols)?;
         check_len("matmul_t", "output", y.len(), m * rows)?;
         if let Some(b) = bias {
             check_len("matmul_t", "bias", b.len(), rows)?;
+        }
+        if out == MatmulOut::Accumulate {
+            // The product rounds to f32 before the add, as a separate projection + residual
+            // add would: the fused path changes no numbers.
+            let mut tmp = CpuBuffer(vec![0.0; y.len()]);
+            self.matmul_t(x, m, w, bias, &mut tmp, MatmulOut::Store)?;
+            elementwise::add_assign(&mut y.0, &tmp.0);
+            return Ok(());
         }
         let (x, y) = (&x.0[..], &mut y.0[..]);
         if m <= MATVEC_MAX_ROWS {
@@ -307,36 +449,65 @@ impl Backend for CpuBackend {
         x: &mut CpuBuffer,
         n_heads: usize,
         head_dim: usize,
-        cos: &CpuBuffer,
-        sin: &CpuBuffer,
+        table: &RopeTable<CpuBackend>,
+        positions: &CpuIndex,
     ) -> Result<()> {
-        if !head_dim.is_multiple_of(2) {
+        if !head_dim.is_multiple_of(2) || table.half != head_dim / 2 {
             return Err(RuntimeError::Shape {
                 op: "rope",
-                msg: format!("head_dim {head_dim} is odd"),
+                msg: format!("head_dim {head_dim} with a table of {} pairs", table.half),
             });
         }
         let n = check_rows("rope", "input", x.len(), n_heads * head_dim)?;
-        check_len("rope", "cos", cos.len(), n * head_dim / 2)?;
-        check_len("rope", "sin", sin.len(), n * head_dim / 2)?;
-        elementwise::rope(self.simd, &mut x.0, n_heads, head_dim, &cos.0, &sin.0);
+        let first = consecutive("rope", positions, n)?;
+        if first + n > table.positions {
+            return Err(RuntimeError::Shape {
+                op: "rope",
+                msg: format!(
+                    "positions {first}..{} exceed the table's {}",
+                    first + n,
+                    table.positions
+                ),
+            });
+        }
+        let half = table.half;
+        let rows = first * half..(first + n) * half;
+        elementwise::rope(
+            self.simd,
+            &mut x.0,
+            n_heads,
+            head_dim,
+            &table.cos.0[rows.clone()],
+            &table.sin.0[rows],
+        );
         Ok(())
     }
 
     fn write_kv(
         &self,
-        src: &CpuBuffer,
-        dst: &mut CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        k_cache: &mut CpuKvStore,
+        v_cache: &mut CpuKvStore,
         layout: KvLayout,
-        start: usize,
+        positions: &CpuIndex,
     ) -> Result<()> {
-        let n = check_rows(
+        let row = layout.kv_heads * layout.head_dim;
+        let n = check_rows("write_kv", "keys", k.len(), row)?;
+        check_len("write_kv", "values", v.len(), k.len())?;
+        check_len(
             "write_kv",
-            "source",
-            src.len(),
-            layout.kv_heads * layout.head_dim,
+            "key cache",
+            k_cache.data.len(),
+            layout.buffer_len(),
         )?;
-        check_len("write_kv", "cache", dst.len(), layout.buffer_len())?;
+        check_len(
+            "write_kv",
+            "value cache",
+            v_cache.data.len(),
+            layout.buffer_len(),
+        )?;
+        let start = consecutive("write_kv", positions, n)?;
         if start + n > layout.capacity {
             return Err(RuntimeError::Shape {
                 op: "write_kv",
@@ -347,16 +518,26 @@ impl Backend for CpuBackend {
                 ),
             });
         }
-        elementwise::write_kv(&src.0, &mut dst.0, layout, start);
+        for (src, dst) in [(k, &mut *k_cache), (v, &mut *v_cache)] {
+            if dst.dtype == KvDtype::F32 {
+                elementwise::write_kv(&src.0, &mut dst.data, layout, start);
+            } else {
+                let mut rows = src.0.clone();
+                round_kv(&mut rows, dst.dtype);
+                elementwise::write_kv(&rows, &mut dst.data, layout, start);
+            }
+        }
         Ok(())
     }
 
     fn attention(
         &self,
         q: &CpuBuffer,
-        k_cache: &CpuBuffer,
-        v_cache: &CpuBuffer,
+        k_cache: &CpuKvStore,
+        v_cache: &CpuKvStore,
         shape: &AttentionShape,
+        positions: &CpuIndex,
+        _scratch: &mut CpuBuffer,
         out: &mut CpuBuffer,
     ) -> Result<()> {
         let s = shape;
@@ -385,11 +566,27 @@ impl Backend for CpuBackend {
                 ),
             });
         }
+        if consecutive("attention", positions, s.n_queries)? != s.past {
+            return Err(RuntimeError::Shape {
+                op: "attention",
+                msg: format!("positions do not start at past = {}", s.past),
+            });
+        }
         check_len("attention", "queries", q.len(), s.n_queries * s.q_dim())?;
         check_len("attention", "output", out.len(), s.n_queries * s.q_dim())?;
-        check_len("attention", "key cache", k_cache.len(), s.kv.buffer_len())?;
-        check_len("attention", "value cache", v_cache.len(), s.kv.buffer_len())?;
-        attention::attention(self.simd, &q.0, &k_cache.0, &v_cache.0, s, &mut out.0);
+        check_len(
+            "attention",
+            "key cache",
+            k_cache.data.len(),
+            s.kv.buffer_len(),
+        )?;
+        check_len(
+            "attention",
+            "value cache",
+            v_cache.data.len(),
+            s.kv.buffer_len(),
+        )?;
+        attention::attention(self.simd, &q.0, &k_cache.data, &v_cache.data, s, &mut out.0);
         Ok(())
     }
 
@@ -402,6 +599,15 @@ impl Backend for CpuBackend {
     fn add_assign(&self, acc: &mut CpuBuffer, x: &CpuBuffer) -> Result<()> {
         check_len("add_assign", "addend", x.len(), acc.len())?;
         elementwise::add_assign(&mut acc.0, &x.0);
+        Ok(())
+    }
+
+    fn argmax_rows(&self, x: &CpuBuffer, cols: usize, out: &mut CpuIndex) -> Result<()> {
+        let rows = check_rows("argmax_rows", "input", x.len(), cols)?;
+        check_len("argmax_rows", "output", out.0.len(), rows)?;
+        for (o, row) in out.0.iter_mut().zip(x.0.chunks_exact(cols)) {
+            *o = crate::sampling::argmax(row) as u32;
+        }
         Ok(())
     }
 

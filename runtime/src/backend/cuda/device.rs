@@ -1,0 +1,470 @@
+//! The driver-API layer under the CUDA backend: one context and stream, stream-ordered device
+//! memory, pinned host staging, kernel modules and launches, graph capture.
+//!
+//! cudarc's safe slices track a read and a write event per buffer; captured step graphs then
+//! depend on uncaptured events (measured: `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`), and every
+//! launch pays for the bookkeeping. The backend needs neither — all work is in order on one
+//! stream — so it holds raw device pointers and calls the driver through cudarc's `result`
+//! wrappers, checking every return code.
+
+use crate::error::{Result, RuntimeError};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A driver error as a runtime error naming the operation.
+pub(crate) fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> RuntimeError {
+    move |e| RuntimeError::Cuda {
+        op,
+        msg: describe(e),
+    }
+}
+
+fn describe(e: DriverError) -> String {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned());
+    let text = e.error_string().map(|s| s.to_string_lossy().into_owned());
+    match (name, text) {
+        (Ok(n), Ok(t)) => format!("{n}: {t}"),
+        _ => format!("{:?}", e.0),
+    }
+}
+
+/// Context, stream and device facts shared by every allocation of the backend.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    stream_owner: Arc<CudaStream>,
+    pub stream: sys::CUstream,
+    pub name: String,
+    pub sm_count: u32,
+    pub compute: (i32, i32),
+    /// Largest dynamic shared memory a block may opt in to.
+    pub smem_optin: usize,
+    /// Set by uploads of pinned staging areas (and graph launches that contain them); a
+    /// host write to a staging area first waits for those to be done.
+    staging_in_flight: AtomicBool,
+}
+
+// SAFETY: the raw stream handle is owned by `stream_owner` (kept alive with it); the driver API
+// is thread-safe, and every call binds the context to the calling thread first.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Opens device `ordinal`: the caller has checked that libcuda is present.
+    pub fn open(ordinal: usize) -> Result<Arc<Self>> {
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("opening the device"))?;
+        let stream_owner = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let stream = stream_owner.cu_stream();
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(cuda_err("reading device attributes"))
+        };
+        use sys::CUdevice_attribute_enum as A;
+        let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let smem_optin = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0);
+        let compute = ctx
+            .compute_capability()
+            .map_err(cuda_err("reading the compute capability"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        Ok(Arc::new(Self {
+            ctx,
+            stream_owner,
+            stream,
+            name,
+            sm_count,
+            compute,
+            smem_optin: smem_optin as usize,
+            staging_in_flight: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.staging_in_flight.store(false, Ordering::Release);
+        self.stream_owner
+            .synchronize()
+            .map_err(cuda_err("synchronizing"))
+    }
+
+    pub fn note_staging_read(&self) {
+        self.staging_in_flight.store(true, Ordering::Release);
+    }
+
+    /// Waits for queued copies out of pinned staging before the host overwrites one.
+    pub fn before_staging_write(&self) -> Result<()> {
+        if self.staging_in_flight.load(Ordering::Acquire) {
+            self.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Stream-ordered allocation of `bytes` (at least 16, so empty buffers have an address).
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceMem> {
+        self.bind()?;
+        // SAFETY: the stream is valid for the life of `self`.
+        let ptr = unsafe { result::malloc_async(self.stream, bytes.max(16)) }.map_err(|e| {
+            RuntimeError::Cuda {
+                op: "allocating device memory",
+                msg: format!("{} bytes: {}", bytes, describe(e)),
+            }
+        })?;
+        Ok(DeviceMem {
+            ptr,
+            bytes,
+            device: self.clone(),
+        })
+    }
+
+    pub fn alloc_zeroed(self: &Arc<Self>, bytes: usize) -> Result<DeviceMem> {
+        let m = self.alloc(bytes)?;
+        // SAFETY: `m` holds at least `bytes` bytes.
+        unsafe { result::memset_d8_async(m.ptr, 0, bytes.max(16), self.stream) }
+            .map_err(cuda_err("clearing device memory"))?;
+        Ok(m)
+    }
+
+    /// Host → device, ordered on the stream. For pageable `src` the driver has copied it
+    /// out before this returns, so the caller may reuse `src` at once.
+    pub fn upload_bytes(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes a destination of at least src.len() bytes.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream) }
+            .map_err(cuda_err("copying to the device"))
+    }
+
+    /// Device → host; waits for everything queued before it.
+    pub fn download_bytes(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.bind()?;
+        if !dst.is_empty() {
+            // SAFETY: the caller passes a source of at least dst.len() bytes; the sync below
+            // completes the copy before `dst` is used.
+            unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }
+                .map_err(cuda_err("copying from the device"))?;
+        }
+        self.synchronize()
+    }
+
+    pub fn copy_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges are inside allocations checked by the caller.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
+            .map_err(cuda_err("copying on the device"))
+    }
+
+    /// Launches `f` with the argument pointers `args` (each pointing at a value of the
+    /// kernel parameter's type).
+    pub fn launch(
+        &self,
+        f: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // SAFETY: `f` comes from a loaded module; the caller passes arguments matching the
+        // kernel's signature and buffers large enough for the grid.
+        unsafe { result::launch_kernel(f.func, grid, block, smem, self.stream, args) }.map_err(
+            |e| RuntimeError::Cuda {
+                op: "launching a kernel",
+                msg: format!("{}: {}", f.name, describe(e)),
+            },
+        )
+    }
+
+    /// [`Device::launch`] with programmatic dependent launch: the kernel may start before the
+    /// previous one completes and must wait (`griddepcontrol.wait`) before touching its data.
+    pub fn launch_pdl(
+        &self,
+        f: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain-old-data attribute; the union member set is the one the id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as for `launch`; the config and attribute outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f.func, args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| RuntimeError::Cuda {
+                op: "launching a kernel",
+                msg: format!("{} (PDL): {}", f.name, describe(e)),
+            })
+    }
+
+    pub fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        // Thread-local mode: only this thread's unsafe calls (none are made) break capture.
+        // SAFETY: the stream is valid.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(cuda_err("starting graph capture"))
+    }
+
+    pub fn end_capture(self: &Arc<Self>) -> Result<Graph> {
+        self.bind()?;
+        // SAFETY: capture was started on this stream.
+        let graph = unsafe { result::stream::end_capture(self.stream) }
+            .map_err(cuda_err("ending graph capture"))?;
+        if graph.is_null() {
+            return Err(RuntimeError::Cuda {
+                op: "ending graph capture",
+                msg: "the capture recorded no graph".into(),
+            });
+        }
+        // SAFETY: `graph` is the captured graph; on failure it is destroyed here.
+        let exec =
+            match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = unsafe { result::graph::destroy(graph) };
+                    return Err(cuda_err("instantiating the step graph")(e));
+                }
+            };
+        let g = Graph {
+            graph,
+            exec,
+            device: self.clone(),
+        };
+        // SAFETY: exec and stream are valid. Uploading now keeps set-up out of the first step.
+        unsafe { result::graph::upload(g.exec, self.stream) }
+            .map_err(cuda_err("uploading the step graph"))?;
+        Ok(g)
+    }
+
+    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
+        self.bind()?;
+        self.note_staging_read();
+        // SAFETY: exec and stream are valid.
+        unsafe { result::graph::launch(g.exec, self.stream) }
+            .map_err(cuda_err("launching the step graph"))
+    }
+
+    /// Loads one embedded module (a fat binary) and resolves `names` in it.
+    pub fn load_module(&self, module: &str, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        // The driver reads the image through aligned loads: give it an 8-byte-aligned copy.
+        let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+        // SAFETY: `aligned` holds a complete fat binary and outlives the call.
+        let m = unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) }.map_err(
+            |e| RuntimeError::Cuda {
+                op: "loading kernels",
+                msg: format!(
+                    "module {module} on {} (sm_{}{}): {} — the embedded kernels cover sm_75 and \
+                     newer",
+                    self.name,
+                    self.compute.0,
+                    self.compute.1,
+                    describe(e)
+                ),
+            },
+        )?;
+        Ok(Module {
+            module: m,
+            name: module.to_string(),
+        })
+    }
+}
+
+/// A loaded module; its functions stay valid while the backend lives (modules are never
+/// unloaded before the process ends, so kernels can be copied freely).
+pub(crate) struct Module {
+    module: sys::CUmodule,
+    name: String,
+}
+
+// SAFETY: module handles are process-wide driver objects.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl Module {
+    pub fn function(&self, name: &'static str) -> Result<Kernel> {
+        let c = CString::new(name).map_err(|_| RuntimeError::Cuda {
+            op: "loading kernels",
+            msg: format!("bad kernel name {name:?}"),
+        })?;
+        // SAFETY: the module is loaded.
+        let func = unsafe { result::module::get_function(self.module, c) }.map_err(|e| {
+            RuntimeError::Cuda {
+                op: "loading kernels",
+                msg: format!("{name} in module {}: {}", self.name, describe(e)),
+            }
+        })?;
+        Ok(Kernel { func, name })
+    }
+}
+
+/// One kernel entry point.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    func: sys::CUfunction,
+    pub name: &'static str,
+}
+
+// SAFETY: function handles are immutable driver objects.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Allows as much dynamic shared memory per block as `optin` (the device's per-block
+    /// opt-in limit) leaves beside the kernel's static shared memory.
+    pub fn allow_shared(&self, optin: usize) -> Result<()> {
+        // SAFETY: valid function handle.
+        let fixed = unsafe {
+            result::function::get_function_attribute(
+                self.func,
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+        }
+        .unwrap_or(0)
+        .max(0) as usize;
+        let bytes = optin.saturating_sub(fixed);
+        // SAFETY: valid function handle.
+        unsafe {
+            result::function::set_function_attribute(
+                self.func,
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(|e| RuntimeError::Cuda {
+            op: "configuring a kernel",
+            msg: format!("{}: {}", self.name, describe(e)),
+        })
+    }
+}
+
+/// Device memory freed in stream order when dropped.
+pub(crate) struct DeviceMem {
+    pub ptr: u64,
+    pub bytes: usize,
+    device: Arc<Device>,
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: `ptr` came from malloc_async on this stream; work queued before the free
+            // still sees the memory.
+            let _ = unsafe { result::free_async(self.ptr, self.device.stream) };
+        }
+    }
+}
+
+/// Page-locked host memory the device copies from (staging of index buffers).
+pub(crate) struct PinnedMem {
+    ptr: *mut u8,
+    bytes: usize,
+    device: Arc<Device>,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value.
+unsafe impl Send for PinnedMem {}
+unsafe impl Sync for PinnedMem {}
+
+impl PinnedMem {
+    pub fn new(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        device.bind()?;
+        let bytes = bytes.max(16);
+        // SAFETY: plain pinned allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(bytes, 0) }
+            .map_err(cuda_err("allocating pinned host memory"))? as *mut u8;
+        // SAFETY: `ptr` holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        Ok(Self {
+            ptr,
+            bytes,
+            device: device.clone(),
+        })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `bytes` bytes exclusively owned by `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    /// Enqueues a copy of the first `bytes` bytes to `dst` (recordable into a graph).
+    pub fn copy_to_device(&self, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let bytes = bytes.min(self.bytes);
+        self.device.bind()?;
+        self.device.note_staging_read();
+        // SAFETY: pinned source of at least `bytes` bytes that outlives the copy (the backend
+        // waits before the host writes it again).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, self.ptr as *const c_void, bytes, self.device.stream)
+        }
+        .result()
+        .map_err(cuda_err("copying staged values to the device"))
+    }
+}
+
+impl Drop for PinnedMem {
+    fn drop(&mut self) {
+        // Queued copies may still read it.
+        let _ = self.device.synchronize();
+        // SAFETY: allocated by malloc_host.
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+    }
+}
+
+/// An instantiated step graph.
+pub(crate) struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    device: Arc<Device>,
+}
+
+// SAFETY: graph handles are only used behind the model's state mutex.
+unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = self.device.synchronize();
+        // SAFETY: handles created by end_capture, destroyed once.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}

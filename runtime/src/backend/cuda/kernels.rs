@@ -1,0 +1,186 @@
+//! The kernel table: every entry point of the embedded modules, resolved once at start.
+
+use super::device::{Device, Kernel, Module};
+use crate::error::{Result, RuntimeError};
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// Whether this build embeds compiled kernels (nvcc was found at build time).
+pub fn embedded() -> bool {
+    !embedded::MODULES.is_empty()
+}
+
+/// Matvec variants: rows per block 1, 2, 4, and the element-wise fallback for column counts
+/// that are not a multiple of the 16-byte chunk.
+pub(crate) struct MatvecKernels {
+    pub group: [Kernel; 3],
+    pub group_scalar: Kernel,
+    pub swiglu: [Kernel; 3],
+    pub swiglu_scalar: Kernel,
+    /// The same with the RMSNorm of x fused in.
+    pub group_norm: [Kernel; 3],
+    pub group_norm_scalar: Kernel,
+    pub swiglu_norm: [Kernel; 3],
+    pub swiglu_norm_scalar: Kernel,
+}
+
+/// Attention variants per dims-per-lane (2, 4, 8 → head_dim up to 64, 128, 256).
+pub(crate) struct AttentionKernels {
+    pub decode: [Kernel; 3],
+    pub prefill: [Kernel; 3],
+}
+
+pub(crate) struct Kernels {
+    pub embedding_bf16: Kernel,
+    pub embedding_f32: Kernel,
+    pub rms_norm: Kernel,
+    pub rope: Kernel,
+    pub rope_qk: Kernel,
+    pub write_kv_f32: Kernel,
+    pub write_kv_f16: Kernel,
+    pub silu_mul: Kernel,
+    pub add_assign: Kernel,
+    pub add_bias_rows: Kernel,
+    pub f32_to_bf16: Kernel,
+    pub argmax_partial: Kernel,
+    pub argmax_final: Kernel,
+    pub fill_random_bf16: Kernel,
+    pub fill_random_f32: Kernel,
+    pub add_nibble_units: Kernel,
+    pub matvec_bf16: MatvecKernels,
+    pub matvec_f32: MatvecKernels,
+    pub attn_f32: AttentionKernels,
+    pub attn_f16: AttentionKernels,
+    pub gemm_bf16: Kernel,
+    pub gemm_f32: Kernel,
+}
+
+impl Kernels {
+    pub fn load(device: &Device) -> Result<Self> {
+        if !embedded() {
+            return Err(RuntimeError::Unsupported(
+                "this binary was built without CUDA kernels (nvcc was not found at build time); \
+                 rebuild after `bash scripts/fetch_cuda_tools.sh` (or with SFX_NVCC=/path/to/nvcc)"
+                    .into(),
+            ));
+        }
+        let mut modules = Vec::new();
+        for (name, image) in embedded::MODULES {
+            modules.push(device.load_module(name, image)?);
+        }
+        let find = |m: &str| -> Result<&Module> {
+            embedded::MODULES
+                .iter()
+                .position(|(n, _)| *n == m)
+                .map(|i| &modules[i])
+                .ok_or_else(|| RuntimeError::Unsupported(format!("kernel module {m} missing")))
+        };
+        let ew = find("elementwise")?;
+        let mv = find("matvec")?;
+        let at = find("attention")?;
+        let gm = find("gemm")?;
+        let matvec = |names: [&'static str; 16]| -> Result<MatvecKernels> {
+            let f = |i: usize| mv.function(names[i]);
+            Ok(MatvecKernels {
+                group: [f(0)?, f(1)?, f(2)?],
+                group_scalar: f(3)?,
+                swiglu: [f(4)?, f(5)?, f(6)?],
+                swiglu_scalar: f(7)?,
+                group_norm: [f(8)?, f(9)?, f(10)?],
+                group_norm_scalar: f(11)?,
+                swiglu_norm: [f(12)?, f(13)?, f(14)?],
+                swiglu_norm_scalar: f(15)?,
+            })
+        };
+        let attention = |names: [&'static str; 6]| -> Result<AttentionKernels> {
+            let f = |i: usize| at.function(names[i]);
+            Ok(AttentionKernels {
+                decode: [f(0)?, f(1)?, f(2)?],
+                prefill: [f(3)?, f(4)?, f(5)?],
+            })
+        };
+        let k = Self {
+            embedding_bf16: ew.function("embedding_bf16")?,
+            embedding_f32: ew.function("embedding_f32")?,
+            rms_norm: ew.function("rms_norm")?,
+            rope: ew.function("rope")?,
+            rope_qk: ew.function("rope_qk")?,
+            write_kv_f32: ew.function("write_kv_f32")?,
+            write_kv_f16: ew.function("write_kv_f16")?,
+            silu_mul: ew.function("silu_mul")?,
+            add_assign: ew.function("add_assign")?,
+            add_bias_rows: ew.function("add_bias_rows")?,
+            f32_to_bf16: ew.function("f32_to_bf16")?,
+            argmax_partial: ew.function("argmax_partial")?,
+            argmax_final: ew.function("argmax_final")?,
+            fill_random_bf16: ew.function("fill_random_bf16")?,
+            fill_random_f32: ew.function("fill_random_f32")?,
+            add_nibble_units: ew.function("add_nibble_units")?,
+            matvec_bf16: matvec([
+                "matvec_group_bf16_r1",
+                "matvec_group_bf16_r2",
+                "matvec_group_bf16_r4",
+                "matvec_group_bf16_scalar",
+                "matvec_swiglu_bf16_r1",
+                "matvec_swiglu_bf16_r2",
+                "matvec_swiglu_bf16_r4",
+                "matvec_swiglu_bf16_scalar",
+                "matvec_group_norm_bf16_r1",
+                "matvec_group_norm_bf16_r2",
+                "matvec_group_norm_bf16_r4",
+                "matvec_group_norm_bf16_scalar",
+                "matvec_swiglu_norm_bf16_r1",
+                "matvec_swiglu_norm_bf16_r2",
+                "matvec_swiglu_norm_bf16_r4",
+                "matvec_swiglu_norm_bf16_scalar",
+            ])?,
+            matvec_f32: matvec([
+                "matvec_group_f32_r1",
+                "matvec_group_f32_r2",
+                "matvec_group_f32_r4",
+                "matvec_group_f32_scalar",
+                "matvec_swiglu_f32_r1",
+                "matvec_swiglu_f32_r2",
+                "matvec_swiglu_f32_r4",
+                "matvec_swiglu_f32_scalar",
+                "matvec_group_norm_f32_r1",
+                "matvec_group_norm_f32_r2",
+                "matvec_group_norm_f32_r4",
+                "matvec_group_norm_f32_scalar",
+                "matvec_swiglu_norm_f32_r1",
+                "matvec_swiglu_norm_f32_r2",
+                "matvec_swiglu_norm_f32_r4",
+                "matvec_swiglu_norm_f32_scalar",
+            ])?,
+            attn_f32: attention([
+                "attn_decode_f32_d2",
+                "attn_decode_f32_d4",
+                "attn_decode_f32_d8",
+                "attn_prefill_f32_d2",
+                "attn_prefill_f32_d4",
+                "attn_prefill_f32_d8",
+            ])?,
+            attn_f16: attention([
+                "attn_decode_f16_d2",
+                "attn_decode_f16_d4",
+                "attn_decode_f16_d8",
+                "attn_prefill_f16_d2",
+                "attn_prefill_f16_d4",
+                "attn_prefill_f16_d8",
+            ])?,
+            gemm_bf16: gm.function("gemm_xwt_bf16")?,
+            gemm_f32: gm.function("gemm_xwt_f32")?,
+        };
+        // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
+        for a in [&k.attn_f32, &k.attn_f16] {
+            for f in a.decode.iter().chain(&a.prefill) {
+                f.allow_shared(device.smem_optin)?;
+            }
+        }
+        // Modules stay loaded for the life of the process (kernels are plain handles).
+        std::mem::forget(modules);
+        Ok(k)
+    }
+}

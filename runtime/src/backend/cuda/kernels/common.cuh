@@ -1,0 +1,73 @@
+// Shared helpers of the StrataFlux CUDA kernels. Every kernel is `extern "C"` so the Rust side
+// loads it by name; activations are f32, weights BF16 (raw u16 bits) or F32, KV f32 or f16.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define SFX_FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(SFX_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(SFX_FULL_MASK, v, o));
+    return v;
+}
+
+// BF16 bits → f32 is a shift: exact, and no conversion instruction on the load path.
+__device__ __forceinline__ float bf16_bits(uint32_t b) { return __uint_as_float(b << 16); }
+
+// The two BF16 values packed in a 32-bit word (low half first, as they lie in memory).
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// KV element widening/narrowing: one template body serves f32 and f16 caches.
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_store(__half* p, float v) { *p = __float2half_rn(v); }
+
+// Loads that bypass L1 allocation: weights are read once per token, and keeping them out of
+// L1 leaves it to the activation vector every block re-reads.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Sum of a value over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the total. `shared` holds at least 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    float t = lane < warps ? shared[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// Programmatic dependent launch (sm_90+): a kernel lets the next grid launch as soon as all
+// of its blocks have started (TRIGGER), and a kernel launched with the PDL attribute waits for
+// its predecessor's completion and memory (WAIT) only where it first touches data that
+// predecessor may write — so a projection streams its weights while the previous kernel drains.
+// Both are no-ops on older GPUs and for kernels launched without the attribute.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define SFX_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define SFX_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define SFX_PDL_TRIGGER() \
+    do {                  \
+    } while (0)
+#define SFX_PDL_WAIT() \
+    do {               \
+    } while (0)
+#endif

@@ -1,0 +1,1456 @@
+//! The backend conformance suite: every op of [`Backend`] on every backend, checked against
+//! a reference with a stated normalised-error bound (llama.cpp's `test-backend-ops` is the
+//! model). A device backend is compared with the CPU backend; the CPU backend with plain
+//! f64 loops written here (so the reference itself is checked, and a CPU run is not a
+//! comparison with itself).
+//!
+//! One table ([`cases`]) lists op × shape family with its bounds; adding an op means adding
+//! its [`Op`] variant, one `execute` arm and one `naive` arm. Inputs are fresh random values
+//! per run (seeded; the seed is printed so a failure can be replayed), outputs are poisoned
+//! with NaN first so an element a kernel forgot to write fails the check.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{
+    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, MatmulOut, RopeTable, WeightPrecision,
+};
+use crate::error::Result;
+use crate::model::{rope_cos_sin, Model, ModelOptions};
+use half::{bf16, f16};
+use sfx_formats::{DType, TensorView};
+
+/// One op with the shape it runs at.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Embedding {
+        dtype: DType,
+        vocab: usize,
+        cols: usize,
+        n: usize,
+    },
+    Matmul {
+        dtype: DType,
+        m: usize,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+        acc: bool,
+    },
+    /// `norm`: the RMSNorm of x fused in (`rms_norm_matmul_group`).
+    MatmulGroup {
+        dtype: DType,
+        m: usize,
+        cols: usize,
+        rows: [usize; 3],
+        bias: bool,
+        norm: bool,
+    },
+    Swiglu {
+        dtype: DType,
+        m: usize,
+        rows: usize,
+        cols: usize,
+        norm: bool,
+    },
+    RmsNorm {
+        rows: usize,
+        cols: usize,
+        in_place: bool,
+    },
+    Rope {
+        n: usize,
+        heads: usize,
+        head_dim: usize,
+        first: usize,
+    },
+    RopeQk {
+        n: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        first: usize,
+    },
+    WriteKv {
+        kv: KvDtype,
+        n: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        first: usize,
+    },
+    Attention {
+        kv: KvDtype,
+        n: usize,
+        past: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    },
+    SiluMul {
+        len: usize,
+    },
+    AddAssign {
+        len: usize,
+    },
+    Argmax {
+        rows: usize,
+        cols: usize,
+    },
+    CopyRows {
+        rows: usize,
+        row_len: usize,
+        first: usize,
+        n: usize,
+    },
+    ReadRows {
+        rows: usize,
+        row_len: usize,
+        first: usize,
+        n: usize,
+    },
+    NibbleUnits {
+        row_len: usize,
+        units: usize,
+    },
+    Random {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+    },
+    /// A synthetic model: prefill, then greedy-fed decode steps (step graphs as the backend
+    /// does them, or off); every step's logits compared.
+    Decode {
+        preset: &'static str,
+        steps: usize,
+        graphs: bool,
+    },
+}
+
+/// A row of the table.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub op: &'static str,
+    pub family: String,
+    pub spec: Op,
+    /// Bound on ‖out − ref‖ / ‖ref‖ for a device backend against the CPU backend.
+    pub bound: f64,
+    /// Bound for the CPU backend against the f64 reference.
+    pub cpu_bound: f64,
+}
+
+/// What one case measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CaseResult {
+    pub op: &'static str,
+    pub family: String,
+    pub backend: String,
+    /// `cpu` or `f64`.
+    pub reference: &'static str,
+    pub error: f64,
+    pub bound: f64,
+    pub passed: bool,
+    /// Output elements compared.
+    pub elements: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+fn dt(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        _ => "?",
+    }
+}
+
+/// Every case of the suite. Shape families: decode (m = 1) and prefill rows, odd sizes that
+/// take the kernels' element-wise paths, every GQA ratio of the Llama/Qwen families (1–8),
+/// head sizes 64–256, long contexts, BF16/F32 weights and F32/F16 KV.
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut add = |op: &'static str, family: String, spec: Op, bound: f64, cpu_bound: f64| {
+        v.push(Case {
+            op,
+            family,
+            spec,
+            bound,
+            cpu_bound,
+        })
+    };
+    for dtype in [DType::BF16, DType::F32] {
+        add(
+            "embedding",
+            format!("{} 131×72 n7", dt(dtype)),
+            Op::Embedding {
+                dtype,
+                vocab: 131,
+                cols: 72,
+                n: 7,
+            },
+            0.0,
+            0.0,
+        );
+        add(
+            "embedding",
+            format!("{} 49152×576 n1", dt(dtype)),
+            Op::Embedding {
+                dtype,
+                vocab: 49152,
+                cols: 576,
+                n: 1,
+            },
+            0.0,
+            0.0,
+        );
+        add(
+            "random_matrix",
+            format!("{} 300×77", dt(dtype)),
+            Op::Random {
+                dtype,
+                rows: 300,
+                cols: 77,
+            },
+            0.0,
+            0.0,
+        );
+        // Matvec (m ≤ 4) and GEMM (m > 4) shapes; the GEMM on a device rounds activations to
+        // BF16 for the tensor cores (relative error ~2⁻⁹ per element).
+        let gemm_bound = if dtype == DType::BF16 { 4e-3 } else { 1e-5 };
+        for (m, rows, cols, bias, acc) in [
+            (1, 1536, 576, false, false),
+            (1, 4096, 4096, false, true),
+            (1, 1024, 4096, true, false),
+            (1, 37, 53, true, false),
+            (2, 576, 1536, false, true),
+            (3, 129, 511, false, false),
+            (4, 200, 72, true, true),
+        ] {
+            add(
+                "matmul_t",
+                format!(
+                    "{} m{m} {rows}×{cols}{}{}",
+                    dt(dtype),
+                    if bias { " +bias" } else { "" },
+                    if acc { " +=" } else { "" }
+                ),
+                Op::Matmul {
+                    dtype,
+                    m,
+                    rows,
+                    cols,
+                    bias,
+                    acc,
+                },
+                1e-5,
+                1e-5,
+            );
+        }
+        for (m, rows, cols, bias, acc) in [
+            (5, 64, 72, false, false),
+            (17, 96, 256, true, false),
+            (64, 1536, 576, false, true),
+            (130, 77, 129, true, true),
+        ] {
+            add(
+                "matmul_t",
+                format!(
+                    "{} m{m} {rows}×{cols}{}{}",
+                    dt(dtype),
+                    if bias { " +bias" } else { "" },
+                    if acc { " +=" } else { "" }
+                ),
+                Op::Matmul {
+                    dtype,
+                    m,
+                    rows,
+                    cols,
+                    bias,
+                    acc,
+                },
+                gemm_bound,
+                1e-5,
+            );
+        }
+        for norm in [false, true] {
+            let op = if norm {
+                "rms_norm_matmul_group"
+            } else {
+                "matmul_t_group"
+            };
+            for (m, cols, rows, bias, bound) in [
+                (1, 576, [576, 192, 192], false, 1e-5),
+                (1, 4096, [4096, 1024, 1024], true, 1e-5),
+                (3, 75, [33, 9, 9], true, 1e-5),
+                (2, 4096, [128_256, 0, 0], false, 1e-5),
+                (9, 256, [256, 64, 64], false, gemm_bound),
+            ] {
+                let rows = if rows[1] == 0 { [rows[0], 8, 8] } else { rows };
+                add(
+                    op,
+                    format!(
+                        "{} m{m} {cols}→{},{},{}{}",
+                        dt(dtype),
+                        rows[0],
+                        rows[1],
+                        rows[2],
+                        if bias { " +bias" } else { "" }
+                    ),
+                    Op::MatmulGroup {
+                        dtype,
+                        m,
+                        cols,
+                        rows,
+                        bias,
+                        norm,
+                    },
+                    bound,
+                    1e-5,
+                );
+            }
+            let op = if norm {
+                "rms_norm_swiglu"
+            } else {
+                "matmul_t_swiglu"
+            };
+            for (m, rows, cols, bound) in [
+                (1, 1536, 576, 1e-5),
+                (1, 14336, 4096, 1e-5),
+                (2, 133, 75, 1e-5),
+                (9, 200, 64, gemm_bound),
+            ] {
+                add(
+                    op,
+                    format!("{} m{m} {cols}→{rows}", dt(dtype)),
+                    Op::Swiglu {
+                        dtype,
+                        m,
+                        rows,
+                        cols,
+                        norm,
+                    },
+                    bound,
+                    1e-5,
+                );
+            }
+        }
+    }
+    for (rows, cols, in_place) in [
+        (1, 576, false),
+        (7, 4096, false),
+        (512, 37, false),
+        (3, 14336, false),
+        (96, 128, true),
+        (5, 64, true),
+    ] {
+        add(
+            if in_place {
+                "rms_norm_in_place"
+            } else {
+                "rms_norm"
+            },
+            format!("{rows}×{cols}"),
+            Op::RmsNorm {
+                rows,
+                cols,
+                in_place,
+            },
+            2e-6,
+            2e-6,
+        );
+    }
+    for (n, heads, head_dim, first) in [
+        (1, 32, 128, 0),
+        (1, 9, 64, 4095),
+        (37, 3, 64, 1000),
+        (5, 8, 128, 32_000),
+        (2, 4, 24, 131_000),
+        (1, 2, 256, 70),
+    ] {
+        add(
+            "rope",
+            format!("n{n} {heads}×{head_dim} @{first}"),
+            Op::Rope {
+                n,
+                heads,
+                head_dim,
+                first,
+            },
+            1e-6,
+            1e-6,
+        );
+    }
+    for (n, heads, kv_heads, head_dim, first) in [(1, 32, 8, 128, 77), (19, 9, 3, 64, 500)] {
+        add(
+            "rope_qk",
+            format!("n{n} {heads}+{kv_heads}×{head_dim} @{first}"),
+            Op::RopeQk {
+                n,
+                heads,
+                kv_heads,
+                head_dim,
+                first,
+            },
+            1e-6,
+            1e-6,
+        );
+    }
+    for kv in [KvDtype::F32, KvDtype::F16] {
+        add(
+            "write_kv",
+            format!("{} n1 8×128 @700", kv.as_str()),
+            Op::WriteKv {
+                kv,
+                n: 1,
+                kv_heads: 8,
+                head_dim: 128,
+                first: 700,
+            },
+            0.0,
+            0.0,
+        );
+        add(
+            "write_kv",
+            format!("{} n33 3×64 @0", kv.as_str()),
+            Op::WriteKv {
+                kv,
+                n: 33,
+                kv_heads: 3,
+                head_dim: 64,
+                first: 0,
+            },
+            0.0,
+            0.0,
+        );
+        // Decode (n ≤ 4: split-K) over every GQA ratio and head size, short and long contexts.
+        for (n, past, heads, kv_heads, head_dim) in [
+            (1, 0, 32, 8, 128),
+            (1, 5, 9, 3, 64),
+            (1, 777, 32, 32, 128),
+            (1, 1000, 28, 4, 128),
+            (1, 1500, 12, 2, 128),
+            (1, 2047, 14, 2, 64),
+            (1, 3000, 16, 2, 128),
+            (1, 4095, 40, 8, 128),
+            (1, 600, 8, 1, 80),
+            (1, 300, 16, 8, 256),
+            (3, 130, 32, 8, 128),
+            (1, 33_000, 32, 8, 128),
+        ] {
+            add(
+                "attention",
+                format!(
+                    "{} decode n{n} past {past} {heads}/{kv_heads}×{head_dim}",
+                    kv.as_str()
+                ),
+                Op::Attention {
+                    kv,
+                    n,
+                    past,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                },
+                2e-5,
+                2e-5,
+            );
+        }
+        // Prefill chunks (flash-style), first chunk and later chunks over earlier positions.
+        for (n, past, heads, kv_heads, head_dim) in [
+            (16, 0, 9, 3, 64),
+            (61, 0, 32, 8, 128),
+            (100, 300, 14, 2, 64),
+            (512, 0, 8, 8, 128),
+            (40, 2000, 12, 2, 128),
+            (23, 100, 16, 8, 256),
+            (9, 4096, 24, 8, 128),
+        ] {
+            add(
+                "attention",
+                format!(
+                    "{} prefill n{n} past {past} {heads}/{kv_heads}×{head_dim}",
+                    kv.as_str()
+                ),
+                Op::Attention {
+                    kv,
+                    n,
+                    past,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                },
+                2e-5,
+                2e-5,
+            );
+        }
+    }
+    for len in [1, 1000, 57_344] {
+        add(
+            "silu_mul",
+            format!("{len}"),
+            Op::SiluMul { len },
+            1e-6,
+            1e-6,
+        );
+        add(
+            "add_assign",
+            format!("{len}"),
+            Op::AddAssign { len },
+            0.0,
+            0.0,
+        );
+    }
+    for (rows, cols) in [(1, 49_152), (3, 128_256), (2, 7)] {
+        add(
+            "argmax_rows",
+            format!("{rows}×{cols}"),
+            Op::Argmax { rows, cols },
+            0.0,
+            0.0,
+        );
+    }
+    add(
+        "copy_rows",
+        "9×576 rows 3..7".into(),
+        Op::CopyRows {
+            rows: 9,
+            row_len: 576,
+            first: 3,
+            n: 4,
+        },
+        0.0,
+        0.0,
+    );
+    add(
+        "read_rows",
+        "5×1536 row 4".into(),
+        Op::ReadRows {
+            rows: 5,
+            row_len: 1536,
+            first: 4,
+            n: 1,
+        },
+        0.0,
+        0.0,
+    );
+    for (row_len, units) in [(576, 9), (4096, 16), (1537, 3)] {
+        add(
+            "add_nibble_units",
+            format!("{row_len} × {units} units"),
+            Op::NibbleUnits { row_len, units },
+            1e-6,
+            1e-6,
+        );
+    }
+    for (preset, graphs) in [("tiny", true), ("tiny-qwen3", true), ("tiny", false)] {
+        add(
+            "model_decode",
+            format!(
+                "{preset} f32 prefill 7 + 12 steps, graphs {}",
+                if graphs { "on" } else { "off" }
+            ),
+            Op::Decode {
+                preset,
+                steps: 12,
+                graphs,
+            },
+            1e-4,
+            1e-5,
+        );
+    }
+    v
+}
+
+/// SplitMix64 stream of test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f32 {
+        ((self.next() >> 40) as f32) / 16_777_216.0 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Values as a matrix of `dtype` stores them (BF16 rounding applied).
+fn rounded(values: &[f32], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::BF16 => values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+        _ => values.to_vec(),
+    }
+}
+
+fn kv_rounded(values: &[f32], kv: KvDtype) -> Vec<f32> {
+    match kv {
+        KvDtype::F16 => values.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        KvDtype::F32 => values.to_vec(),
+    }
+}
+
+fn matrix_bytes(values: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+fn upload_matrix<B: Backend>(
+    b: &B,
+    values: &[f32],
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Matrix> {
+    let bytes = matrix_bytes(values, dtype);
+    let shape = [rows, cols];
+    let view = TensorView::new("conformance", dtype, &shape, &bytes)?;
+    b.upload_matrix("conformance", &view, WeightPrecision::Native)
+}
+
+fn poisoned<B: Backend>(b: &B, n: usize) -> Result<B::Buffer> {
+    b.upload(&vec![f32::NAN; n])
+}
+
+fn index<B: Backend>(b: &B, values: &[u32]) -> Result<B::Index> {
+    let mut i = b.alloc_index(values.len())?;
+    b.write_index(&mut i, values)?;
+    Ok(i)
+}
+
+fn download<B: Backend>(b: &B, buf: &B::Buffer) -> Result<Vec<f32>> {
+    let mut v = vec![0.0; b.buffer_len(buf)];
+    b.download(buf, &mut v)?;
+    Ok(v)
+}
+
+/// The host inputs of a case, drawn once and given to every backend.
+struct Inputs {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    d: Vec<f32>,
+    ids: Vec<u32>,
+    bytes: Vec<u8>,
+}
+
+fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
+    let mut i = Inputs {
+        a: Vec::new(),
+        b: Vec::new(),
+        c: Vec::new(),
+        d: Vec::new(),
+        ids: Vec::new(),
+        bytes: Vec::new(),
+    };
+    match *spec {
+        Op::Embedding { vocab, cols, n, .. } => {
+            i.a = rng.vec(vocab * cols, 1.0);
+            i.ids = (0..n).map(|t| if t == 0 { vocab - 1 } else if t == 1 { 0 } else { rng.below(vocab) } as u32).collect();
+        }
+        Op::Matmul { m, rows, cols, .. } => {
+            i.a = rng.vec(m * cols, 1.0);
+            i.b = rng.vec(rows * cols, (3.0 / cols.max(1) as f32).sqrt());
+            i.c = rng.vec(rows, 0.5);
+            i.d = rng.vec(m * rows, 1.0);
+        }
+        Op::MatmulGroup { m, cols, rows, .. } => {
+            i.a = rng.vec(m * cols, 3.0);
+            let total: usize = rows.iter().sum();
+            i.b = rng.vec(total * cols, (3.0 / cols as f32).sqrt());
+            i.c = rng.vec(total, 0.5);
+            i.d = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+        }
+        Op::Swiglu { m, rows, cols, .. } => {
+            i.a = rng.vec(m * cols, 3.0);
+            i.b = rng.vec(2 * rows * cols, (3.0 / cols as f32).sqrt() * 2.0);
+            i.d = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+        }
+        Op::RmsNorm { rows, cols, .. } => {
+            i.a = rng.vec(rows * cols, 3.0);
+            i.b = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+        }
+        Op::Rope {
+            n, heads, head_dim, ..
+        } => i.a = rng.vec(n * heads * head_dim, 2.0),
+        Op::RopeQk {
+            n,
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => {
+            i.a = rng.vec(n * heads * head_dim, 2.0);
+            i.b = rng.vec(n * kv_heads * head_dim, 2.0);
+        }
+        Op::WriteKv {
+            n,
+            kv_heads,
+            head_dim,
+            ..
+        } => {
+            i.a = rng.vec(n * kv_heads * head_dim, 2.0);
+            i.b = rng.vec(n * kv_heads * head_dim, 2.0);
+        }
+        Op::Attention {
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => {
+            let total = past + n;
+            i.a = rng.vec(n * heads * head_dim, 1.5);
+            i.b = rng.vec(total * kv_heads * head_dim, 1.5);
+            i.c = rng.vec(total * kv_heads * head_dim, 1.0);
+        }
+        Op::SiluMul { len } | Op::AddAssign { len } => {
+            i.a = rng.vec(len, 8.0);
+            i.b = rng.vec(len, 2.0);
+        }
+        Op::Argmax { rows, cols } => {
+            i.a = rng.vec(rows * cols, 10.0);
+            // A tie at the maximum: the lower index must win.
+            if cols > 10 {
+                for r in 0..rows {
+                    let row = &mut i.a[r * cols..(r + 1) * cols];
+                    let (j, k) = (rng.below(cols / 2), cols / 2 + rng.below(cols / 2));
+                    row[j] = 11.0;
+                    row[k] = 11.0;
+                }
+            }
+        }
+        Op::CopyRows { rows, row_len, .. } | Op::ReadRows { rows, row_len, .. } => {
+            i.a = rng.vec(rows * row_len, 1.0);
+        }
+        Op::NibbleUnits { row_len, units } => {
+            let unit_bytes = row_len.div_ceil(2) + 3;
+            i.bytes = (0..units * unit_bytes).map(|_| rng.next() as u8).collect();
+            i.a = rng.vec(units, 1.0);
+            i.b = rng.vec(row_len, 0.1);
+            i.c = rng.vec(2 * row_len, 1.0);
+        }
+        Op::Random { .. } => i.ids = vec![rng.next() as u32, rng.next() as u32],
+        Op::Decode { .. } => i.ids = (0..7 + 64).map(|_| rng.next() as u32).collect(),
+    }
+    i
+}
+
+/// Host `[total, kv_heads·d]` rows → a `[kv_heads, capacity, d]` store image.
+fn kv_image(rows: &[f32], kv_heads: usize, d: usize, capacity: usize) -> Vec<f32> {
+    let total = rows.len() / (kv_heads * d).max(1);
+    let mut img = vec![0.0; kv_heads * capacity * d];
+    for t in 0..total {
+        for h in 0..kv_heads {
+            let src = (t * kv_heads + h) * d;
+            let dst = (h * capacity + t) * d;
+            img[dst..dst + d].copy_from_slice(&rows[src..src + d]);
+        }
+    }
+    img
+}
+
+/// Runs the case's op on backend `b`; the output as f32 (ids as f32 values).
+fn execute<B: Backend>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>> {
+    match *spec {
+        Op::Embedding {
+            dtype,
+            vocab,
+            cols,
+            n,
+        } => {
+            let table = upload_matrix(b, &x.a, dtype, vocab, cols)?;
+            let mut out = poisoned(b, n * cols)?;
+            b.embedding(&table, &index(b, &x.ids)?, &mut out)?;
+            download(b, &out)
+        }
+        Op::Matmul {
+            dtype,
+            m,
+            rows,
+            cols,
+            bias,
+            acc,
+        } => {
+            let w = upload_matrix(b, &x.b, dtype, rows, cols)?;
+            let xb = b.upload(&x.a)?;
+            let bb = if bias { Some(b.upload(&x.c)?) } else { None };
+            let mut y = if acc {
+                b.upload(&x.d)?
+            } else {
+                poisoned(b, m * rows)?
+            };
+            let mode = if acc {
+                MatmulOut::Accumulate
+            } else {
+                MatmulOut::Store
+            };
+            b.matmul_t(&xb, m, &w, bb.as_ref(), &mut y, mode)?;
+            download(b, &y)
+        }
+        Op::MatmulGroup {
+            dtype,
+            m,
+            cols,
+            rows,
+            bias,
+            norm,
+        } => {
+            let xb = b.upload(&x.a)?;
+            let nw = b.upload(&x.d)?;
+            let mut normed = poisoned(b, m * cols)?;
+            let mut off = 0;
+            let mut ws = Vec::new();
+            let mut biases = Vec::new();
+            for &r in &rows {
+                ws.push(upload_matrix(
+                    b,
+                    &x.b[off * cols..(off + r) * cols],
+                    dtype,
+                    r,
+                    cols,
+                )?);
+                biases.push(if bias {
+                    Some(b.upload(&x.c[off..off + r])?)
+                } else {
+                    None
+                });
+                off += r;
+            }
+            let mut outs = rows
+                .iter()
+                .map(|&r| poisoned(b, m * r))
+                .collect::<Result<Vec<_>>>()?;
+            {
+                let mut items: Vec<GroupItem<'_, B>> = ws
+                    .iter()
+                    .zip(&biases)
+                    .zip(outs.iter_mut())
+                    .map(|((w, bi), out)| GroupItem {
+                        weight: w,
+                        bias: bi.as_ref(),
+                        out,
+                    })
+                    .collect();
+                if norm {
+                    b.rms_norm_matmul_group(&xb, &nw, 1e-5, &mut normed, m, &mut items)?;
+                } else {
+                    b.matmul_t_group(&xb, m, &mut items)?;
+                }
+            }
+            let mut all = Vec::new();
+            for o in &outs {
+                all.extend(download(b, o)?);
+            }
+            Ok(all)
+        }
+        Op::Swiglu {
+            dtype,
+            m,
+            rows,
+            cols,
+            norm,
+        } => {
+            let wg = upload_matrix(b, &x.b[..rows * cols], dtype, rows, cols)?;
+            let wu = upload_matrix(b, &x.b[rows * cols..], dtype, rows, cols)?;
+            let xb = b.upload(&x.a)?;
+            let mut gate = poisoned(b, m * rows)?;
+            let mut up = poisoned(b, m * rows)?;
+            if norm {
+                let nw = b.upload(&x.d)?;
+                let mut normed = poisoned(b, m * cols)?;
+                b.rms_norm_swiglu(&xb, &nw, 1e-5, &mut normed, m, &wg, &wu, &mut gate, &mut up)?;
+            } else {
+                b.matmul_t_swiglu(&xb, m, &wg, &wu, &mut gate, &mut up)?;
+            }
+            download(b, &gate)
+        }
+        Op::RmsNorm {
+            rows,
+            cols,
+            in_place,
+        } => {
+            let w = b.upload(&x.b)?;
+            if in_place {
+                let mut xb = b.upload(&x.a)?;
+                b.rms_norm_in_place(&mut xb, &w, 1e-6)?;
+                download(b, &xb)
+            } else {
+                let xb = b.upload(&x.a)?;
+                let mut out = poisoned(b, rows * cols)?;
+                b.rms_norm(&xb, &w, 1e-5, &mut out)?;
+                download(b, &out)
+            }
+        }
+        Op::Rope {
+            n,
+            heads,
+            head_dim,
+            first,
+        } => {
+            let table = rope_table(b, head_dim, first + n)?;
+            let mut xb = b.upload(&x.a)?;
+            let pos: Vec<u32> = (first..first + n).map(|p| p as u32).collect();
+            b.rope(&mut xb, heads, head_dim, &table, &index(b, &pos)?)?;
+            download(b, &xb)
+        }
+        Op::RopeQk {
+            n,
+            heads,
+            kv_heads,
+            head_dim,
+            first,
+        } => {
+            let table = rope_table(b, head_dim, first + n)?;
+            let (mut qb, mut kb) = (b.upload(&x.a)?, b.upload(&x.b)?);
+            let pos: Vec<u32> = (first..first + n).map(|p| p as u32).collect();
+            b.rope_qk(
+                &mut qb,
+                heads,
+                &mut kb,
+                kv_heads,
+                head_dim,
+                &table,
+                &index(b, &pos)?,
+            )?;
+            let mut out = download(b, &qb)?;
+            out.extend(download(b, &kb)?);
+            Ok(out)
+        }
+        Op::WriteKv {
+            kv,
+            n,
+            kv_heads,
+            head_dim,
+            first,
+        } => {
+            let layout = KvLayout {
+                kv_heads,
+                head_dim,
+                capacity: first + n + 3,
+            };
+            let mut kc = b.upload_kv(&vec![7.0; layout.buffer_len()], kv)?;
+            let mut vc = b.upload_kv(&vec![-7.0; layout.buffer_len()], kv)?;
+            let pos: Vec<u32> = (first..first + n).map(|p| p as u32).collect();
+            let (kb, vb) = (b.upload(&x.a)?, b.upload(&x.b)?);
+            b.write_kv(&kb, &vb, &mut kc, &mut vc, layout, &index(b, &pos)?)?;
+            let mut out = vec![0.0; 2 * layout.buffer_len()];
+            let (ko, vo) = out.split_at_mut(layout.buffer_len());
+            b.download_kv(&kc, ko)?;
+            b.download_kv(&vc, vo)?;
+            Ok(out)
+        }
+        Op::Attention {
+            kv,
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+        } => {
+            let layout = KvLayout {
+                kv_heads,
+                head_dim,
+                capacity: past + n + 5,
+            };
+            let kc = b.upload_kv(&kv_image(&x.b, kv_heads, head_dim, layout.capacity), kv)?;
+            let vc = b.upload_kv(&kv_image(&x.c, kv_heads, head_dim, layout.capacity), kv)?;
+            let shape = AttentionShape {
+                n_heads: heads,
+                kv: layout,
+                past,
+                n_queries: n,
+            };
+            let pos: Vec<u32> = (past..past + n).map(|p| p as u32).collect();
+            let q = b.upload(&x.a)?;
+            let mut scratch = b.alloc(b.attention_scratch_len(layout, heads).max(1))?;
+            let mut out = poisoned(b, n * heads * head_dim)?;
+            b.attention(
+                &q,
+                &kc,
+                &vc,
+                &shape,
+                &index(b, &pos)?,
+                &mut scratch,
+                &mut out,
+            )?;
+            download(b, &out)
+        }
+        Op::SiluMul { .. } => {
+            let mut g = b.upload(&x.a)?;
+            b.silu_mul(&mut g, &b.upload(&x.b)?)?;
+            download(b, &g)
+        }
+        Op::AddAssign { .. } => {
+            let mut a = b.upload(&x.a)?;
+            b.add_assign(&mut a, &b.upload(&x.b)?)?;
+            download(b, &a)
+        }
+        Op::Argmax { rows, cols } => {
+            let mut ids = index(b, &vec![u32::MAX; rows])?;
+            b.argmax_rows(&b.upload(&x.a)?, cols, &mut ids)?;
+            let mut out = vec![0u32; rows];
+            b.download_index(&ids, &mut out)?;
+            Ok(out.into_iter().map(|v| v as f32).collect())
+        }
+        Op::CopyRows {
+            row_len, first, n, ..
+        } => {
+            let mut dst = poisoned(b, n * row_len)?;
+            b.copy_rows(&b.upload(&x.a)?, row_len, first, &mut dst)?;
+            download(b, &dst)
+        }
+        Op::ReadRows {
+            row_len, first, n, ..
+        } => {
+            let mut out = vec![f32::NAN; n * row_len];
+            b.read_rows(&b.upload(&x.a)?, row_len, first, &mut out)?;
+            Ok(out)
+        }
+        Op::NibbleUnits { row_len, units } => {
+            let unit_bytes = x.bytes.len() / units;
+            let mut y = b.upload(&x.c)?;
+            b.add_nibble_units(&mut y, row_len, 1, &x.bytes, unit_bytes, &x.a, &x.b)?;
+            download(b, &y)
+        }
+        Op::Random { dtype, rows, cols } => {
+            let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
+            let m = b.random_matrix(rows, cols, dtype, seed, 0.37)?;
+            // Read back through a matvec with unit vectors would round; an embedding of
+            // every row returns the stored values exactly.
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            let mut out = poisoned(b, rows * cols)?;
+            b.embedding(&m, &index(b, &ids)?, &mut out)?;
+            download(b, &out)
+        }
+        Op::Decode {
+            preset,
+            steps,
+            graphs,
+        } => {
+            let config = crate::synthetic::preset(preset)?;
+            let options = ModelOptions {
+                step_graphs: graphs,
+                ..ModelOptions::default()
+            };
+            // One backend value per model: models own theirs.
+            let model = Model::synthetic(b.clone(), &config, DType::F32, 11, &options)?;
+            let vocab = config.vocab_size as u32;
+            let mut cache = model.new_cache(7 + steps)?;
+            let prompt: Vec<u32> = x.ids[..7].iter().map(|t| t % vocab).collect();
+            let mut out = model
+                .forward(&prompt, &mut cache, crate::LogitsMode::All)?
+                .into_vec();
+            for s in 0..steps {
+                let t = x.ids[7 + s] % vocab;
+                out.extend(
+                    model
+                        .forward(&[t], &mut cache, crate::LogitsMode::Last)?
+                        .into_vec(),
+                );
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn rope_table<B: Backend>(b: &B, head_dim: usize, positions: usize) -> Result<RopeTable<B>> {
+    let inv: Vec<f32> = (0..head_dim / 2)
+        .map(|j| (1e4f64.powf(-(2.0 * j as f64) / head_dim as f64)) as f32)
+        .collect();
+    let (cos, sin) = rope_cos_sin(&inv, 0, positions);
+    Ok(RopeTable {
+        cos: b.upload(&cos)?,
+        sin: b.upload(&sin)?,
+        positions,
+        half: head_dim / 2,
+    })
+}
+
+/// The op in plain f64 loops, from the same inputs (the CPU backend's reference).
+fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
+    let f = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+    Some(match *spec {
+        Op::Embedding { dtype, cols, .. } => {
+            let t = rounded(&x.a, dtype);
+            x.ids
+                .iter()
+                .flat_map(|&id| {
+                    t[id as usize * cols..][..cols]
+                        .iter()
+                        .map(|&v| v as f64)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        Op::Matmul {
+            dtype,
+            m,
+            rows,
+            cols,
+            bias,
+            acc,
+        } => {
+            let w = rounded(&x.b, dtype);
+            let mut y = vec![0.0f64; m * rows];
+            for t in 0..m {
+                for r in 0..rows {
+                    let mut s: f64 = (0..cols)
+                        .map(|c| w[r * cols + c] as f64 * x.a[t * cols + c] as f64)
+                        .sum();
+                    if bias {
+                        s += x.c[r] as f64;
+                    }
+                    if acc {
+                        s += x.d[t * rows + r] as f64;
+                    }
+                    y[t * rows + r] = s;
+                }
+            }
+            y
+        }
+        Op::MatmulGroup {
+            dtype,
+            m,
+            cols,
+            rows,
+            bias,
+            norm,
+        } => {
+            let w = rounded(&x.b, dtype);
+            let xs = if norm {
+                naive_norm(&x.a, &x.d, 1e-5)
+            } else {
+                f(&x.a)
+            };
+            let mut out = Vec::new();
+            let mut off = 0;
+            for &rn in &rows {
+                for t in 0..m {
+                    for r in off..off + rn {
+                        let s: f64 = (0..cols)
+                            .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
+                            .sum();
+                        out.push(s + if bias { x.c[r] as f64 } else { 0.0 });
+                    }
+                }
+                off += rn;
+            }
+            out
+        }
+        Op::Swiglu {
+            dtype,
+            m,
+            rows,
+            cols,
+            norm,
+        } => {
+            let w = rounded(&x.b, dtype);
+            let xs = if norm {
+                naive_norm(&x.a, &x.d, 1e-5)
+            } else {
+                f(&x.a)
+            };
+            let dot = |r: usize, t: usize| -> f64 {
+                (0..cols)
+                    .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
+                    .sum()
+            };
+            let mut out = Vec::new();
+            for t in 0..m {
+                for r in 0..rows {
+                    let g = dot(r, t);
+                    let u = dot(rows + r, t);
+                    out.push(g / (1.0 + (-g).exp()) * u);
+                }
+            }
+            out
+        }
+        Op::RmsNorm { cols, in_place, .. } => {
+            let eps = if in_place { 1e-6 } else { 1e-5 };
+            x.a.chunks(cols)
+                .flat_map(|row| {
+                    let ms: f64 =
+                        row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    row.iter()
+                        .zip(&x.b)
+                        .map(move |(&v, &w)| v as f64 * inv * w as f64)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        Op::Rope {
+            n,
+            heads,
+            head_dim,
+            first,
+        } => naive_rope(&x.a, n, heads, head_dim, first),
+        Op::RopeQk {
+            n,
+            heads,
+            kv_heads,
+            head_dim,
+            first,
+        } => {
+            let mut out = naive_rope(&x.a, n, heads, head_dim, first);
+            out.extend(naive_rope(&x.b, n, kv_heads, head_dim, first));
+            out
+        }
+        Op::WriteKv {
+            kv,
+            n,
+            kv_heads,
+            head_dim,
+            first,
+        } => {
+            let cap = first + n + 3;
+            let mut k = vec![kv_rounded(&[7.0], kv)[0] as f64; kv_heads * cap * head_dim];
+            let mut v = vec![kv_rounded(&[-7.0], kv)[0] as f64; kv_heads * cap * head_dim];
+            let (kr, vr) = (kv_rounded(&x.a, kv), kv_rounded(&x.b, kv));
+            for t in 0..n {
+                for h in 0..kv_heads {
+                    for c in 0..head_dim {
+                        let src = (t * kv_heads + h) * head_dim + c;
+                        let dst = (h * cap + first + t) * head_dim + c;
+                        k[dst] = kr[src] as f64;
+                        v[dst] = vr[src] as f64;
+                    }
+                }
+            }
+            k.extend(v);
+            k
+        }
+        Op::Attention {
+            kv,
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+        } => {
+            let (kr, vr) = (kv_rounded(&x.b, kv), kv_rounded(&x.c, kv));
+            let d = head_dim;
+            let scale = 1.0 / (d as f64).sqrt();
+            let g = heads / kv_heads;
+            let mut out = vec![0.0f64; n * heads * d];
+            for t in 0..n {
+                let len = past + t + 1;
+                for h in 0..heads {
+                    let kh = h / g;
+                    let q = &x.a[(t * heads + h) * d..][..d];
+                    let scores: Vec<f64> = (0..len)
+                        .map(|p| {
+                            let k = &kr[(p * kv_heads + kh) * d..][..d];
+                            q.iter()
+                                .zip(k)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let sum: f64 = w.iter().sum();
+                    for (p, wp) in w.iter().enumerate() {
+                        let v = &vr[(p * kv_heads + kh) * d..][..d];
+                        for c in 0..d {
+                            out[(t * heads + h) * d + c] += wp / sum * v[c] as f64;
+                        }
+                    }
+                }
+            }
+            out
+        }
+        Op::SiluMul { .. } => {
+            x.a.iter()
+                .zip(&x.b)
+                .map(|(&g, &u)| g as f64 / (1.0 + (-(g as f64)).exp()) * u as f64)
+                .collect()
+        }
+        Op::AddAssign { .. } => {
+            x.a.iter()
+                .zip(&x.b)
+                .map(|(&a, &b)| (a + b) as f64)
+                .collect()
+        }
+        Op::Argmax { cols, .. } => {
+            x.a.chunks(cols)
+                .map(|row| {
+                    let mut best = 0;
+                    for (i, &v) in row.iter().enumerate() {
+                        if v > row[best] {
+                            best = i;
+                        }
+                    }
+                    best as f64
+                })
+                .collect()
+        }
+        Op::CopyRows {
+            row_len, first, n, ..
+        }
+        | Op::ReadRows {
+            row_len, first, n, ..
+        } => f(&x.a[first * row_len..(first + n) * row_len]),
+        Op::NibbleUnits { row_len, units } => {
+            let unit_bytes = x.bytes.len() / units;
+            let mut y = f(&x.c);
+            for e in 0..row_len {
+                let mut acc = 0.0f64;
+                for j in 0..units {
+                    let byte = x.bytes[j * unit_bytes + e / 2];
+                    let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
+                    acc += x.a[j] as f64 * (nib as i32 - 8) as f64;
+                }
+                y[row_len + e] += acc * x.b[e] as f64;
+            }
+            y
+        }
+        Op::Random { dtype, rows, cols } => {
+            let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
+            let v: Vec<f32> = (0..rows * cols)
+                .map(|i| crate::backend::synthetic_value(seed, i as u64) * 0.37)
+                .collect();
+            f(&rounded(&v, dtype))
+        }
+        // The model's reference is the CPU backend.
+        Op::Decode { .. } => return None,
+    })
+}
+
+fn naive_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
+    let cols = w.len();
+    x.chunks(cols)
+        .flat_map(|row| {
+            let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+            let inv = 1.0 / (ms + eps).sqrt();
+            row.iter()
+                .zip(w)
+                .map(move |(&v, &g)| v as f64 * inv * g as f64)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn naive_rope(x: &[f32], n: usize, heads: usize, head_dim: usize, first: usize) -> Vec<f64> {
+    let half = head_dim / 2;
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for t in 0..n {
+        let p = (first + t) as f32;
+        for h in 0..heads {
+            let base = (t * heads + h) * head_dim;
+            for j in 0..half {
+                let inv = (1e4f64.powf(-(2.0 * j as f64) / head_dim as f64)) as f32;
+                let ang = (p * inv) as f64;
+                let (a, bv) = (x[base + j] as f64, x[base + j + half] as f64);
+                out[base + j] = a * ang.cos() - bv * ang.sin();
+                out[base + j + half] = bv * ang.cos() + a * ang.sin();
+            }
+        }
+    }
+    out
+}
+
+/// The CPU reference of a decode run: the same tokens in one prefill with logits at every
+/// position, so the decode path (matvec, split-K attention, step graphs) is checked against
+/// the prefill path (GEMM, flash-style attention).
+fn decode_as_prefill(spec: &Op, x: &Inputs) -> Result<Vec<f64>> {
+    let Op::Decode { preset, steps, .. } = *spec else {
+        return Err(crate::RuntimeError::Unsupported("not a decode case".into()));
+    };
+    let config = crate::synthetic::preset(preset)?;
+    let model = Model::synthetic(
+        CpuBackend::new(),
+        &config,
+        DType::F32,
+        11,
+        &ModelOptions::default(),
+    )?;
+    let vocab = config.vocab_size as u32;
+    let all: Vec<u32> = x.ids[..7 + steps].iter().map(|t| t % vocab).collect();
+    let mut cache = model.new_cache(all.len())?;
+    let logits = model
+        .forward(&all, &mut cache, crate::LogitsMode::All)?
+        .into_vec();
+    Ok(logits.iter().map(|&v| v as f64).collect())
+}
+
+/// ‖a − b‖ / ‖b‖ (‖b‖ = 0: the absolute norm); NaN anywhere in `a` is infinite error.
+pub fn normalized_error(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Runs one case on `backend`: against the CPU backend when `backend` is a device, against the
+/// f64 reference when it is the CPU itself (`is_cpu`).
+pub fn run_case<B: Backend>(case: &Case, backend: &B, is_cpu: bool, seed: u64) -> CaseResult {
+    let mut rng = Rng(seed);
+    let x = inputs(&case.spec, &mut rng);
+    let cpu = CpuBackend::new();
+    let outcome = (|| -> Result<(f64, usize, &'static str)> {
+        let got: Vec<f64> = execute(&case.spec, &x, backend)?
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let (reference, name): (Vec<f64>, &'static str) = match (is_cpu, naive(&case.spec, &x)) {
+            (true, Some(r)) => (r, "f64"),
+            (true, None) => (decode_as_prefill(&case.spec, &x)?, "cpu prefill"),
+            (false, _) => (
+                execute(&case.spec, &x, &cpu)?
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect(),
+                "cpu",
+            ),
+        };
+        Ok((normalized_error(&got, &reference), got.len(), name))
+    })();
+    let bound = if is_cpu { case.cpu_bound } else { case.bound };
+    match outcome {
+        Ok((error, elements, reference)) => CaseResult {
+            op: case.op,
+            family: case.family.clone(),
+            backend: backend.name(),
+            reference,
+            error,
+            bound,
+            passed: error <= bound,
+            elements,
+            failure: None,
+        },
+        Err(e) => CaseResult {
+            op: case.op,
+            family: case.family.clone(),
+            backend: backend.name(),
+            reference: if is_cpu { "f64" } else { "cpu" },
+            error: f64::INFINITY,
+            bound,
+            passed: false,
+            elements: 0,
+            failure: Some(e.to_string()),
+        },
+    }
+}

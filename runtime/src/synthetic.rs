@@ -1,0 +1,274 @@
+//! Synthetic models: real architectures' shapes with random weights, generated on the device
+//! in seconds (nothing to download). Speed at batch 1 depends on shapes and bytes, not on
+//! weight values, so these are how 8B-class speed is measured; every backend draws the same
+//! weights for the same seed ([`crate::backend::synthetic_value`]), so they also serve
+//! cross-backend checks.
+
+use crate::backend::{synthetic_value, Backend};
+use crate::error::{Result, RuntimeError};
+use crate::linear::{FloatLinear, Linear};
+use crate::model::{DecoderLayer, Model, ModelOptions};
+use sfx_formats::config::{Arch, RopeScaling};
+use sfx_formats::{DType, ModelConfig};
+
+/// Names accepted by [`preset`].
+pub const PRESETS: &[&str] = &[
+    "llama-3.1-8b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "mistral-7b",
+    "qwen2.5-0.5b",
+    "qwen2.5-7b",
+    "qwen3-8b",
+    "smollm2-135m",
+    "tiny",
+    "tiny-qwen3",
+];
+
+#[allow(clippy::too_many_arguments)]
+fn config(
+    arch: Arch,
+    hidden: usize,
+    ffn: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+    theta: f64,
+    eps: f64,
+    tie: bool,
+) -> ModelConfig {
+    ModelConfig {
+        arch,
+        hidden_size: hidden,
+        intermediate_size: ffn,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        vocab_size: vocab,
+        max_position_embeddings: 131_072,
+        rms_norm_eps: eps,
+        rope_theta: theta,
+        rope_scaling: None,
+        tie_word_embeddings: tie,
+        attention_bias: arch == Arch::Qwen2,
+        qk_norm: arch == Arch::Qwen3,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    }
+}
+
+fn llama3_scaling(factor: f64) -> Option<RopeScaling> {
+    Some(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    })
+}
+
+/// The config of a named architecture, as its Hugging Face `config.json` gives it.
+pub fn preset(name: &str) -> Result<ModelConfig> {
+    use Arch::*;
+    let c = match name {
+        "llama-3.1-8b" => ModelConfig {
+            rope_scaling: llama3_scaling(8.0),
+            ..config(
+                Llama, 4096, 14336, 32, 32, 8, 128, 128_256, 5e5, 1e-5, false,
+            )
+        },
+        "llama-3.2-1b" => ModelConfig {
+            rope_scaling: llama3_scaling(32.0),
+            ..config(Llama, 2048, 8192, 16, 32, 8, 64, 128_256, 5e5, 1e-5, true)
+        },
+        "llama-3.2-3b" => ModelConfig {
+            rope_scaling: llama3_scaling(32.0),
+            ..config(Llama, 3072, 8192, 28, 24, 8, 128, 128_256, 5e5, 1e-5, true)
+        },
+        "mistral-7b" => config(
+            Mistral, 4096, 14336, 32, 32, 8, 128, 32_768, 1e6, 1e-5, false,
+        ),
+        "qwen2.5-0.5b" => config(Qwen2, 896, 4864, 24, 14, 2, 64, 151_936, 1e6, 1e-6, true),
+        "qwen2.5-7b" => config(
+            Qwen2, 3584, 18944, 28, 28, 4, 128, 152_064, 1e6, 1e-6, false,
+        ),
+        "qwen3-8b" => config(
+            Qwen3, 4096, 12288, 36, 32, 8, 128, 151_936, 1e6, 1e-6, false,
+        ),
+        "smollm2-135m" => config(Llama, 576, 1536, 30, 9, 3, 64, 49_152, 1e5, 1e-5, true),
+        // Small shapes for tests: odd sizes, GQA 2, a bias (Qwen2 graph) / q-k norms (Qwen3).
+        "tiny" => config(Qwen2, 72, 200, 2, 6, 3, 24, 131, 1e4, 1e-5, false),
+        "tiny-qwen3" => config(Qwen3, 64, 160, 2, 4, 2, 32, 97, 1e4, 1e-6, true),
+        other => {
+            return Err(RuntimeError::Config(format!(
+                "unknown synthetic model {other:?}; known: {}",
+                PRESETS.join(", ")
+            )))
+        }
+    };
+    Ok(c)
+}
+
+/// Parameters of a config (embedding and untied head included).
+pub fn parameter_count(c: &ModelConfig) -> u64 {
+    let h = c.hidden_size as u64;
+    let per_layer = h * (c.q_dim() as u64 + 2 * c.kv_dim() as u64)
+        + c.q_dim() as u64 * h
+        + 3 * h * c.intermediate_size as u64
+        + 2 * h;
+    let embed = c.vocab_size as u64 * h;
+    let head = if c.tie_word_embeddings { 0 } else { embed };
+    c.num_hidden_layers as u64 * per_layer + embed + head + h
+}
+
+/// A seed per tensor, so every matrix differs and any one can be regenerated alone.
+fn tensor_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Host vector of `n` synthetic values × `scale` (norm weights, biases: small).
+fn host_values(seed: u64, n: usize, scale: f32, offset: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| offset + synthetic_value(seed, i as u64) * scale)
+        .collect()
+}
+
+impl<B: Backend> Model<B> {
+    /// A model of `config`'s shapes with weights of `dtype` (BF16 or F32) drawn from `seed`:
+    /// projections uniform with variance 1/in_dim (activations stay O(1) through the
+    /// residual stream), RMSNorm weights near 1, biases small.
+    pub fn synthetic(
+        backend: B,
+        config: &ModelConfig,
+        dtype: DType,
+        seed: u64,
+        options: &ModelOptions,
+    ) -> Result<Self> {
+        crate::model::validate_config(config)?;
+        let c = config;
+        let b = &backend;
+        let matrix = |name: &str, rows: usize, cols: usize| {
+            let scale = (3.0 / cols.max(1) as f32).sqrt();
+            b.random_matrix(rows, cols, dtype, tensor_seed(seed, name), scale)
+        };
+        let vector = |name: &str, n: usize, scale: f32, offset: f32| {
+            b.upload(&host_values(tensor_seed(seed, name), n, scale, offset))
+        };
+        let linear =
+            |name: String, rows: usize, cols: usize, bias: bool| -> Result<Box<dyn Linear<B>>> {
+                let w = matrix(&name, rows, cols)?;
+                let bias = bias.then(|| {
+                    host_values(tensor_seed(seed, &format!("{name}.bias")), rows, 0.02, 0.0)
+                });
+                Ok(Box::new(FloatLinear::new(b, w, bias.as_deref())?))
+            };
+        let hidden = c.hidden_size;
+        let embed = b.random_matrix(
+            c.vocab_size,
+            hidden,
+            dtype,
+            tensor_seed(seed, "model.embed_tokens.weight"),
+            1.0,
+        )?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let norm = |n: &str, len: usize| vector(&format!("{p}.{n}"), len, 0.1, 1.0);
+            let qkv_bias = c.attention_bias;
+            layers.push(DecoderLayer {
+                attn_norm: norm("input_layernorm", hidden)?,
+                q_proj: linear(format!("{p}.self_attn.q_proj"), c.q_dim(), hidden, qkv_bias)?,
+                k_proj: linear(
+                    format!("{p}.self_attn.k_proj"),
+                    c.kv_dim(),
+                    hidden,
+                    qkv_bias,
+                )?,
+                v_proj: linear(
+                    format!("{p}.self_attn.v_proj"),
+                    c.kv_dim(),
+                    hidden,
+                    qkv_bias,
+                )?,
+                o_proj: linear(format!("{p}.self_attn.o_proj"), hidden, c.q_dim(), false)?,
+                q_norm: if c.qk_norm {
+                    Some(norm("self_attn.q_norm", c.head_dim)?)
+                } else {
+                    None
+                },
+                k_norm: if c.qk_norm {
+                    Some(norm("self_attn.k_norm", c.head_dim)?)
+                } else {
+                    None
+                },
+                mlp_norm: norm("post_attention_layernorm", hidden)?,
+                gate_proj: linear(
+                    format!("{p}.mlp.gate_proj"),
+                    c.intermediate_size,
+                    hidden,
+                    false,
+                )?,
+                up_proj: linear(
+                    format!("{p}.mlp.up_proj"),
+                    c.intermediate_size,
+                    hidden,
+                    false,
+                )?,
+                down_proj: linear(
+                    format!("{p}.mlp.down_proj"),
+                    hidden,
+                    c.intermediate_size,
+                    false,
+                )?,
+            });
+        }
+        let final_norm = vector("model.norm.weight", hidden, 0.1, 1.0)?;
+        let lm_head: Box<dyn Linear<B>> = if c.tie_word_embeddings {
+            Box::new(FloatLinear::new(b, embed.clone(), None)?)
+        } else {
+            linear("lm_head.weight".into(), c.vocab_size, hidden, false)?
+        };
+        Model::assemble(backend, c, embed, layers, final_norm, lm_head, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_counted() {
+        for name in PRESETS {
+            let c = preset(name).unwrap();
+            crate::model::validate_config(&c).unwrap();
+            assert!(parameter_count(&c) > 0);
+        }
+        // Llama-3.1-8B: 8.03 B parameters (embedding and head untied).
+        let p = parameter_count(&preset("llama-3.1-8b").unwrap());
+        assert!((8_020_000_000..8_040_000_000).contains(&p), "{p}");
+        assert!(preset("gpt-2").is_err());
+    }
+
+    #[test]
+    fn synthetic_weights_are_reproducible_per_seed() {
+        let b = crate::CpuBackend::new();
+        let c = preset("tiny").unwrap();
+        let m1 = Model::synthetic(b, &c, DType::BF16, 7, &ModelOptions::default()).unwrap();
+        let m2 = Model::synthetic(b, &c, DType::BF16, 7, &ModelOptions::default()).unwrap();
+        let m3 = Model::synthetic(b, &c, DType::BF16, 8, &ModelOptions::default()).unwrap();
+        let run = |m: &Model| {
+            let mut cache = m.new_cache(8).unwrap();
+            m.forward(&[1, 5, 9], &mut cache, crate::LogitsMode::Last)
+                .unwrap()
+                .into_vec()
+        };
+        let (a, b2, c3) = (run(&m1), run(&m2), run(&m3));
+        assert_eq!(a, b2);
+        assert_ne!(a, c3);
+        assert!(a.iter().all(|v| v.is_finite()));
+    }
+}

@@ -1,0 +1,66 @@
+//! The conformance suite under `cargo test`: every case on the CPU backend (against f64
+//! loops) and, when a GPU and embedded kernels are present, on CUDA (against the CPU). On a
+//! machine without a GPU every `cuda::` case is reported as ignored, by name.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use sfx_runtime::backend::cuda::CudaBackend;
+use sfx_runtime::conformance::{cases, run_case, CaseResult};
+use sfx_runtime::CpuBackend;
+use std::sync::{Arc, OnceLock};
+
+fn verdict(r: CaseResult) -> Result<(), Failed> {
+    if r.passed {
+        Ok(())
+    } else {
+        Err(format!(
+            "error {:.3e} > bound {:.0e} against {}{}",
+            r.error,
+            r.bound,
+            r.reference,
+            r.failure.map(|f| format!(": {f}")).unwrap_or_default()
+        )
+        .into())
+    }
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let seed: u64 = std::env::var("SFX_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("backend_ops: input seed {seed} (replay with SFX_TEST_SEED={seed})");
+    let gpu = CudaBackend::available();
+    if !gpu {
+        eprintln!(
+            "backend_ops: no CUDA device (or no embedded kernels): the cuda:: cases are \
+             reported as ignored"
+        );
+    }
+    let cuda: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
+    let mut trials = Vec::new();
+    for (i, case) in cases().into_iter().enumerate() {
+        let s = seed.wrapping_add(i as u64);
+        let name = format!("{}::{}", case.op, case.family);
+        let c = case.clone();
+        trials.push(Trial::test(format!("cpu::{name}"), move || {
+            verdict(run_case(&c, &CpuBackend::new(), true, s))
+        }));
+        let cuda = cuda.clone();
+        trials.push(
+            Trial::test(format!("cuda::{name}"), move || {
+                let b = cuda.get_or_init(|| CudaBackend::new(0).map_err(|e| e.to_string()));
+                match b {
+                    Ok(b) => verdict(run_case(&case, b, false, s)),
+                    Err(e) => Err(format!("CUDA backend: {e}").into()),
+                }
+            })
+            .with_ignored_flag(!gpu),
+        );
+    }
+    libtest_mimic::run(&args, trials).exit();
+}

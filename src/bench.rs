@@ -1,0 +1,211 @@
+//! `sfx bench`: llama-bench-style speed table for a model file or a synthetic model of a real
+//! architecture (random weights generated on the device; nothing to download).
+
+use crate::device::{with_backend, DeviceChoice, OnBackend};
+use anyhow::{bail, Context, Result};
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::sfx::SfxFile;
+use sfx_formats::DType;
+use sfx_runtime::backend::KvDtype;
+use sfx_runtime::bench::{self, BenchResult, BenchTest};
+use sfx_runtime::resident::ResidentKernels;
+use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model_on};
+use sfx_runtime::synthetic;
+use sfx_runtime::{Model, ModelOptions, WeightPrecision};
+use std::time::Instant;
+
+/// Everything `sfx bench` was asked for.
+pub struct BenchArgs {
+    pub model: Option<String>,
+    pub synthetic: Option<String>,
+    pub prompt: Vec<usize>,
+    pub generate: Vec<usize>,
+    pub depths: Vec<usize>,
+    pub reps: usize,
+    pub device: DeviceChoice,
+    /// Step graphs: on, off, or both (every row twice).
+    pub graphs: Vec<bool>,
+    pub dtype: DType,
+    pub kv: KvDtype,
+    pub seed: u64,
+    pub json: bool,
+}
+
+/// Parses "512", "128,256" into sizes (every entry a number; 0 allowed only for depths).
+pub fn parse_list(flag: &str, s: &str, allow_zero: bool) -> Result<Vec<usize>> {
+    if s.trim().is_empty() {
+        bail!("{flag}: empty list");
+    }
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{flag} {s:?}: {p:?} is not a whole number"))
+        })
+        .collect::<Result<_>>()?;
+    if !allow_zero && v.contains(&0) {
+        bail!("{flag} {s:?}: token counts must be at least 1 (leave the flag out to skip)");
+    }
+    Ok(v)
+}
+
+struct Task<'a>(&'a BenchArgs);
+
+/// One table row with its context.
+#[derive(serde::Serialize)]
+struct Row {
+    model: String,
+    size_bytes: u64,
+    params: u64,
+    backend: String,
+    graphs: bool,
+    kv_type: &'static str,
+    #[serde(flatten)]
+    result: BenchResult,
+    /// bytes_per_token × mean tokens/s (decode rows).
+    effective_gbps: f64,
+}
+
+fn load<B: ResidentKernels>(
+    backend: B,
+    spec: &str,
+    options: &ModelOptions,
+) -> Result<(Model<B>, String)> {
+    if is_sfx_file(std::path::Path::new(spec)) {
+        let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
+        let m = load_sfx_model_on(backend, &file, options)
+            .with_context(|| format!("loading model {spec}"))?;
+        return Ok((m, spec.to_string()));
+    }
+    let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
+    let m = Model::load(backend, &ckpt.config, ckpt.tensors.as_ref(), options)
+        .with_context(|| format!("loading model {spec}"))?;
+    Ok((m, ckpt.origin))
+}
+
+impl OnBackend for Task<'_> {
+    type Output = Vec<Row>;
+    fn run<B: ResidentKernels>(self, backend: B) -> Result<Vec<Row>> {
+        run_on(self.0, backend)
+    }
+}
+
+fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
+    let backend_name = backend.name();
+    let options = ModelOptions {
+        precision: WeightPrecision::Native,
+        kv_dtype: a.kv,
+        ..ModelOptions::default()
+    };
+    let t0 = Instant::now();
+    let (mut model, name, params) = match (&a.synthetic, &a.model) {
+        (Some(preset), _) => {
+            let config = synthetic::preset(preset)?;
+            let m = Model::synthetic(backend, &config, a.dtype, a.seed, &options)
+                .with_context(|| format!("building the synthetic {preset}"))?;
+            let dt = match a.dtype {
+                DType::F32 => "F32",
+                _ => "BF16",
+            };
+            (
+                m,
+                format!("{preset} {dt} (synthetic)"),
+                synthetic::parameter_count(&config),
+            )
+        }
+        (None, Some(spec)) => {
+            let (m, origin) = load(backend, spec, &options)?;
+            let params = synthetic::parameter_count(m.config());
+            (m, origin, params)
+        }
+        (None, None) => bail!("give a model (-m FILE) or --synthetic NAME"),
+    };
+    model.backend().synchronize()?;
+    if !a.json {
+        eprintln!(
+            "{name}: {:.2} GiB resident on {backend_name}, ready in {:.1} s",
+            model.resident_bytes() as f64 / (1u64 << 30) as f64,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let mut tests: Vec<BenchTest> = a.prompt.iter().map(|&n| BenchTest::Prompt(n)).collect();
+    tests.extend(a.generate.iter().map(|&n| BenchTest::Generate(n)));
+    let mut rows = Vec::new();
+    for &graphs in &a.graphs {
+        model.set_step_graphs(graphs);
+        let json = a.json;
+        let results = bench::run(&model, &tests, &a.depths, a.reps, a.kv, a.seed, |what| {
+            if !json {
+                eprintln!("  {what} (graphs {})", if graphs { "on" } else { "off" });
+            }
+        })?;
+        for r in results {
+            rows.push(Row {
+                model: name.clone(),
+                size_bytes: model.resident_bytes() as u64,
+                params,
+                backend: backend_name.clone(),
+                graphs: graphs && model.uses_step_graphs(),
+                kv_type: a.kv.as_str(),
+                effective_gbps: r.bytes_per_token * r.mean / 1e9,
+                result: r,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn human_bytes(b: u64) -> String {
+    let gib = b as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.2} GiB")
+    } else {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn human_params(p: u64) -> String {
+    if p >= 1_000_000_000 {
+        format!("{:.2} B", p as f64 / 1e9)
+    } else {
+        format!("{:.2} M", p as f64 / 1e6)
+    }
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 {
+        bail!("-r/--repetitions must be at least 1");
+    }
+    if a.prompt.is_empty() && a.generate.is_empty() {
+        bail!("nothing to measure: give -p and/or -n");
+    }
+    let rows = with_backend(a.device, Task(&a))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!("| model | size | params | backend | graphs | kv | test | t/s | GB/s |");
+    println!("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |");
+    for r in &rows {
+        let gbps = if r.effective_gbps > 0.0 {
+            format!("{:.0}", r.effective_gbps)
+        } else {
+            "".into()
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} |",
+            r.model,
+            human_bytes(r.size_bytes),
+            human_params(r.params),
+            r.backend,
+            if r.graphs { "on" } else { "off" },
+            r.kv_type,
+            r.result.test,
+            r.result.mean,
+            r.result.sd,
+            gbps
+        );
+    }
+    Ok(())
+}

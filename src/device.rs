@@ -1,0 +1,72 @@
+//! `--device cpu|cuda[:N]|auto`: which backend a command runs on. One binary serves both; the
+//! CUDA driver is probed at run time.
+
+use anyhow::{bail, Result};
+use sfx_runtime::backend::cuda::CudaBackend;
+use sfx_runtime::resident::ResidentKernels;
+use sfx_runtime::CpuBackend;
+
+/// A parsed `--device` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Cpu,
+    Cuda(usize),
+    /// CUDA device 0 when a GPU and embedded kernels are present, else the CPU.
+    Auto,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            "auto" => Ok(DeviceChoice::Auto),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
+                _ => Err(format!(
+                    "{other:?}: expected cpu, cuda, cuda:N (device ordinal) or auto"
+                )),
+            },
+        }
+    }
+}
+
+/// A device choice with `auto` decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceChoice {
+    /// Auto resolved against this machine.
+    pub fn resolve(self) -> Resolved {
+        match self {
+            DeviceChoice::Cpu => Resolved::Cpu,
+            DeviceChoice::Cuda(n) => Resolved::Cuda(n),
+            DeviceChoice::Auto if CudaBackend::available() => Resolved::Cuda(0),
+            DeviceChoice::Auto => Resolved::Cpu,
+        }
+    }
+}
+
+/// Work that runs on whichever backend was chosen (a generic closure, spelled as a trait).
+pub trait OnBackend {
+    type Output;
+    fn run<B: ResidentKernels>(self, backend: B) -> Result<Self::Output>;
+}
+
+/// Opens the chosen backend and runs `task` on it.
+pub fn with_backend<T: OnBackend>(choice: DeviceChoice, task: T) -> Result<T::Output> {
+    match choice.resolve() {
+        Resolved::Cpu => task.run(CpuBackend::new()),
+        Resolved::Cuda(n) => {
+            let b = match CudaBackend::new(n) {
+                Ok(b) => b,
+                Err(e) => bail!("--device cuda: {e}"),
+            };
+            task.run(b)
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Shared pieces of the StrataFlux command-line tools (`sfx`, `sfx-run`, `sfx-convert`): device
+//! selection and the `sfx bench` / `sfx test-backend` commands. The tools stay thin; the work
+//! is in the `sfx-formats`, `sfx-calibration` and `sfx-runtime` crates.
+
+pub mod bench;
+pub mod device;
+pub mod test_backend;

@@ -1,0 +1,208 @@
+//! SmolLM2 on CUDA against the CPU backend, on the real model (F32 weights: the GGUF's own
+//! dequantized values on both): logits at every position of the golden prompts, greedy
+//! continuations through the decode path (step graphs), and wiki:2 perplexity and KL. On a
+//! machine without a GPU every case is reported as ignored, by name.
+
+mod common;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use sfx_formats::checkpoint::Checkpoint;
+use sfx_runtime::backend::cuda::CudaBackend;
+use sfx_runtime::sampling::argmax;
+use sfx_runtime::{Backend, LogitsMode, Model};
+use std::sync::OnceLock;
+
+/// Largest |Δlogit| allowed at any position and vocabulary entry (logits are O(10); FP32 on
+/// both sides, different summation orders and cuBLAS's FP32 GEMM in prefill).
+const MAX_ABS_LOGIT: f64 = 2e-3;
+/// Bounds of the issue: PPL within 0.1 %, mean KL(CPU ‖ CUDA) below 1e-4.
+const PPL_REL: f64 = 1e-3;
+const MEAN_KL: f64 = 1e-4;
+
+fn cuda_model() -> &'static Model<CudaBackend> {
+    static M: OnceLock<Model<CudaBackend>> = OnceLock::new();
+    M.get_or_init(|| {
+        let ckpt = Checkpoint::open(common::gguf().to_str().unwrap()).unwrap();
+        let b = CudaBackend::new(0).expect("CUDA backend");
+        Model::load(b, &ckpt.config, &*ckpt.tensors, &common::f32_options()).unwrap()
+    })
+}
+
+fn all_logits<B: Backend>(m: &Model<B>, ids: &[u32]) -> Vec<f32> {
+    let mut cache = m.new_cache(ids.len()).unwrap();
+    m.forward(ids, &mut cache, LogitsMode::All)
+        .unwrap()
+        .into_vec()
+}
+
+fn greedy<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = m.new_cache(prompt.len() + n).unwrap();
+    let mut next = m.forward_greedy(prompt, &mut cache).unwrap();
+    let mut out = vec![next];
+    for _ in 1..n {
+        next = m.forward_greedy(&[next], &mut cache).unwrap();
+        out.push(next);
+    }
+    out
+}
+
+fn ppl(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
+    let mut nll = 0.0f64;
+    for t in 0..ids.len() - 1 {
+        let row = &logits[t * vocab..(t + 1) * vocab];
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+        nll += lse - row[ids[t + 1] as usize] as f64;
+    }
+    (nll / (ids.len() - 1) as f64).exp()
+}
+
+fn report(name: &str, v: serde_json::Value) {
+    eprintln!("{name}: {v}");
+    if let Some(dir) = std::env::var_os("SFX_AGREEMENT_OUT") {
+        let p = std::path::Path::new(&dir).join(format!("{name}.json"));
+        let _ = std::fs::write(p, v.to_string());
+    }
+}
+
+fn golden_logits() -> Result<(), Failed> {
+    let (_, cpu) = common::float_model();
+    let gpu = cuda_model();
+    let vocab = cpu.config().vocab_size;
+    let golden = common::fixture("golden_smollm2.json");
+    let mut rows = Vec::new();
+    let mut worst = 0.0f64;
+    for p in golden["prompts"]
+        .as_array()
+        .ok_or("fixture has no prompts")?
+    {
+        let ids: Vec<u32> = p["ids"]
+            .as_array()
+            .ok_or("prompt without ids")?
+            .iter()
+            .map(|v| v.as_u64().unwrap_or(0) as u32)
+            .collect();
+        let a = all_logits(cpu, &ids);
+        let b = all_logits(gpu, &ids);
+        let max_abs = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64 - *y as f64).abs())
+            .fold(0.0, f64::max);
+        let argmax_same = (0..ids.len())
+            .filter(|&t| {
+                argmax(&a[t * vocab..(t + 1) * vocab]) == argmax(&b[t * vocab..(t + 1) * vocab])
+            })
+            .count();
+        worst = worst.max(max_abs);
+        rows.push(
+            serde_json::json!({"prompt": p["name"], "positions": ids.len(),
+            "max_abs_logit_diff": max_abs, "same_argmax_positions": argmax_same}),
+        );
+    }
+    report(
+        "golden_logits",
+        serde_json::json!({"bound": MAX_ABS_LOGIT, "prompts": rows}),
+    );
+    if worst > MAX_ABS_LOGIT {
+        return Err(format!("max |Δlogit| {worst:.3e} > {MAX_ABS_LOGIT:.0e}").into());
+    }
+    Ok(())
+}
+
+fn greedy_continuations() -> Result<(), Failed> {
+    let (_, cpu) = common::float_model();
+    let gpu = cuda_model();
+    let golden = common::fixture("golden_smollm2.json");
+    let mut rows = Vec::new();
+    let mut differ = Vec::new();
+    for p in golden["prompts"]
+        .as_array()
+        .ok_or("fixture has no prompts")?
+    {
+        let ids: Vec<u32> = p["ids"]
+            .as_array()
+            .ok_or("prompt without ids")?
+            .iter()
+            .map(|v| v.as_u64().unwrap_or(0) as u32)
+            .collect();
+        let a = greedy(cpu, &ids, 48);
+        let b = greedy(gpu, &ids, 48);
+        let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        if a != b {
+            differ.push(format!("{}: first difference at token {same}", p["name"]));
+        }
+        rows.push(serde_json::json!({"prompt": p["name"], "tokens": 48, "identical_prefix": same}));
+    }
+    report(
+        "greedy",
+        serde_json::json!({"uses_step_graphs": gpu.uses_step_graphs(), "prompts": rows}),
+    );
+    if !differ.is_empty() {
+        return Err(differ.join("; ").into());
+    }
+    Ok(())
+}
+
+fn wiki2() -> Result<(), Failed> {
+    let (ckpt, cpu) = common::float_model();
+    let gpu = cuda_model();
+    let vocab = cpu.config().vocab_size;
+    let text = sfx_formats::corpus::wiki_text(&common::assets()).map_err(|e| e.to_string())?;
+    let tok = tokenizers::Tokenizer::from_bytes(
+        ckpt.tokenizer_json
+            .as_ref()
+            .ok_or("no tokenizer")?
+            .as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
+    let all = tok
+        .encode_fast(text.as_str(), false)
+        .map_err(|e| e.to_string())?;
+    let ids = all.get_ids();
+    let (mut ppl_cpu, mut ppl_gpu, mut kl_sum, mut positions) = (0.0, 0.0, 0.0, 0usize);
+    for w in ids.chunks_exact(2048).take(2) {
+        let a = all_logits(cpu, w);
+        let b = all_logits(gpu, w);
+        ppl_cpu += ppl(&a, w, vocab).ln();
+        ppl_gpu += ppl(&b, w, vocab).ln();
+        // Every scored position (all but the last row predict a token).
+        let n = w.len() - 1;
+        kl_sum += common::mean_kl(&a[..n * vocab], &b[..n * vocab], vocab) * n as f64;
+        positions += n;
+    }
+    let (ppl_cpu, ppl_gpu) = ((ppl_cpu / 2.0).exp(), (ppl_gpu / 2.0).exp());
+    let kl = kl_sum / positions as f64;
+    let rel = (ppl_gpu - ppl_cpu).abs() / ppl_cpu;
+    report(
+        "wiki2",
+        serde_json::json!({"ppl_cpu": ppl_cpu, "ppl_cuda": ppl_gpu,
+        "ppl_rel_diff": rel, "mean_kl_cpu_cuda": kl, "positions": positions,
+        "bounds": {"ppl_rel": PPL_REL, "mean_kl": MEAN_KL}}),
+    );
+    if rel > PPL_REL || kl > MEAN_KL || !kl.is_finite() {
+        return Err(
+            format!("PPL {ppl_cpu:.4} vs {ppl_gpu:.4} (rel {rel:.2e}), KL {kl:.2e}").into(),
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // The cases share one CUDA model and stream; run them one after another.
+    args.test_threads = Some(1);
+    let gpu = CudaBackend::available();
+    if !gpu {
+        eprintln!(
+            "cuda_agreement: no CUDA device (or no embedded kernels): cases reported as ignored"
+        );
+    }
+    let trials = vec![
+        Trial::test("cuda::smollm2::golden_prompt_logits", golden_logits).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::greedy_continuations", greedy_continuations)
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
