@@ -236,3 +236,73 @@ fn import_qtip_errors_are_named() {
         "a failed import must not leave an output file"
     );
 }
+
+const SFX: &str = env!("CARGO_BIN_EXE_sfx");
+
+#[test]
+fn bad_device_and_bench_arguments_are_named() {
+    let g = gguf();
+    let g = g.to_str().unwrap();
+    let (code, err) = run(RUN, &[g, "-p", "hi", "--device", "tpu"]);
+    assert_clean_failure(code, &err, "expected cpu, cuda, cuda:N");
+    let (code, err) = run(SFX, &["bench", "--synthetic", "gpt-9", "--device", "cpu"]);
+    assert_clean_failure(code, &err, "unknown synthetic model");
+    let (code, err) = run(
+        SFX,
+        &[
+            "bench",
+            "--synthetic",
+            "tiny",
+            "-p",
+            "12,x",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_clean_failure(code, &err, "\"x\" is not a whole number");
+    let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--graphs", "maybe"]);
+    assert_clean_failure(code, &err, "--graphs");
+    let (code, err) = run(
+        SFX,
+        &["test-backend", "--device", "cpu", "--op", "no_such_op"],
+    );
+    assert_clean_failure(code, &err, "matches no op");
+}
+
+/// A machine without a GPU (CI): asking for CUDA is a clear error, not a panic, and `auto`
+/// runs on the CPU.
+#[test]
+fn cuda_without_a_gpu_is_a_clear_error() {
+    if sfx_runtime::backend::cuda::CudaBackend::available() {
+        eprintln!("a CUDA device is present: the no-GPU error path is not reachable here");
+        return;
+    }
+    let g = gguf();
+    let g = g.to_str().unwrap();
+    let (code, err) = run(RUN, &[g, "-p", "hi", "-n", "1", "--device", "cuda"]);
+    assert_clean_failure(code, &err, "--device cuda");
+    let out = Command::new(SFX)
+        .args([
+            "bench",
+            "--synthetic",
+            "tiny",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("| tg4 |") && table.contains("cpu"),
+        "{table}"
+    );
+}

@@ -57,6 +57,16 @@ fn ppl(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
     (nll / (ids.len() - 1) as f64).exp()
 }
 
+/// Token ids of a golden prompt.
+fn prompt_ids(p: &serde_json::Value) -> Result<Vec<u32>, Failed> {
+    Ok(p["ids"]
+        .as_array()
+        .ok_or("prompt without ids")?
+        .iter()
+        .map(|v| v.as_u64().unwrap_or(0) as u32)
+        .collect())
+}
+
 fn report(name: &str, v: serde_json::Value) {
     eprintln!("{name}: {v}");
     if let Some(dir) = std::env::var_os("SFX_AGREEMENT_OUT") {
@@ -76,12 +86,7 @@ fn golden_logits() -> Result<(), Failed> {
         .as_array()
         .ok_or("fixture has no prompts")?
     {
-        let ids: Vec<u32> = p["ids"]
-            .as_array()
-            .ok_or("prompt without ids")?
-            .iter()
-            .map(|v| v.as_u64().unwrap_or(0) as u32)
-            .collect();
+        let ids = prompt_ids(p)?;
         let a = all_logits(cpu, &ids);
         let b = all_logits(gpu, &ids);
         let max_abs = a
@@ -120,12 +125,7 @@ fn greedy_continuations() -> Result<(), Failed> {
         .as_array()
         .ok_or("fixture has no prompts")?
     {
-        let ids: Vec<u32> = p["ids"]
-            .as_array()
-            .ok_or("prompt without ids")?
-            .iter()
-            .map(|v| v.as_u64().unwrap_or(0) as u32)
-            .collect();
+        let ids = prompt_ids(p)?;
         let a = greedy(cpu, &ids, 48);
         let b = greedy(gpu, &ids, 48);
         let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();

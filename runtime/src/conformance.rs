@@ -214,6 +214,7 @@ pub fn cases() -> Vec<Case> {
         // Matvec (m ≤ 4) and GEMM (m > 4) shapes; the GEMM on a device rounds activations to
         // BF16 for the tensor cores (relative error ~2⁻⁹ per element).
         let gemm_bound = if dtype == DType::BF16 { 4e-3 } else { 1e-5 };
+        // m ≤ 4 runs the matvec kernels, larger m the GEMM.
         for (m, rows, cols, bias, acc) in [
             (1, 1536, 576, false, false),
             (1, 4096, 4096, false, true),
@@ -222,28 +223,6 @@ pub fn cases() -> Vec<Case> {
             (2, 576, 1536, false, true),
             (3, 129, 511, false, false),
             (4, 200, 72, true, true),
-        ] {
-            add(
-                "matmul_t",
-                format!(
-                    "{} m{m} {rows}×{cols}{}{}",
-                    dt(dtype),
-                    if bias { " +bias" } else { "" },
-                    if acc { " +=" } else { "" }
-                ),
-                Op::Matmul {
-                    dtype,
-                    m,
-                    rows,
-                    cols,
-                    bias,
-                    acc,
-                },
-                1e-5,
-                1e-5,
-            );
-        }
-        for (m, rows, cols, bias, acc) in [
             (5, 64, 72, false, false),
             (17, 96, 256, true, false),
             (64, 1536, 576, false, true),
@@ -265,7 +244,7 @@ pub fn cases() -> Vec<Case> {
                     bias,
                     acc,
                 },
-                gemm_bound,
+                if m <= 4 { 1e-5 } else { gemm_bound },
                 1e-5,
             );
         }
@@ -419,8 +398,10 @@ pub fn cases() -> Vec<Case> {
             0.0,
             0.0,
         );
-        // Decode (n ≤ 4: split-K) over every GQA ratio and head size, short and long contexts.
-        for (n, past, heads, kv_heads, head_dim) in [
+        // Decode (n ≤ 4: split-K) over every GQA ratio and head size, short and long
+        // contexts; then prefill chunks (flash-style), first chunks and later chunks over
+        // earlier positions.
+        let decode = [
             (1, 0, 32, 8, 128),
             (1, 5, 9, 3, 64),
             (1, 777, 32, 32, 128),
@@ -433,27 +414,8 @@ pub fn cases() -> Vec<Case> {
             (1, 300, 16, 8, 256),
             (3, 130, 32, 8, 128),
             (1, 33_000, 32, 8, 128),
-        ] {
-            add(
-                "attention",
-                format!(
-                    "{} decode n{n} past {past} {heads}/{kv_heads}×{head_dim}",
-                    kv.as_str()
-                ),
-                Op::Attention {
-                    kv,
-                    n,
-                    past,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                },
-                2e-5,
-                2e-5,
-            );
-        }
-        // Prefill chunks (flash-style), first chunk and later chunks over earlier positions.
-        for (n, past, heads, kv_heads, head_dim) in [
+        ];
+        let prefill = [
             (16, 0, 9, 3, 64),
             (61, 0, 32, 8, 128),
             (100, 300, 14, 2, 64),
@@ -461,11 +423,16 @@ pub fn cases() -> Vec<Case> {
             (40, 2000, 12, 2, 128),
             (23, 100, 16, 8, 256),
             (9, 4096, 24, 8, 128),
-        ] {
+        ];
+        let schedules = decode
+            .iter()
+            .map(|s| ("decode", s))
+            .chain(prefill.iter().map(|s| ("prefill", s)));
+        for (kind, &(n, past, heads, kv_heads, head_dim)) in schedules {
             add(
                 "attention",
                 format!(
-                    "{} prefill n{n} past {past} {heads}/{kv_heads}×{head_dim}",
+                    "{} {kind} n{n} past {past} {heads}/{kv_heads}×{head_dim}",
                     kv.as_str()
                 ),
                 Op::Attention {

@@ -1,6 +1,10 @@
 //! StrataFlux runtime: the decoder graph, its backends and KV caches.
 //!
-//! - [`backend`]: the [`Backend`] trait (ops + resident buffers) and the CPU backend.
+//! - [`backend`]: the [`Backend`] trait (ops, resident buffers, device-side index buffers,
+//!   step graphs), the CPU backend and the CUDA backend ([`backend::cuda`]).
+//! - [`conformance`]: every op on every backend against a reference with a stated bound
+//!   (`sfx test-backend`); [`synthetic`]: models of real shapes with random weights;
+//!   [`bench`]: llama-bench-style pp/tg measurement.
 //! - [`linear`]: the [`Linear`] interface every weight format implements; float linears.
 //! - [`kv_cache`]: the [`KvCache`] interface and the f32 cache; [`kv`]: quantized KV (KVarN
 //!   resident base, nested refinement, eq. 7 selection, eq. 8 correction).

@@ -124,6 +124,44 @@ pub struct RopeTable<B: Backend> {
 }
 
 impl AttentionShape {
+    /// The checks every backend's attention makes before touching memory: head grouping,
+    /// capacity, and the lengths of queries, output and both cache stores.
+    pub fn check(&self, q_len: usize, out_len: usize, k_len: usize, v_len: usize) -> Result<()> {
+        let s = self;
+        let bad = |msg: String| {
+            Err(RuntimeError::Shape {
+                op: "attention",
+                msg,
+            })
+        };
+        if s.kv.head_dim == 0 {
+            return bad("head_dim is 0".into());
+        }
+        if s.kv.kv_heads == 0 || !s.n_heads.is_multiple_of(s.kv.kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} KV heads",
+                s.n_heads, s.kv.kv_heads
+            ));
+        }
+        if s.past + s.n_queries > s.kv.capacity {
+            return bad(format!(
+                "{} positions exceed cache capacity {}",
+                s.past + s.n_queries,
+                s.kv.capacity
+            ));
+        }
+        let qn = s.n_queries * s.q_dim();
+        for (what, len, want) in [
+            ("queries", q_len, qn),
+            ("output", out_len, qn),
+            ("key cache", k_len, s.kv.buffer_len()),
+            ("value cache", v_len, s.kv.buffer_len()),
+        ] {
+            crate::error::check_len("attention", what, len, want)?;
+        }
+        Ok(())
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.kv.head_dim
     }
@@ -469,6 +507,36 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
             self.name()
         )))
     }
+}
+
+/// The argument checks of [`Backend::add_nibble_units`], shared by every backend.
+pub(crate) fn check_nibble_units(
+    y_len: usize,
+    row_len: usize,
+    row: usize,
+    units: usize,
+    unit_bytes: usize,
+    weights: usize,
+    scales: usize,
+) -> Result<()> {
+    let bad = |msg: String| {
+        Err(RuntimeError::Shape {
+            op: "add_nibble_units",
+            msg,
+        })
+    };
+    if unit_bytes < row_len.div_ceil(2) || units != weights * unit_bytes {
+        return bad(format!(
+            "{units} bytes of units of {unit_bytes} bytes for {weights} weights and rows of \
+             {row_len}"
+        ));
+    }
+    if scales != row_len || (row + 1) * row_len > y_len {
+        return bad(format!(
+            "{scales} scales, row {row} of {row_len} in a buffer of {y_len}"
+        ));
+    }
+    Ok(())
 }
 
 /// The synthetic weight of element `index` of a matrix drawn with `seed`: uniform in

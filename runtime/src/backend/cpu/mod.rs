@@ -541,51 +541,13 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         let s = shape;
-        if s.kv.head_dim == 0 {
-            return Err(RuntimeError::Shape {
-                op: "attention",
-                msg: "head_dim is 0".into(),
-            });
-        }
-        if s.kv.kv_heads == 0 || !s.n_heads.is_multiple_of(s.kv.kv_heads) {
-            return Err(RuntimeError::Shape {
-                op: "attention",
-                msg: format!(
-                    "{} query heads are not a multiple of {} KV heads",
-                    s.n_heads, s.kv.kv_heads
-                ),
-            });
-        }
-        if s.past + s.n_queries > s.kv.capacity {
-            return Err(RuntimeError::Shape {
-                op: "attention",
-                msg: format!(
-                    "{} positions exceed cache capacity {}",
-                    s.past + s.n_queries,
-                    s.kv.capacity
-                ),
-            });
-        }
+        s.check(q.len(), out.len(), k_cache.data.len(), v_cache.data.len())?;
         if consecutive("attention", positions, s.n_queries)? != s.past {
             return Err(RuntimeError::Shape {
                 op: "attention",
                 msg: format!("positions do not start at past = {}", s.past),
             });
         }
-        check_len("attention", "queries", q.len(), s.n_queries * s.q_dim())?;
-        check_len("attention", "output", out.len(), s.n_queries * s.q_dim())?;
-        check_len(
-            "attention",
-            "key cache",
-            k_cache.data.len(),
-            s.kv.buffer_len(),
-        )?;
-        check_len(
-            "attention",
-            "value cache",
-            v_cache.data.len(),
-            s.kv.buffer_len(),
-        )?;
         attention::attention(self.simd, &q.0, &k_cache.data, &v_cache.data, s, &mut out.0);
         Ok(())
     }
@@ -640,26 +602,15 @@ impl Backend for CpuBackend {
         weights: &[f32],
         scales: &[f32],
     ) -> Result<()> {
-        let bad = |msg: String| {
-            Err(RuntimeError::Shape {
-                op: "add_nibble_units",
-                msg,
-            })
-        };
-        if unit_bytes < row_len.div_ceil(2) || units.len() != weights.len() * unit_bytes {
-            return bad(format!(
-                "{} bytes of units of {unit_bytes} bytes for {} weights and rows of {row_len}",
-                units.len(),
-                weights.len()
-            ));
-        }
-        if scales.len() != row_len || (row + 1) * row_len > y.len() {
-            return bad(format!(
-                "{} scales, row {row} of {row_len} in a buffer of {}",
-                scales.len(),
-                y.len()
-            ));
-        }
+        crate::backend::check_nibble_units(
+            y.len(),
+            row_len,
+            row,
+            units.len(),
+            unit_bytes,
+            weights.len(),
+            scales.len(),
+        )?;
         let out = &mut y.0[row * row_len..(row + 1) * row_len];
         refine_kernels::add_nibble_units(out, units, unit_bytes, weights, scales);
         Ok(())

@@ -21,6 +21,13 @@ pub(crate) fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> RuntimeError
     }
 }
 
+fn launch_err(f: &Kernel, how: &str, e: DriverError) -> RuntimeError {
+    RuntimeError::Cuda {
+        op: "launching a kernel",
+        msg: format!("{}{how}: {}", f.name, describe(e)),
+    }
+}
+
 fn describe(e: DriverError) -> String {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned());
     let text = e.error_string().map(|s| s.to_string_lossy().into_owned());
@@ -179,12 +186,8 @@ impl Device {
         }
         // SAFETY: `f` comes from a loaded module; the caller passes arguments matching the
         // kernel's signature and buffers large enough for the grid.
-        unsafe { result::launch_kernel(f.func, grid, block, smem, self.stream, args) }.map_err(
-            |e| RuntimeError::Cuda {
-                op: "launching a kernel",
-                msg: format!("{}: {}", f.name, describe(e)),
-            },
-        )
+        unsafe { result::launch_kernel(f.func, grid, block, smem, self.stream, args) }
+            .map_err(|e| launch_err(f, "", e))
     }
 
     /// [`Device::launch`] with programmatic dependent launch: the kernel may start before the
@@ -219,10 +222,7 @@ impl Device {
         // SAFETY: as for `launch`; the config and attribute outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f.func, args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
-            .map_err(|e| RuntimeError::Cuda {
-                op: "launching a kernel",
-                msg: format!("{} (PDL): {}", f.name, describe(e)),
-            })
+            .map_err(|e| launch_err(f, " (PDL)", e))
     }
 
     pub fn begin_capture(&self) -> Result<()> {

@@ -315,6 +315,38 @@ impl CudaBackend {
         }
     }
 
+    /// The matvec entry point for weights of `dtype`: 16-byte chunks or element-wise, `r`
+    /// rows per block, the input norm fused or not, single/grouped or SwiGLU.
+    fn matvec_kernel(
+        &self,
+        dtype: DType,
+        vector: bool,
+        r: usize,
+        norm: bool,
+        swiglu: bool,
+    ) -> &device::Kernel {
+        let mk = if dtype == DType::BF16 {
+            &self.k().matvec_bf16
+        } else {
+            &self.k().matvec_f32
+        };
+        let ri = match r {
+            1 => 0,
+            2 => 1,
+            _ => 2,
+        };
+        match (swiglu, vector, norm) {
+            (false, false, false) => &mk.group_scalar,
+            (false, false, true) => &mk.group_norm_scalar,
+            (false, true, false) => &mk.group[ri],
+            (false, true, true) => &mk.group_norm[ri],
+            (true, false, false) => &mk.swiglu_scalar,
+            (true, false, true) => &mk.swiglu_norm_scalar,
+            (true, true, false) => &mk.swiglu[ri],
+            (true, true, true) => &mk.swiglu_norm[ri],
+        }
+    }
+
     /// One launch of `y_i[t] = W_i · x[t] (+ b_i) (+ y_i)` for every item, t < m ≤ 4; with
     /// `norm`, x[t] is first RMS-normalised (weight, eps) inside the same pass.
     fn matvec_group(
@@ -337,22 +369,7 @@ impl CudaBackend {
         } else {
             1
         };
-        let mk = if dtype == DType::BF16 {
-            &self.k().matvec_bf16
-        } else {
-            &self.k().matvec_f32
-        };
-        let ri = match r {
-            1 => 0,
-            2 => 1,
-            _ => 2,
-        };
-        let kernel = match (vector, norm.is_some()) {
-            (false, false) => &mk.group_scalar,
-            (false, true) => &mk.group_norm_scalar,
-            (true, false) => &mk.group[ri],
-            (true, true) => &mk.group_norm[ri],
-        };
+        let kernel = self.matvec_kernel(dtype, vector, r, norm.is_some(), false);
         let mut group = MatvecGroup::default();
         let mut end = 0usize;
         for (slot, (w, bias, y)) in group.item.iter_mut().zip(items) {
@@ -412,22 +429,7 @@ impl CudaBackend {
         } else {
             1
         };
-        let mk = if g.dtype == DType::BF16 {
-            &self.k().matvec_bf16
-        } else {
-            &self.k().matvec_f32
-        };
-        let ri = match r {
-            1 => 0,
-            2 => 1,
-            _ => 2,
-        };
-        let kernel = match (vector, norm.is_some()) {
-            (false, false) => &mk.swiglu_scalar,
-            (false, true) => &mk.swiglu_norm_scalar,
-            (true, false) => &mk.swiglu[ri],
-            (true, true) => &mk.swiglu_norm[ri],
-        };
+        let kernel = self.matvec_kernel(g.dtype, vector, r, norm.is_some(), true);
         let (rows, cols) = (i32_of("swiglu", g.rows)?, i32_of("swiglu", g.cols)?);
         let mut args = vec![
             Arg::Ptr(g.mem.ptr),
@@ -1188,31 +1190,9 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         let s = shape;
+        s.check(q.len, out.len, k_cache.len, v_cache.len)?;
         let d = s.kv.head_dim;
         let dpl = dpl_index(d)?;
-        if s.kv.kv_heads == 0 || !s.n_heads.is_multiple_of(s.kv.kv_heads) {
-            return Err(RuntimeError::Shape {
-                op: "attention",
-                msg: format!(
-                    "{} query heads are not a multiple of {} KV heads",
-                    s.n_heads, s.kv.kv_heads
-                ),
-            });
-        }
-        if s.past + s.n_queries > s.kv.capacity {
-            return Err(RuntimeError::Shape {
-                op: "attention",
-                msg: format!(
-                    "{} positions exceed cache capacity {}",
-                    s.past + s.n_queries,
-                    s.kv.capacity
-                ),
-            });
-        }
-        check_len("attention", "queries", q.len, s.n_queries * s.q_dim())?;
-        check_len("attention", "output", out.len, s.n_queries * s.q_dim())?;
-        check_len("attention", "key cache", k_cache.len, s.kv.buffer_len())?;
-        check_len("attention", "value cache", v_cache.len, s.kv.buffer_len())?;
         check_len("attention", "positions", positions.len, s.n_queries)?;
         if s.n_queries == 0 {
             return Ok(());
@@ -1394,26 +1374,15 @@ impl Backend for CudaBackend {
         weights: &[f32],
         scales: &[f32],
     ) -> Result<()> {
-        let bad = |msg: String| {
-            Err(RuntimeError::Shape {
-                op: "add_nibble_units",
-                msg,
-            })
-        };
-        if unit_bytes < row_len.div_ceil(2) || units.len() != weights.len() * unit_bytes {
-            return bad(format!(
-                "{} bytes of units of {unit_bytes} bytes for {} weights and rows of {row_len}",
-                units.len(),
-                weights.len()
-            ));
-        }
-        if scales.len() != row_len || (row + 1) * row_len > y.len {
-            return bad(format!(
-                "{} scales, row {row} of {row_len} in a buffer of {}",
-                scales.len(),
-                y.len
-            ));
-        }
+        crate::backend::check_nibble_units(
+            y.len,
+            row_len,
+            row,
+            units.len(),
+            unit_bytes,
+            weights.len(),
+            scales.len(),
+        )?;
         if weights.is_empty() || row_len == 0 {
             return Ok(());
         }

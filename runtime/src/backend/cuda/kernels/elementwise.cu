@@ -6,26 +6,28 @@
 // out[t, :] = table[tokens[t], :]; grid (ceil(cols / 256), n). Ids are checked on the host
 // before they are staged; an id past the table (which the host would have refused) reads
 // nothing and yields zeros rather than faulting.
-extern "C" __global__ void embedding_bf16(const uint16_t* __restrict__ table,
-                                          const uint32_t* __restrict__ tokens,
-                                          float* __restrict__ out, int cols, int rows) {
+__device__ __forceinline__ float table_value(const uint16_t* t, size_t i) { return bf16_bits(t[i]); }
+__device__ __forceinline__ float table_value(const float* t, size_t i) { return t[i]; }
+
+template <typename T>
+__device__ void embedding_body(const T* __restrict__ table, const uint32_t* __restrict__ tokens,
+                               float* __restrict__ out, int cols, int rows) {
     SFX_PDL_TRIGGER();
     const int t = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     const size_t row = tokens[t];
-    out[(size_t)t * cols + c] = row < (size_t)rows ? bf16_bits(table[row * cols + c]) : 0.0f;
+    out[(size_t)t * cols + c] = row < (size_t)rows ? table_value(table, row * cols + c) : 0.0f;
 }
 
-extern "C" __global__ void embedding_f32(const float* __restrict__ table,
-                                         const uint32_t* __restrict__ tokens,
-                                         float* __restrict__ out, int cols, int rows) {
-    SFX_PDL_TRIGGER();
-    const int t = blockIdx.y;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    const size_t row = tokens[t];
-    out[(size_t)t * cols + c] = row < (size_t)rows ? table[row * cols + c] : 0.0f;
+extern "C" __global__ void embedding_bf16(const uint16_t* table, const uint32_t* tokens,
+                                          float* out, int cols, int rows) {
+    embedding_body(table, tokens, out, cols, rows);
+}
+
+extern "C" __global__ void embedding_f32(const float* table, const uint32_t* tokens, float* out,
+                                         int cols, int rows) {
+    embedding_body(table, tokens, out, cols, rows);
 }
 
 // RMSNorm of each row: out = (x · 1/sqrt(mean(x²) + eps)) · w, as the CPU reference forms it
