@@ -11,7 +11,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &[&str] = &["elementwise", "matvec", "attention", "gemm"];
+const KERNELS: &[&str] = &[
+    "elementwise",
+    "matvec",
+    "attention",
+    "attention_mma",
+    "gemm",
+    "group",
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));

@@ -10,7 +10,7 @@ use sfx_runtime::backend::KvDtype;
 use sfx_runtime::bench::{self, BenchResult, BenchTest};
 use sfx_runtime::resident::ResidentKernels;
 use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model_on};
-use sfx_runtime::synthetic;
+use sfx_runtime::synthetic::{self, SyntheticWeights};
 use sfx_runtime::{Model, ModelOptions, WeightPrecision};
 use std::time::Instant;
 
@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// Step graphs: on, off, or both (every row twice).
     pub graphs: Vec<bool>,
     pub dtype: DType,
+    /// Projections of a synthetic model: float (`dtype`) or a resident format.
+    pub weights: SyntheticWeights,
+    /// The --quant name, for the model label.
+    pub quant: String,
     pub kv: KvDtype,
     pub seed: u64,
     pub json: bool,
@@ -48,6 +52,25 @@ pub fn parse_list(flag: &str, s: &str, allow_zero: bool) -> Result<Vec<usize>> {
         bail!("{flag} {s:?}: token counts must be at least 1 (leave the flag out to skip)");
     }
     Ok(v)
+}
+
+/// `--quant`: float, or group codes rtnN / awqN (N = 2, 3, 4; group 128).
+pub fn parse_quant(s: &str) -> Result<SyntheticWeights> {
+    if s == "float" {
+        return Ok(SyntheticWeights::Float);
+    }
+    let bits = s
+        .strip_prefix("rtn")
+        .or_else(|| s.strip_prefix("awq"))
+        .and_then(|b| b.parse::<u8>().ok())
+        .filter(|b| (2..=4).contains(b));
+    match bits {
+        Some(bits) => Ok(SyntheticWeights::Group { bits, group: 128 }),
+        None => bail!(
+            "--quant {s:?}: expected float, rtn2, rtn3, rtn4, awq2, awq3 or awq4 (trellis \
+             formats have no CUDA kernel yet)"
+        ),
+    }
 }
 
 struct Task<'a>(&'a BenchArgs);
@@ -102,15 +125,19 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
     let (mut model, name, params) = match (&a.synthetic, &a.model) {
         (Some(preset), _) => {
             let config = synthetic::preset(preset)?;
-            let m = Model::synthetic(backend, &config, a.dtype, a.seed, &options)
+            let m = Model::synthetic_with(backend, &config, a.dtype, a.weights, a.seed, &options)
                 .with_context(|| format!("building the synthetic {preset}"))?;
             let dt = match a.dtype {
                 DType::F32 => "F32",
                 _ => "BF16",
             };
+            let label = match a.weights {
+                SyntheticWeights::Float => dt.to_string(),
+                SyntheticWeights::Group { .. } => format!("{} g128, {dt} head", a.quant),
+            };
             (
                 m,
-                format!("{preset} {dt} (synthetic)"),
+                format!("{preset} {label} (synthetic)"),
                 synthetic::parameter_count(&config),
             )
         }

@@ -262,6 +262,8 @@ fn bad_device_and_bench_arguments_are_named() {
     assert_clean_failure(code, &err, "\"x\" is not a whole number");
     let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--graphs", "maybe"]);
     assert_clean_failure(code, &err, "--graphs");
+    let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--quant", "rtn7"]);
+    assert_clean_failure(code, &err, "--quant \"rtn7\"");
     let (code, err) = run(
         SFX,
         &["test-backend", "--device", "cpu", "--op", "no_such_op"],

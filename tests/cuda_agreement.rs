@@ -1,15 +1,20 @@
 //! SmolLM2 on CUDA against the CPU backend, on the real model (F32 weights: the GGUF's own
 //! dequantized values on both): logits at every position of the golden prompts, greedy
-//! continuations through the decode path (step graphs), and wiki:2 perplexity and KL. On a
-//! machine without a GPU every case is reported as ignored, by name.
+//! continuations through the decode path (step graphs), and wiki:2 perplexity and KL; then
+//! the converter's resident `.sfx` files (rtn3, awq3; refinement off) on both backends: the
+//! same codes through the CUDA group kernels and the CPU ones, mean KL over a wiki window and
+//! greedy continuations. On a machine without a GPU every case is reported as ignored, by
+//! name.
 
 mod common;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::sfx::SfxFile;
 use sfx_runtime::backend::cuda::CudaBackend;
 use sfx_runtime::sampling::argmax;
-use sfx_runtime::{Backend, LogitsMode, Model};
+use sfx_runtime::sfx_model::load_sfx_model_on;
+use sfx_runtime::{Backend, CpuBackend, LogitsMode, Model, ModelOptions};
 use std::sync::OnceLock;
 
 /// Largest |Δlogit| allowed at any position and vocabulary entry (logits are O(10); FP32 on
@@ -188,6 +193,81 @@ fn wiki2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Converts SmolLM2 to `quant` (no fit; AWQ on a small search grid) with this build's
+/// `sfx-convert` (`$SFX_CONVERT` when the test binary runs on another machine).
+fn converted(quant: &str) -> Result<std::path::PathBuf, Failed> {
+    let dir = std::env::temp_dir().join("sfx_cuda_agreement");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let out = dir.join(format!("{quant}.sfx"));
+    let convert =
+        std::env::var_os("SFX_CONVERT").unwrap_or_else(|| env!("CARGO_BIN_EXE_sfx-convert").into());
+    let status = std::process::Command::new(convert)
+        .args(["--quant", quant, "--awq-grid", "5,5"])
+        .arg(common::gguf())
+        .arg("-o")
+        .arg(&out)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("sfx-convert --quant {quant} failed: {status}").into());
+    }
+    Ok(out)
+}
+
+/// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill:
+/// the CUDA GEMM takes BF16 panels) and greedy continuations (decode: the group matvec).
+fn sfx_agreement(quant: &'static str) -> Result<(), Failed> {
+    let path = converted(quant)?;
+    let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
+    let options = ModelOptions::default();
+    let cpu = load_sfx_model_on(CpuBackend::new(), &file, &options).map_err(|e| e.to_string())?;
+    let gpu = load_sfx_model_on(
+        CudaBackend::new(0).map_err(|e| e.to_string())?,
+        &file,
+        &options,
+    )
+    .map_err(|e| e.to_string())?;
+    let vocab = cpu.config().vocab_size;
+    let ids = common::wiki_tokens(1024);
+    let a = all_logits(&cpu, &ids);
+    let b = all_logits(&gpu, &ids);
+    let kl = common::mean_kl(&a, &b, vocab);
+    let max_abs = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs())
+        .fold(0.0, f64::max);
+    let golden = common::fixture("golden_smollm2.json");
+    let mut differ = Vec::new();
+    let mut prompts = 0;
+    for p in golden["prompts"]
+        .as_array()
+        .ok_or("fixture has no prompts")?
+    {
+        let ids = prompt_ids(p)?;
+        let (x, y) = (greedy(&cpu, &ids, 32), greedy(&gpu, &ids, 32));
+        if x != y {
+            let same = x.iter().zip(&y).take_while(|(u, v)| u == v).count();
+            differ.push(format!("{}: first difference at token {same}", p["name"]));
+        }
+        prompts += 1;
+    }
+    report(
+        &format!("sfx_{quant}"),
+        serde_json::json!({"quant": quant, "positions": ids.len(), "mean_kl_cpu_cuda": kl,
+        "max_abs_logit_diff": max_abs, "greedy_prompts": prompts,
+        "greedy_identical": prompts - differ.len(), "bound_mean_kl": MEAN_KL}),
+    );
+    if kl > MEAN_KL || !kl.is_finite() {
+        return Err(format!("{quant}: mean KL {kl:.2e} > {MEAN_KL:.0e}").into());
+    }
+    if !differ.is_empty() {
+        return Err(format!("{quant}: {}", differ.join("; ")).into());
+    }
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // The cases share one CUDA model and stream; run them one after another.
@@ -203,6 +283,8 @@ fn main() {
         Trial::test("cuda::smollm2::greedy_continuations", greedy_continuations)
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3")).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3")).with_ignored_flag(!gpu),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -15,7 +15,9 @@ use crate::backend::{
 };
 use crate::error::Result;
 use crate::model::{rope_cos_sin, Model, ModelOptions};
+use crate::resident::ResidentKernels;
 use half::{bf16, f16};
+use sfx_formats::resident::GroupQuantized;
 use sfx_formats::{DType, TensorView};
 
 /// One op with the shape it runs at.
@@ -114,6 +116,17 @@ pub enum Op {
         dtype: DType,
         rows: usize,
         cols: usize,
+    },
+    /// A group-quantized projection (resident format group-asym-v1: RTN / AWQ codes) through
+    /// the backend's [`ResidentKernels::group_linear`]; `acc` runs `forward_add`.
+    GroupLinear {
+        bits: u8,
+        group: usize,
+        m: usize,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+        acc: bool,
     },
     /// A synthetic model: prefill, then greedy-fed decode steps (step graphs as the backend
     /// does them, or off); every step's logits compared.
@@ -423,12 +436,19 @@ pub fn cases() -> Vec<Case> {
             (40, 2000, 12, 2, 128),
             (23, 100, 16, 8, 256),
             (9, 4096, 24, 8, 128),
+            (200, 1000, 8, 2, 128),
+            (130, 70, 6, 3, 64),
         ];
         let schedules = decode
             .iter()
             .map(|s| ("decode", s))
             .chain(prefill.iter().map(|s| ("prefill", s)));
         for (kind, &(n, past, heads, kv_heads, head_dim)) in schedules {
+            // Prefill over an f16 cache runs on tensor cores where the head size has a
+            // kernel (64, 128): Q and the probabilities are rounded to f16 (relative
+            // 2^-11 each), the products accumulate in f32.
+            let tensor_cores =
+                kind == "prefill" && kv == KvDtype::F16 && matches!(head_dim, 64 | 128);
             add(
                 "attention",
                 format!(
@@ -443,7 +463,7 @@ pub fn cases() -> Vec<Case> {
                     kv_heads,
                     head_dim,
                 },
-                2e-5,
+                if tensor_cores { 2e-3 } else { 2e-5 },
                 2e-5,
             );
         }
@@ -506,6 +526,41 @@ pub fn cases() -> Vec<Case> {
             1e-6,
         );
     }
+    // Group-quantized projections at every code width: decode (matvec, m ≤ 4) on the Llama
+    // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
+    // prefill (m > 4: an f32 panel the device GEMM multiplies in TF32, 10-bit mantissas on
+    // both operands: relative error ~2⁻¹¹ per product).
+    for bits in [2u8, 3, 4] {
+        for (m, rows, cols, group, bias, acc) in [
+            (1, 4096, 4096, 128, false, false),
+            (1, 1536, 576, 128, true, false),
+            (3, 100, 1536, 128, false, true),
+            (1, 300, 14336, 128, false, true),
+            (2, 33, 64, 32, true, true),
+            (9, 96, 576, 128, true, false),
+            (40, 256, 1024, 64, false, true),
+        ] {
+            add(
+                "group_linear",
+                format!(
+                    "q{bits}g{group} m{m} {rows}×{cols}{}{}",
+                    if bias { " +bias" } else { "" },
+                    if acc { " +=" } else { "" }
+                ),
+                Op::GroupLinear {
+                    bits,
+                    group,
+                    m,
+                    rows,
+                    cols,
+                    bias,
+                    acc,
+                },
+                if m <= 4 { 1e-5 } else { 1e-3 },
+                1e-5,
+            );
+        }
+    }
     for (preset, graphs) in [("tiny", true), ("tiny-qwen3", true), ("tiny", false)] {
         add(
             "model_decode",
@@ -542,9 +597,38 @@ impl Rng {
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform() * scale).collect()
     }
+    /// An RMSNorm weight vector: values in [0.5, 1.5).
+    fn norm_weights(&mut self, n: usize) -> Vec<f32> {
+        self.vec(n, 0.5).iter().map(|v| v + 1.0).collect()
+    }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
+}
+
+/// The group-quantized matrix of a [`Op::GroupLinear`] case from its inputs (codes in
+/// `bytes`, scales in `b` rounded to f16, zero points in `ids`).
+fn group_codes(spec: &Op, x: &Inputs) -> Result<GroupQuantized> {
+    let Op::GroupLinear {
+        bits,
+        group,
+        rows,
+        cols,
+        ..
+    } = *spec
+    else {
+        return Err(crate::error::RuntimeError::Unsupported(
+            "group_codes: not a group_linear case".into(),
+        ));
+    };
+    let scales = x.b.iter().map(|&v| f16::from_f32(v)).collect();
+    let zeros = x.ids.iter().map(|&z| z as u8).collect();
+    GroupQuantized::from_parts(bits, group, rows, cols, x.bytes.clone(), scales, zeros).map_err(
+        |e| crate::error::RuntimeError::Shape {
+            op: "group_linear",
+            msg: e.to_string(),
+        },
+    )
 }
 
 /// Values as a matrix of `dtype` stores them (BF16 rounding applied).
@@ -636,16 +720,16 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             let total: usize = rows.iter().sum();
             i.b = rng.vec(total * cols, (3.0 / cols as f32).sqrt());
             i.c = rng.vec(total, 0.5);
-            i.d = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+            i.d = rng.norm_weights(cols);
         }
         Op::Swiglu { m, rows, cols, .. } => {
             i.a = rng.vec(m * cols, 3.0);
             i.b = rng.vec(2 * rows * cols, (3.0 / cols as f32).sqrt() * 2.0);
-            i.d = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+            i.d = rng.norm_weights(cols);
         }
         Op::RmsNorm { rows, cols, .. } => {
             i.a = rng.vec(rows * cols, 3.0);
-            i.b = rng.vec(cols, 0.5).iter().map(|v| v + 1.0).collect();
+            i.b = rng.norm_weights(cols);
         }
         Op::Rope {
             n, heads, head_dim, ..
@@ -709,6 +793,31 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.c = rng.vec(2 * row_len, 1.0);
         }
         Op::Random { .. } => i.ids = vec![rng.next() as u32, rng.next() as u32],
+        Op::GroupLinear {
+            bits,
+            group,
+            m,
+            rows,
+            cols,
+            ..
+        } => {
+            let groups = rows * cols.div_ceil(group);
+            i.a = rng.vec(m * cols, 1.0);
+            i.bytes = (0..rows * (cols * bits as usize).div_ceil(8))
+                .map(|_| rng.next() as u8)
+                .collect();
+            // Scales give the dequantized weights variance ≈ 1/cols (as the float cases).
+            let levels = f32::from(1u16 << bits);
+            let unit = (12.0 / ((levels * levels - 1.0) * cols as f32)).sqrt();
+            i.b = rng
+                .vec(groups, 0.5)
+                .iter()
+                .map(|u| unit * (1.0 + u))
+                .collect();
+            i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
+            i.c = rng.vec(rows, 0.5);
+            i.d = rng.vec(m * rows, 1.0);
+        }
         Op::Decode { .. } => i.ids = (0..7 + 64).map(|_| rng.next() as u32).collect(),
     }
     i
@@ -729,7 +838,7 @@ fn kv_image(rows: &[f32], kv_heads: usize, d: usize, capacity: usize) -> Vec<f32
 }
 
 /// Runs the case's op on backend `b`; the output as f32 (ids as f32 values).
-fn execute<B: Backend>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>> {
+fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>> {
     match *spec {
         Op::Embedding {
             dtype,
@@ -954,6 +1063,24 @@ fn execute<B: Backend>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>> {
             )?;
             download(b, &out)
         }
+        Op::GroupLinear {
+            m, rows, bias, acc, ..
+        } => {
+            let q = group_codes(spec, x)?;
+            let bias = bias.then(|| x.c.clone());
+            let linear = b.group_linear(q, bias, "conformance group_linear")?;
+            let xb = b.upload(&x.a)?;
+            if acc {
+                let mut y = b.upload(&x.d)?;
+                let mut scratch = poisoned(b, m * rows)?;
+                linear.forward_add(b, &xb, m, &mut y, &mut scratch)?;
+                download(b, &y)
+            } else {
+                let mut y = poisoned(b, m * rows)?;
+                linear.forward(b, &xb, m, &mut y)?;
+                download(b, &y)
+            }
+        }
         Op::SiluMul { .. } => {
             let mut g = b.upload(&x.a)?;
             b.silu_mul(&mut g, &b.upload(&x.b)?)?;
@@ -1068,25 +1195,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             cols,
             bias,
             acc,
-        } => {
-            let w = rounded(&x.b, dtype);
-            let mut y = vec![0.0f64; m * rows];
-            for t in 0..m {
-                for r in 0..rows {
-                    let mut s: f64 = (0..cols)
-                        .map(|c| w[r * cols + c] as f64 * x.a[t * cols + c] as f64)
-                        .sum();
-                    if bias {
-                        s += x.c[r] as f64;
-                    }
-                    if acc {
-                        s += x.d[t * rows + r] as f64;
-                    }
-                    y[t * rows + r] = s;
-                }
-            }
-            y
-        }
+        } => naive_xwt(&rounded(&x.b, dtype), x, m, rows, cols, bias, acc),
         Op::MatmulGroup {
             dtype,
             m,
@@ -1285,6 +1394,17 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             }
             y
         }
+        Op::GroupLinear {
+            m,
+            rows,
+            cols,
+            bias,
+            acc,
+            ..
+        } => {
+            let w = group_codes(spec, x).ok()?.dequantize();
+            naive_xwt(&w, x, m, rows, cols, bias, acc)
+        }
         Op::Random { dtype, rows, cols } => {
             let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
             let v: Vec<f32> = (0..rows * cols)
@@ -1295,6 +1415,35 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
         // The model's reference is the CPU backend.
         Op::Decode { .. } => return None,
     })
+}
+
+/// `y = x.a · wᵀ (+ x.c) (+ x.d)` in f64: the reference of every projection case.
+#[allow(clippy::too_many_arguments)]
+fn naive_xwt(
+    w: &[f32],
+    x: &Inputs,
+    m: usize,
+    rows: usize,
+    cols: usize,
+    bias: bool,
+    acc: bool,
+) -> Vec<f64> {
+    let mut y = vec![0.0f64; m * rows];
+    for t in 0..m {
+        for r in 0..rows {
+            let mut v: f64 = (0..cols)
+                .map(|c| w[r * cols + c] as f64 * x.a[t * cols + c] as f64)
+                .sum();
+            if bias {
+                v += x.c[r] as f64;
+            }
+            if acc {
+                v += x.d[t * rows + r] as f64;
+            }
+            y[t * rows + r] = v;
+        }
+    }
+    y
 }
 
 fn naive_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
@@ -1373,7 +1522,12 @@ pub fn normalized_error(a: &[f64], b: &[f64]) -> f64 {
 
 /// Runs one case on `backend`: against the CPU backend when `backend` is a device, against the
 /// f64 reference when it is the CPU itself (`is_cpu`).
-pub fn run_case<B: Backend>(case: &Case, backend: &B, is_cpu: bool, seed: u64) -> CaseResult {
+pub fn run_case<B: ResidentKernels>(
+    case: &Case,
+    backend: &B,
+    is_cpu: bool,
+    seed: u64,
+) -> CaseResult {
     let mut rng = Rng(seed);
     let x = inputs(&case.spec, &mut rng);
     let cpu = CpuBackend::new();

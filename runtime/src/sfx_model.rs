@@ -559,9 +559,9 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         );
         if trellis {
             let q = self.trellis_quantized(spec)?;
-            return B::trellis_linear(q, bias, &what);
+            return backend.trellis_linear(q, bias, &what);
         }
         let q = self.group_quantized(spec)?;
-        B::group_linear(q, bias, &what)
+        backend.group_linear(q, bias, &what)
     }
 }

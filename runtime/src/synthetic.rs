@@ -4,11 +4,15 @@
 //! weights for the same seed ([`crate::backend::synthetic_value`]), so they also serve
 //! cross-backend checks.
 
-use crate::backend::{synthetic_value, Backend};
+use crate::backend::synthetic_value;
 use crate::error::{Result, RuntimeError};
 use crate::linear::{FloatLinear, Linear};
 use crate::model::{DecoderLayer, Model, ModelOptions};
+use crate::resident::ResidentKernels;
+use half::f16;
+use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
+use sfx_formats::resident::GroupQuantized;
 use sfx_formats::{DType, ModelConfig};
 
 /// Names accepted by [`preset`].
@@ -137,7 +141,64 @@ fn host_values(seed: u64, n: usize, scale: f32, offset: f32) -> Vec<f32> {
         .collect()
 }
 
-impl<B: Backend> Model<B> {
+/// Random group-quantized codes (format group-asym-v1) for a `rows × cols` projection: codes
+/// uniform over the code range, zero points near the middle, scales giving the dequantized
+/// weights variance ≈ 1/cols like the float synthetic weights. Any bytes are valid codes, so
+/// the kernels do exactly the work of a converted model.
+pub fn group_codes(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    bits: u8,
+    group: usize,
+) -> Result<GroupQuantized> {
+    let row_bytes = (cols * bits as usize).div_ceil(8);
+    let mut codes = vec![0u8; rows * row_bytes];
+    // 8 bytes per SplitMix draw, row blocks in parallel (an 8B model has ~2 GB of codes).
+    codes
+        .par_chunks_mut(1 << 20)
+        .enumerate()
+        .for_each(|(block, chunk)| {
+            for (i, word) in chunk.chunks_mut(8).enumerate() {
+                let v = splitmix(seed ^ ((block as u64) << 32 | i as u64)).to_le_bytes();
+                word.copy_from_slice(&v[..word.len()]);
+            }
+        });
+    let groups = rows * cols.div_ceil(group);
+    let levels = f32::from(1u16 << bits);
+    let unit = (12.0 / ((levels * levels - 1.0) * cols.max(1) as f32)).sqrt();
+    let mid = (1u8 << bits) / 2;
+    let scales = (0..groups)
+        .map(|g| f16::from_f32(unit * (1.0 + 0.25 * synthetic_value(seed ^ 0x5ca1e, g as u64))))
+        .collect();
+    let zeros = (0..groups)
+        .map(|g| mid - u8::from(synthetic_value(seed ^ 0x2e80, g as u64) < 0.0))
+        .collect();
+    GroupQuantized::from_parts(bits, group, rows, cols, codes, scales, zeros).map_err(|e| {
+        RuntimeError::Shape {
+            op: "synthetic group codes",
+            msg: e.to_string(),
+        }
+    })
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What the projections of a synthetic model are (embedding, head and norms stay float).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SyntheticWeights {
+    /// Float matrices (BF16 or F32), generated on the device.
+    Float,
+    /// Group-quantized codes of `bits` bits in groups of `group` columns (RTN / AWQ layout).
+    Group { bits: u8, group: usize },
+}
+
+impl<B: ResidentKernels> Model<B> {
     /// A model of `config`'s shapes with weights of `dtype` (BF16 or F32) drawn from `seed`:
     /// projections uniform with variance 1/in_dim (activations stay O(1) through the
     /// residual stream), RMSNorm weights near 1, biases small.
@@ -145,6 +206,26 @@ impl<B: Backend> Model<B> {
         backend: B,
         config: &ModelConfig,
         dtype: DType,
+        seed: u64,
+        options: &ModelOptions,
+    ) -> Result<Self> {
+        Self::synthetic_with(
+            backend,
+            config,
+            dtype,
+            SyntheticWeights::Float,
+            seed,
+            options,
+        )
+    }
+
+    /// [`Model::synthetic`] with the projections in `weights`' format (the embedding and an
+    /// untied head stay `dtype`).
+    pub fn synthetic_with(
+        backend: B,
+        config: &ModelConfig,
+        dtype: DType,
+        weights: SyntheticWeights,
         seed: u64,
         options: &ModelOptions,
     ) -> Result<Self> {
@@ -158,13 +239,25 @@ impl<B: Backend> Model<B> {
         let vector = |name: &str, n: usize, scale: f32, offset: f32| {
             b.upload(&host_values(tensor_seed(seed, name), n, scale, offset))
         };
+        let float_linear = |name: String, rows: usize, cols: usize| -> Result<Box<dyn Linear<B>>> {
+            let w = matrix(&name, rows, cols)?;
+            Ok(Box::new(FloatLinear::new(b, w, None)?))
+        };
         let linear =
             |name: String, rows: usize, cols: usize, bias: bool| -> Result<Box<dyn Linear<B>>> {
-                let w = matrix(&name, rows, cols)?;
                 let bias = bias.then(|| {
                     host_values(tensor_seed(seed, &format!("{name}.bias")), rows, 0.02, 0.0)
                 });
-                Ok(Box::new(FloatLinear::new(b, w, bias.as_deref())?))
+                match weights {
+                    SyntheticWeights::Float => {
+                        let w = matrix(&name, rows, cols)?;
+                        Ok(Box::new(FloatLinear::new(b, w, bias.as_deref())?))
+                    }
+                    SyntheticWeights::Group { bits, group } => {
+                        let q = group_codes(tensor_seed(seed, &name), rows, cols, bits, group)?;
+                        b.group_linear(q, bias, &name)
+                    }
+                }
             };
         let hidden = c.hidden_size;
         let embed = b.random_matrix(
@@ -230,7 +323,7 @@ impl<B: Backend> Model<B> {
         let lm_head: Box<dyn Linear<B>> = if c.tie_word_embeddings {
             Box::new(FloatLinear::new(b, embed.clone(), None)?)
         } else {
-            linear("lm_head.weight".into(), c.vocab_size, hidden, false)?
+            float_linear("lm_head.weight".into(), c.vocab_size, hidden)?
         };
         Model::assemble(backend, c, embed, layers, final_norm, lm_head, options)
     }
@@ -251,6 +344,17 @@ mod tests {
         let p = parameter_count(&preset("llama-3.1-8b").unwrap());
         assert!((8_020_000_000..8_040_000_000).contains(&p), "{p}");
         assert!(preset("gpt-2").is_err());
+    }
+
+    #[test]
+    fn synthetic_group_codes_are_valid_and_seeded() {
+        let a = group_codes(3, 8, 576, 2, 128).unwrap();
+        assert_eq!(a, group_codes(3, 8, 576, 2, 128).unwrap());
+        assert_ne!(a.codes(), group_codes(4, 8, 576, 2, 128).unwrap().codes());
+        // Dequantized weights have variance near 1/cols, as the float synthetic weights.
+        let w = a.dequantize();
+        let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
+        assert!((0.5..2.0).contains(&(var * 576.0)), "{var}");
     }
 
     #[test]

@@ -46,7 +46,7 @@ use tokenizers::Tokenizer;
         With --ppl, base and refined are measured side by side in one run.\n\n\
         Generation: sfx-run MODEL -p \"prompt\" [--chat] streams the continuation to stdout and \
         reports prompt and generation speed on stderr.\n\n\
-        Evaluation (protocol in shared assets.md): --ppl wiki:N scores the first N \
+        Evaluation: --ppl wiki:N scores the first N \
         non-overlapping 2048-token windows of the Wikipedia text (each from an empty cache); \
         --ppl austen-long:L prefills L-256 tokens of each of four Austen novels and scores the \
         last 256 one at a time through the decode path. --kl-ref MODEL adds the KL divergence to \

@@ -94,6 +94,11 @@ enum Command {
         /// Weight type of synthetic models: bf16 or f32.
         #[arg(long, default_value = "bf16")]
         dtype: String,
+        /// Resident format of a synthetic model's projections (embedding and head stay
+        /// --dtype): float (default), or group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have
+        /// the same layout and kernels), group 128.
+        #[arg(long, default_value = "float", requires = "synthetic")]
+        quant: String,
         /// KV cache element type: f16 or f32.
         #[arg(long, default_value = "f16")]
         kv_type: String,
@@ -138,6 +143,7 @@ fn main() -> Result<()> {
             device,
             graphs,
             dtype,
+            quant,
             kv_type,
             seed,
             json,
@@ -158,6 +164,8 @@ fn main() -> Result<()> {
                     "both" => vec![true, false],
                     other => bail!("--graphs {other:?}: expected on, off or both"),
                 },
+                weights: strataflux::bench::parse_quant(&quant)?,
+                quant,
                 dtype: match dtype.as_str() {
                     "bf16" => sfx_formats::DType::BF16,
                     "f32" => sfx_formats::DType::F32,

@@ -6,6 +6,7 @@
 //!   RTN / AWQ codes) — CPU decode matvec unpacking codes on the fly, dequantized-panel GEMM
 //!   for prefill, and [`RtnFactory`] quantizing every projection at load.
 //! - [`hadamard`], [`trellis`]: QTIP's rotations and bitshift-trellis codes / Viterbi.
+//!   On CUDA the same codes run through `backend::cuda::CudaGroupLinear`.
 //! - [`trellis_linear`]: trellis-coded weights (`TrellisQuantized`, QTIP / YAQA) — decode
 //!   matvec decoding tiles on the fly between the input and output Hadamard transforms.
 
@@ -30,14 +31,17 @@ use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
 /// through this, so a format missing on a backend is one clear error at load, naming the
 /// format and the projection, not a failure mid-run.
 pub trait ResidentKernels: Backend {
-    /// A group-quantized projection (RTN / AWQ codes); `what` names it for errors.
+    /// A group-quantized projection (RTN / AWQ codes) resident on this backend; `what` names
+    /// it for errors.
     fn group_linear(
+        &self,
         q: GroupQuantized,
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Box<dyn Linear<Self>>>;
     /// A trellis-coded projection (QTIP / YAQA tiles).
     fn trellis_linear(
+        &self,
         q: TrellisQuantized,
         bias: Option<Vec<f32>>,
         what: &str,
@@ -46,6 +50,7 @@ pub trait ResidentKernels: Backend {
 
 impl ResidentKernels for CpuBackend {
     fn group_linear(
+        &self,
         q: GroupQuantized,
         bias: Option<Vec<f32>>,
         _what: &str,
@@ -53,6 +58,7 @@ impl ResidentKernels for CpuBackend {
         Ok(Box::new(GroupQuantLinear::new(q, bias)?))
     }
     fn trellis_linear(
+        &self,
         q: TrellisQuantized,
         bias: Option<Vec<f32>>,
         _what: &str,
@@ -63,27 +69,26 @@ impl ResidentKernels for CpuBackend {
 
 fn no_cuda_kernel(format: String, what: &str) -> RuntimeError {
     RuntimeError::Unsupported(format!(
-        "{what}: resident format {format} has no CUDA kernel yet (the float parts of a .sfx \
-         run on CUDA; its low-bit projections run on the CPU): use --device cpu"
+        "{what}: resident format {format} has no CUDA kernel yet: use --device cpu"
     ))
 }
 
 impl ResidentKernels for CudaBackend {
     fn group_linear(
+        &self,
         q: GroupQuantized,
-        _bias: Option<Vec<f32>>,
+        bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Box<dyn Linear<Self>>> {
-        Err(no_cuda_kernel(
-            format!(
-                "group-asym-v1 ({}-bit codes, group {})",
-                q.bits(),
-                q.group_size()
-            ),
+        Ok(Box::new(CudaBackend::group_linear(
+            self,
+            &q,
+            bias.as_deref(),
             what,
-        ))
+        )?))
     }
     fn trellis_linear(
+        &self,
         q: TrellisQuantized,
         _bias: Option<Vec<f32>>,
         what: &str,

@@ -196,6 +196,36 @@ fn consecutive(op: &'static str, positions: &CpuIndex, n: usize) -> Result<usize
     Ok(first)
 }
 
+impl CpuBackend {
+    /// `y = x·wᵀ (+ bias)` on slices whose lengths `matmul_t` checked.
+    fn product(&self, x: &[f32], m: usize, w: &CpuMatrix, bias: Option<&[f32]>, y: &mut [f32]) {
+        let (rows, cols) = (w.rows(), w.cols());
+        if m <= MATVEC_MAX_ROWS {
+            for (xr, yr) in x
+                .chunks_exact(cols.max(1))
+                .zip(y.chunks_exact_mut(rows.max(1)))
+            {
+                match w.weights() {
+                    CpuWeights::Bf16(wv) => matvec::matvec(self.simd, wv, xr, yr),
+                    CpuWeights::F32(wv) => matvec::matvec(self.simd, wv, xr, yr),
+                }
+            }
+        } else {
+            match w.weights() {
+                CpuWeights::Bf16(wv) => gemm::matmul_t(x, m, wv, rows, y),
+                CpuWeights::F32(wv) => gemm::matmul_t(x, m, wv, rows, y),
+            }
+        }
+        if let Some(b) = bias {
+            for yr in y.chunks_exact_mut(rows.max(1)) {
+                for (v, bv) in yr.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+    }
+}
+
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type Matrix = CpuMatrix;
@@ -390,36 +420,23 @@ impl Backend for CpuBackend {
         if let Some(b) = bias {
             check_len("matmul_t", "bias", b.len(), rows)?;
         }
-        if out == MatmulOut::Accumulate {
+        let bias = bias.map(|b| &b.0[..]);
+        match out {
+            MatmulOut::Store => self.product(&x.0, m, w, bias, &mut y.0),
             // The product rounds to f32 before the add, as a separate projection + residual
-            // add would: the fused path changes no numbers.
-            let mut tmp = CpuBuffer(vec![0.0; y.len()]);
-            self.matmul_t(x, m, w, bias, &mut tmp, MatmulOut::Store)?;
-            elementwise::add_assign(&mut y.0, &tmp.0);
-            return Ok(());
-        }
-        let (x, y) = (&x.0[..], &mut y.0[..]);
-        if m <= MATVEC_MAX_ROWS {
-            for (xr, yr) in x
-                .chunks_exact(cols.max(1))
-                .zip(y.chunks_exact_mut(rows.max(1)))
-            {
-                match w.weights() {
-                    CpuWeights::Bf16(wv) => matvec::matvec(self.simd, wv, xr, yr),
-                    CpuWeights::F32(wv) => matvec::matvec(self.simd, wv, xr, yr),
-                }
+            // add would: the fused path changes no numbers. A decode step's product lands in
+            // this thread's scratch (the matvec takes none itself); a GEMM's gets its own
+            // buffer, since its panels use the scratch.
+            MatmulOut::Accumulate if m <= MATVEC_MAX_ROWS => {
+                scratch::with_scratch(y.len(), |tmp| {
+                    self.product(&x.0, m, w, bias, tmp);
+                    elementwise::add_assign(&mut y.0, tmp);
+                })
             }
-        } else {
-            match w.weights() {
-                CpuWeights::Bf16(wv) => gemm::matmul_t(x, m, wv, rows, y),
-                CpuWeights::F32(wv) => gemm::matmul_t(x, m, wv, rows, y),
-            }
-        }
-        if let Some(b) = bias {
-            for yr in y.chunks_exact_mut(rows.max(1)) {
-                for (v, bv) in yr.iter_mut().zip(&b.0) {
-                    *v += bv;
-                }
+            MatmulOut::Accumulate => {
+                let mut tmp = vec![0.0; y.len()];
+                self.product(&x.0, m, w, bias, &mut tmp);
+                elementwise::add_assign(&mut y.0, &tmp);
             }
         }
         Ok(())
@@ -522,9 +539,11 @@ impl Backend for CpuBackend {
             if dst.dtype == KvDtype::F32 {
                 elementwise::write_kv(&src.0, &mut dst.data, layout, start);
             } else {
-                let mut rows = src.0.clone();
-                round_kv(&mut rows, dst.dtype);
-                elementwise::write_kv(&rows, &mut dst.data, layout, start);
+                scratch::with_scratch(src.0.len(), |rows| {
+                    rows.copy_from_slice(&src.0);
+                    round_kv(rows, dst.dtype);
+                    elementwise::write_kv(rows, &mut dst.data, layout, start);
+                });
             }
         }
         Ok(())

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 pub(crate) enum GemmType {
     Bf16,
     F32,
+    /// F32 operands on tensor cores with 10-bit mantissas (dequantized group panels).
+    Tf32,
 }
 
 pub(crate) struct Blas {
@@ -151,7 +153,11 @@ impl Blas {
         let (m, n, k) = (dims(m)?, dims(n)?, dims(k)?);
         let t = match ty {
             GemmType::Bf16 => cb::cudaDataType::CUDA_R_16BF,
-            GemmType::F32 => cb::cudaDataType::CUDA_R_32F,
+            GemmType::F32 | GemmType::Tf32 => cb::cudaDataType::CUDA_R_32F,
+        };
+        let compute = match ty {
+            GemmType::Tf32 => cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
         let alpha = 1.0f32;
         let handle = self
@@ -179,7 +185,7 @@ impl Blas {
                 y as *mut c_void,
                 cb::cudaDataType::CUDA_R_32F,
                 n,
-                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 cb::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )
         };

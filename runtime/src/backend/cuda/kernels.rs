@@ -32,6 +32,13 @@ pub(crate) struct AttentionKernels {
     pub prefill: [Kernel; 3],
 }
 
+/// Group-quantized weights per code width (2, 3, 4 bits): matvec with 1, 2, 4 rows per
+/// thread, and the f32 dequantization for prefill GEMMs.
+pub(crate) struct GroupKernels {
+    pub matvec: [[Kernel; 3]; 3],
+    pub dequant_f32: [Kernel; 3],
+}
+
 pub(crate) struct Kernels {
     pub embedding_bf16: Kernel,
     pub embedding_f32: Kernel,
@@ -53,8 +60,11 @@ pub(crate) struct Kernels {
     pub matvec_f32: MatvecKernels,
     pub attn_f32: AttentionKernels,
     pub attn_f16: AttentionKernels,
+    /// Tensor-core prefill attention over f16 caches, head_dim 64 and 128 (sm_80+).
+    pub prefill_mma_f16: [Kernel; 2],
     pub gemm_bf16: Kernel,
     pub gemm_f32: Kernel,
+    pub group: GroupKernels,
 }
 
 impl Kernels {
@@ -81,6 +91,15 @@ impl Kernels {
         let mv = find("matvec")?;
         let at = find("attention")?;
         let gm = find("gemm")?;
+        let am = find("attention_mma")?;
+        let gq = find("group")?;
+        let group_matvec = |names: [&'static str; 3]| -> Result<[Kernel; 3]> {
+            Ok([
+                gq.function(names[0])?,
+                gq.function(names[1])?,
+                gq.function(names[2])?,
+            ])
+        };
         let matvec = |names: [&'static str; 16]| -> Result<MatvecKernels> {
             let f = |i: usize| mv.function(names[i]);
             Ok(MatvecKernels {
@@ -170,14 +189,50 @@ impl Kernels {
                 "attn_prefill_f16_d4",
                 "attn_prefill_f16_d8",
             ])?,
+            prefill_mma_f16: [
+                am.function("attn_prefill_mma_f16_d64")?,
+                am.function("attn_prefill_mma_f16_d128")?,
+            ],
             gemm_bf16: gm.function("gemm_xwt_bf16")?,
             gemm_f32: gm.function("gemm_xwt_f32")?,
+            group: GroupKernels {
+                matvec: [
+                    group_matvec([
+                        "group_matvec_b2_r1",
+                        "group_matvec_b2_r2",
+                        "group_matvec_b2_r4",
+                    ])?,
+                    group_matvec([
+                        "group_matvec_b3_r1",
+                        "group_matvec_b3_r2",
+                        "group_matvec_b3_r4",
+                    ])?,
+                    group_matvec([
+                        "group_matvec_b4_r1",
+                        "group_matvec_b4_r2",
+                        "group_matvec_b4_r4",
+                    ])?,
+                ],
+                dequant_f32: [
+                    gq.function("group_dequant_f32_b2")?,
+                    gq.function("group_dequant_f32_b3")?,
+                    gq.function("group_dequant_f32_b4")?,
+                ],
+            },
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {
             for f in a.decode.iter().chain(&a.prefill) {
                 f.allow_shared(device.smem_optin)?;
             }
+        }
+        // x of a group matvec is staged whole (up to ~50K columns).
+        for f in k
+            .prefill_mma_f16
+            .iter()
+            .chain(k.group.matvec.iter().flatten())
+        {
+            f.allow_shared(device.smem_optin)?;
         }
         // Modules stay loaded for the life of the process (kernels are plain handles).
         std::mem::forget(modules);

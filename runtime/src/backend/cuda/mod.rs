@@ -8,6 +8,7 @@
 
 mod blas;
 mod device;
+mod group;
 mod kernels;
 
 use crate::backend::{
@@ -21,6 +22,7 @@ use sfx_formats::{DType, TensorView};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
+pub use group::CudaGroupLinear;
 pub use kernels::embedded as kernels_embedded;
 
 /// Up to this many token rows a projection runs as matrix–vector products (weights streamed
@@ -33,6 +35,9 @@ const ATT_MIN_CHUNK: i32 = 128;
 /// Query heads per decode block (`ATT_GROUP`); queries per prefill block (`PF_QUERIES`).
 const ATT_GROUP: usize = 8;
 const PF_QUERIES: usize = 16;
+/// Queries per block and keys per tile of the tensor-core prefill (attention_mma.cu).
+const MMA_QUERIES: usize = 64;
+const MMA_KEYS: usize = 64;
 /// Shared memory the attention kernels declare statically (a ticket word), kept out of what
 /// their dynamic allocations may use.
 const ATT_STATIC_SMEM: usize = 1024;
@@ -60,6 +65,29 @@ struct MatrixData {
     rows: usize,
     cols: usize,
     dtype: DType,
+}
+
+impl MatrixData {
+    fn weight_ref(&self) -> WeightRef {
+        WeightRef {
+            ptr: self.mem.ptr,
+            rows: self.rows,
+            cols: self.cols,
+            dtype: self.dtype,
+            tf32: false,
+        }
+    }
+}
+
+/// A row-major weight operand of a GEMM: a resident matrix, or a transient dequantized panel
+/// (`tf32`: an F32 panel cuBLAS may multiply in TF32).
+#[derive(Clone, Copy)]
+struct WeightRef {
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    tf32: bool,
 }
 
 /// u32 values on the device with a pinned host staging area.
@@ -133,6 +161,11 @@ struct Inner {
     pdl: bool,
     /// RMSNorm fused into the following projections (`SFX_FUSE_NORM=0` runs it separately).
     fuse_norm: bool,
+    /// Prefill attention over f16 caches on tensor cores (sm_80+; `SFX_PREFILL_ATTN=simt`
+    /// keeps the CUDA-core kernel, for comparison).
+    mma_prefill: bool,
+    /// Halvings of the group matvec's threads per row (`SFX_GROUP_TPR_SHIFT`, default 1).
+    group_tpr_shift: u32,
 }
 
 /// Rows one argmax launch covers (its scratch is sized once, so a captured step never sees it
@@ -217,6 +250,7 @@ impl CudaBackend {
             .filter(|r| matches!(r, 1 | 2 | 4));
         let argmax_scratch = dev.alloc(ARGMAX_ROWS * ARGMAX_PARTS * 8)?;
         let pdl = dev.compute.0 >= 9 && std::env::var("SFX_PDL").is_ok_and(|v| v == "1");
+        let dev_has_mma = dev.compute.0 >= 8;
         Ok(Self {
             inner: Arc::new(Inner {
                 dev,
@@ -227,6 +261,13 @@ impl CudaBackend {
                 argmax_scratch,
                 pdl,
                 fuse_norm: std::env::var("SFX_FUSE_NORM").map_or(true, |v| v != "0"),
+                group_tpr_shift: std::env::var("SFX_GROUP_TPR_SHIFT")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&s: &u32| s <= 3)
+                    .unwrap_or(1),
+                mma_prefill: dev_has_mma
+                    && std::env::var("SFX_PREFILL_ATTN").map_or(true, |v| v != "simt"),
             }),
         })
     }
@@ -466,14 +507,14 @@ impl CudaBackend {
         &self,
         x: &CudaBuffer,
         m: usize,
-        w: &CudaMatrix,
+        w: WeightRef,
         bias: Option<&CudaBuffer>,
         y: &mut CudaBuffer,
         accumulate: bool,
     ) -> Result<()> {
-        let (n, k) = (w.inner.rows, w.inner.cols);
+        let (n, k) = (w.rows, w.cols);
         let Some(blas) = &self.inner.blas else {
-            let kernel = if w.inner.dtype == DType::BF16 {
+            let kernel = if w.dtype == DType::BF16 {
                 &self.k().gemm_bf16
             } else {
                 &self.k().gemm_f32
@@ -485,7 +526,7 @@ impl CudaBackend {
                 0,
                 &mut [
                     Arg::Ptr(x.mem.ptr),
-                    Arg::Ptr(w.inner.mem.ptr),
+                    Arg::Ptr(w.ptr),
                     Arg::Ptr(bias.map_or(0, |b| b.mem.ptr)),
                     Arg::Ptr(y.mem.ptr),
                     Arg::I32(i32_of("gemm", m)?),
@@ -496,7 +537,7 @@ impl CudaBackend {
             );
         };
         let beta = if accumulate { 1.0 } else { 0.0 };
-        if w.inner.dtype == DType::BF16 {
+        if w.dtype == DType::BF16 {
             let len = m * k;
             let mut scratch = self
                 .inner
@@ -514,27 +555,14 @@ impl CudaBackend {
                 0,
                 &mut [Arg::Ptr(x.mem.ptr), Arg::Ptr(xb), Arg::U64(len as u64)],
             )?;
-            blas.gemm_xwt(
-                GemmType::Bf16,
-                xb,
-                w.inner.mem.ptr,
-                y.mem.ptr,
-                m,
-                n,
-                k,
-                beta,
-            )?;
+            blas.gemm_xwt(GemmType::Bf16, xb, w.ptr, y.mem.ptr, m, n, k, beta)?;
         } else {
-            blas.gemm_xwt(
-                GemmType::F32,
-                x.mem.ptr,
-                w.inner.mem.ptr,
-                y.mem.ptr,
-                m,
-                n,
-                k,
-                beta,
-            )?;
+            let ty = if w.tf32 {
+                GemmType::Tf32
+            } else {
+                GemmType::F32
+            };
+            blas.gemm_xwt(ty, x.mem.ptr, w.ptr, y.mem.ptr, m, n, k, beta)?;
         }
         if let Some(b) = bias {
             let total = m * n;
@@ -573,7 +601,8 @@ impl CudaBackend {
 
     /// Warps per decode-attention block whose shared memory fits, and the bytes it takes.
     fn decode_smem(&self, d: usize, elem: usize) -> Result<(u32, usize)> {
-        let bytes = |warps: usize| ATT_GROUP * d * 4 + warps * 32 * (d + 16 / elem) * elem;
+        // Queries, then per warp one K and one V tile of 32 padded rows.
+        let bytes = |warps: usize| ATT_GROUP * d * 4 + warps * 2 * 32 * (d + 16 / elem) * elem;
         // Four warps measured fastest (tg128 on the 8B shape: 4 → 200, 2 → 187, 1 → 166 tok/s);
         // fewer only when a head size's key tiles do not fit.
         for warps in [4usize, 2, 1] {
@@ -918,7 +947,7 @@ impl Backend for CudaBackend {
         if m <= MATVEC_MAX_TOKENS {
             self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None)
         } else {
-            self.gemm(x, m, w, bias, y, accumulate)
+            self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate)
         }
     }
 
@@ -1248,6 +1277,31 @@ impl Backend for CudaBackend {
                     Arg::I32(splits as i32),
                     Arg::I32(ATT_MIN_CHUNK),
                     Arg::I32(per_block as i32),
+                ],
+            );
+        }
+        if let (true, KvDtype::F16, Some(which)) = (
+            self.inner.mma_prefill,
+            k_cache.dtype,
+            [64, 128].iter().position(|&h| h == d),
+        ) {
+            // Double-buffered K and V tiles of MMA_KEYS padded f16 rows.
+            let smem = 2 * 2 * MMA_KEYS * (d + 8) * 2;
+            return self.launch(
+                &self.k().prefill_mma_f16[which],
+                (blocks(s.n_queries, MMA_QUERIES), s.n_heads as u32, 1),
+                (128, 1, 1),
+                smem,
+                &mut [
+                    Arg::Ptr(q.mem.ptr),
+                    Arg::Ptr(k_cache.mem.ptr),
+                    Arg::Ptr(v_cache.mem.ptr),
+                    Arg::Ptr(positions.mem.ptr),
+                    Arg::Ptr(out.mem.ptr),
+                    Arg::I32(i32_of("attention", s.n_queries)?),
+                    Arg::I32(heads),
+                    Arg::I32(kvh),
+                    Arg::I32(cap),
                 ],
             );
         }

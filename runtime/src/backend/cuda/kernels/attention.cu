@@ -6,10 +6,14 @@
 // chunk for all query heads of its KV head (GQA: the keys are read once per group) and writes
 // (max, sum, unnormalised output); a second kernel merges the chunks exactly. The grid is
 // sized from the cache capacity and blocks past L exit at once, so a captured step replays at
-// any length. Keys are staged per warp through shared memory with coalesced 16-byte loads;
-// each lane then scores one key against every query head of the block.
+// any length. Each warp copies a 32-key tile of K and V into shared memory with all its
+// 16-byte copies in flight at once (a tile costs one memory latency: per-row loads in a
+// dependent loop held a 32K-token decode at ~1 TB/s); each lane then scores one key against
+// every query head of the block, and P·V reads V from the staged tile.
 //
-// Prefill (more queries): FlashAttention-2-style online softmax: a block holds 16 queries of
+// Prefill (more queries), the exact CUDA-core path (f32 caches, head sizes without a
+// tensor-core kernel, GPUs before sm_80; attention_mma.cu has the f16 tensor-core one):
+// FlashAttention-2-style online softmax: a block holds 16 queries of
 // one head, walks 32-key tiles staged in shared memory, a warp owns 4 queries and a lane one
 // key of the tile (scores) or DPL output dimensions (P·V).
 #include "common.cuh"
@@ -42,8 +46,8 @@ __device__ __forceinline__ void widen16(const uint4 c, float* out, const __half*
     }
 }
 
-// Lane `lane`'s DPL output dimensions of one V row (dims lane·DPL.. within d): one vector
-// load when the lanes cover d exactly (the common head sizes), element loads otherwise.
+// Lane `lane`'s DPL output dimensions of one V row staged in shared memory (dims lane·DPL..
+// within d): one vector load when the lanes cover d exactly (the common head sizes), element loads otherwise.
 template <typename T, int DPL>
 __device__ __forceinline__ void load_v(const T* row, int lane, int d, float (&v)[DPL]) {
     const int d0 = lane * DPL;
@@ -52,13 +56,13 @@ __device__ __forceinline__ void load_v(const T* row, int lane, int d, float (&v)
         if constexpr (sizeof(T) == 2) {
             const __half2* h = nullptr;
             uint4 raw = make_uint4(0, 0, 0, 0);
-            if constexpr (BYTES == 16) raw = __ldg(reinterpret_cast<const uint4*>(row + d0));
+            if constexpr (BYTES == 16) raw = *reinterpret_cast<const uint4*>(row + d0);
             if constexpr (BYTES == 8) {
-                const uint2 r2 = __ldg(reinterpret_cast<const uint2*>(row + d0));
+                const uint2 r2 = *reinterpret_cast<const uint2*>(row + d0);
                 raw.x = r2.x;
                 raw.y = r2.y;
             }
-            if constexpr (BYTES == 4) raw.x = __ldg(reinterpret_cast<const unsigned int*>(row + d0));
+            if constexpr (BYTES == 4) raw.x = *reinterpret_cast<const unsigned int*>(row + d0);
             h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
             for (int e = 0; e < DPL / 2; ++e) {
@@ -68,7 +72,7 @@ __device__ __forceinline__ void load_v(const T* row, int lane, int d, float (&v)
             }
         } else {
             if constexpr (BYTES == 16) {
-                const float4 f = __ldg(reinterpret_cast<const float4*>(row + d0));
+                const float4 f = *reinterpret_cast<const float4*>(row + d0);
                 const float fv[4] = {f.x, f.y, f.z, f.w};
 #pragma unroll
                 for (int e = 0; e < DPL; ++e) v[e] = fv[e];
@@ -144,7 +148,9 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
 
     float* qs = reinterpret_cast<float*>(smem);                  // [ATT_GROUP][d]
     const int row_elems = d + Elems<T>::N;                        // one 16-byte pad per row
-    T* ktile = reinterpret_cast<T*>(qs + ATT_GROUP * d) + (size_t)warp * ATT_TILE * row_elems;
+    // Per warp: a K tile then a V tile, ATT_TILE rows each.
+    T* ktile = reinterpret_cast<T*>(qs + ATT_GROUP * d) + (size_t)warp * 2 * ATT_TILE * row_elems;
+    T* vtile = ktile + (size_t)ATT_TILE * row_elems;
 
     const float scale = 1.0f / sqrtf((float)d);
     for (int i = threadIdx.x; i < gh * d; i += blockDim.x) {
@@ -166,13 +172,19 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
     const int row_chunks = d / Elems<T>::N;                       // 16-byte chunks per key row
     for (int k0 = start + warp * ATT_TILE; k0 < end; k0 += warps * ATT_TILE) {
         const int nvalid = min(ATT_TILE, end - k0);
-        // Coalesced copy of this warp's key rows into shared memory.
-        for (int u = lane; u < nvalid * row_chunks; u += 32) {
+        // This warp's K and V rows, every copy in flight at once; rows past the chunk are
+        // zero-filled (their scores are masked, and 0 · V stays finite).
+        for (int u = lane; u < ATT_TILE * row_chunks; u += 32) {
             const int r = u / row_chunks, c = u % row_chunks;
-            const uint4* src =
-                reinterpret_cast<const uint4*>(kc + (head_base + k0 + r) * d) + c;
-            reinterpret_cast<uint4*>(ktile + (size_t)r * row_elems)[c] = __ldg(src);
+            const bool ok = r < nvalid;
+            const size_t src = (head_base + k0 + (ok ? r : 0)) * d;
+            copy16_async(ktile + (size_t)r * row_elems + c * Elems<T>::N,
+                         reinterpret_cast<const uint4*>(kc + src) + c, ok ? 16 : 0);
+            copy16_async(vtile + (size_t)r * row_elems + c * Elems<T>::N,
+                         reinterpret_cast<const uint4*>(vc + src) + c, ok ? 16 : 0);
         }
+        copy_async_commit();
+        copy_async_wait<0>();
         __syncwarp();
         float s[ATT_GROUP];
 #pragma unroll
@@ -199,7 +211,6 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
                 }
             }
         }
-        __syncwarp();  // the next tile overwrites ktile
         float p[ATT_GROUP];
 #pragma unroll
         for (int h = 0; h < ATT_GROUP; ++h) {
@@ -216,9 +227,11 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
                 p[h] = 0.0f;
             }
         }
-        for (int j = 0; j < nvalid; ++j) {
+        // P · V over the staged rows (zero rows past nvalid carry p = 0).
+#pragma unroll 4
+        for (int j = 0; j < ATT_TILE; ++j) {
             float v[DPL];
-            load_v<T, DPL>(vc + (head_base + k0 + j) * d, lane, d, v);
+            load_v<T, DPL>(vtile + (size_t)j * row_elems, lane, d, v);
 #pragma unroll
             for (int h = 0; h < ATT_GROUP; ++h) {
                 if (h < gh) {
@@ -228,6 +241,7 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
                 }
             }
         }
+        __syncwarp();  // the next tile overwrites ktile and vtile
     }
 
     // Merge the warps: (m, l, o) per warp through shared memory (the key tiles are done).

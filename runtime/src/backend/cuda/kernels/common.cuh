@@ -42,6 +42,36 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
+// 16 bytes global → shared without a register round trip (cp.async, sm_80+): a warp issues
+// all of a tile's copies before waiting once, so a tile costs one memory latency, not one per
+// row. `bytes` 0 writes zeros (the source address must still be valid). Older GPUs copy
+// synchronously through registers.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+#else
+    *reinterpret_cast<uint4*>(dst) =
+        bytes ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// Commits the copies issued so far as one group.
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// Waits until at most N committed groups of this thread are still in flight (the copies are
+// visible to other threads after a barrier that follows).
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
 // Sum of a value over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
 // the total. `shared` holds at least 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* shared) {
