@@ -45,6 +45,22 @@ pub enum RuntimeError {
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
+/// Rows of `row_len` elements in `len` (a buffer of whole rows), or which buffer is ragged.
+pub(crate) fn check_rows(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    row_len: usize,
+) -> Result<usize> {
+    if row_len == 0 || !len.is_multiple_of(row_len) {
+        return Err(RuntimeError::Shape {
+            op,
+            msg: format!("{what} has {len} elements, not a multiple of the row length {row_len}"),
+        });
+    }
+    Ok(len / row_len)
+}
+
 /// Shorthand for the length checks every op does before touching memory.
 pub(crate) fn check_len(
     op: &'static str,

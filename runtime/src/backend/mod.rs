@@ -215,7 +215,6 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
 
     /// A zero-filled index buffer of `len` values.
     fn alloc_index(&self, len: usize) -> Result<Self::Index>;
-    fn index_len(&self, idx: &Self::Index) -> usize;
     /// Sets the index buffer to `values` (ordered after the work queued before it).
     fn write_index(&self, idx: &mut Self::Index, values: &[u32]) -> Result<()> {
         self.stage_index(idx, values)?;
@@ -254,7 +253,6 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn alloc_kv(&self, len: usize, dtype: KvDtype) -> Result<Self::KvStore>;
     /// A KV store holding `host` (rounded to `dtype`).
     fn upload_kv(&self, host: &[f32], dtype: KvDtype) -> Result<Self::KvStore>;
-    fn kv_len(&self, kv: &Self::KvStore) -> usize;
     /// Copies the whole store, widened to f32, to `out`.
     fn download_kv(&self, kv: &Self::KvStore, out: &mut [f32]) -> Result<()>;
 

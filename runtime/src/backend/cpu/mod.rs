@@ -16,7 +16,7 @@ use crate::backend::{
     synthetic_value, AttentionShape, Backend, KvDtype, KvLayout, MatmulOut, RopeTable,
     WeightPrecision,
 };
-use crate::error::{check_len, Result, RuntimeError};
+use crate::error::{check_len, check_rows, Result, RuntimeError};
 use half::bf16;
 use sfx_formats::{DType, TensorView};
 use std::sync::Arc;
@@ -167,16 +167,6 @@ impl CpuBackend {
     }
 }
 
-fn check_rows(op: &'static str, what: &str, len: usize, row_len: usize) -> Result<usize> {
-    if row_len == 0 || !len.is_multiple_of(row_len) {
-        return Err(RuntimeError::Shape {
-            op,
-            msg: format!("{what} has {len} elements, not a multiple of the row length {row_len}"),
-        });
-    }
-    Ok(len / row_len)
-}
-
 /// Positions as the CPU kernels take them: `first..first + n`, consecutive. The graph only
 /// ever issues consecutive runs; anything else is refused rather than misread.
 fn consecutive(op: &'static str, positions: &CpuIndex, n: usize) -> Result<usize> {
@@ -274,10 +264,6 @@ impl Backend for CpuBackend {
         Ok(CpuIndex(vec![0; len]))
     }
 
-    fn index_len(&self, idx: &CpuIndex) -> usize {
-        idx.0.len()
-    }
-
     fn stage_index(&self, idx: &mut CpuIndex, values: &[u32]) -> Result<()> {
         check_len("stage_index", "values", values.len(), idx.0.len())?;
         idx.0.copy_from_slice(values);
@@ -305,10 +291,6 @@ impl Backend for CpuBackend {
         let mut data = host.to_vec();
         round_kv(&mut data, dtype);
         Ok(CpuKvStore { data, dtype })
-    }
-
-    fn kv_len(&self, kv: &CpuKvStore) -> usize {
-        kv.data.len()
     }
 
     fn download_kv(&self, kv: &CpuKvStore, out: &mut [f32]) -> Result<()> {

@@ -14,7 +14,7 @@ mod kernels;
 use crate::backend::{
     AttentionShape, Backend, GroupItem, KvDtype, KvLayout, MatmulOut, RopeTable, WeightPrecision,
 };
-use crate::error::{check_len, Result, RuntimeError};
+use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
 use device::{Device, DeviceMem, PinnedMem};
 use kernels::Kernels;
@@ -23,7 +23,6 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 pub use group::CudaGroupLinear;
-pub use kernels::embedded as kernels_embedded;
 
 /// Up to this many token rows a projection runs as matrix–vector products (weights streamed
 /// once per row); beyond it, a GEMM.
@@ -157,7 +156,8 @@ struct Inner {
     argmax_scratch: DeviceMem,
     /// Projections launch with programmatic dependent launch (sm_90+, `SFX_PDL=1`): their
     /// weight loads may start during the previous kernel. Off by default: measured slower on
-    /// the H200 (tg128 201 vs 220 tok/s: early blocks wait on SMs the running kernel needs).
+    /// the H200 (tg128 201 vs 220 tok/s, then 224 vs 240 with the current attention: early blocks
+    /// wait on SMs the running kernel needs).
     pdl: bool,
     /// RMSNorm fused into the following projections (`SFX_FUSE_NORM=0` runs it separately).
     fuse_norm: bool,
@@ -185,16 +185,6 @@ fn i32_of(op: &'static str, v: usize) -> Result<i32> {
         op,
         msg: format!("{v} exceeds the kernels' 32-bit sizes"),
     })
-}
-
-fn rows_of(op: &'static str, what: &str, len: usize, row_len: usize) -> Result<usize> {
-    if row_len == 0 || !len.is_multiple_of(row_len) {
-        return Err(RuntimeError::Shape {
-            op,
-            msg: format!("{what} has {len} elements, not a multiple of the row length {row_len}"),
-        });
-    }
-    Ok(len / row_len)
 }
 
 fn blocks(n: usize, per: usize) -> u32 {
@@ -270,19 +260,6 @@ impl CudaBackend {
                     && std::env::var("SFX_PREFILL_ATTN").map_or(true, |v| v != "simt"),
             }),
         })
-    }
-
-    /// Whether prefill GEMMs run on cuBLAS (else the backend's own kernel).
-    pub fn has_cublas(&self) -> bool {
-        self.inner.blas.is_some()
-    }
-
-    pub fn device_name(&self) -> &str {
-        &self.inner.dev.name
-    }
-
-    pub fn sm_count(&self) -> u32 {
-        self.inner.dev.sm_count
     }
 
     fn dev(&self) -> &Arc<Device> {
@@ -715,10 +692,6 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn index_len(&self, idx: &CudaIndex) -> usize {
-        idx.len
-    }
-
     fn write_index(&self, idx: &mut CudaIndex, values: &[u32]) -> Result<()> {
         check_len("write_index", "values", values.len(), idx.len)?;
         // From pageable memory: the driver copies it out before returning, so consecutive
@@ -877,10 +850,6 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn kv_len(&self, kv: &CudaKvStore) -> usize {
-        kv.len
-    }
-
     fn download_kv(&self, kv: &CudaKvStore, out: &mut [f32]) -> Result<()> {
         check_len("download_kv", "destination", out.len(), kv.len)?;
         match kv.dtype {
@@ -1013,7 +982,7 @@ impl Backend for CudaBackend {
         m: usize,
         items: &mut [GroupItem<'_, Self>],
     ) -> Result<()> {
-        let rows = rows_of("rms_norm_matmul_group", "input", x.len, norm.len)?;
+        let rows = check_rows("rms_norm_matmul_group", "input", x.len, norm.len)?;
         check_len("rms_norm_matmul_group", "normed", normed.len, x.len)?;
         let vector_norm = norm.len.is_multiple_of(8);
         if self.inner.fuse_norm && rows == m && vector_norm && self.fusable(m, items) {
@@ -1042,7 +1011,7 @@ impl Backend for CudaBackend {
         gate: &mut CudaBuffer,
         up: &mut CudaBuffer,
     ) -> Result<()> {
-        let rows = rows_of("rms_norm_swiglu", "input", x.len, norm.len)?;
+        let rows = check_rows("rms_norm_swiglu", "input", x.len, norm.len)?;
         check_len("rms_norm_swiglu", "normed", normed.len, x.len)?;
         self.check_matmul(x, m, w_gate, None, gate)?;
         self.check_matmul(x, m, w_up, None, up)?;
@@ -1069,13 +1038,13 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        let rows = rows_of("rms_norm", "input", x.len, weight.len)?;
+        let rows = check_rows("rms_norm", "input", x.len, weight.len)?;
         check_len("rms_norm", "output", out.len, x.len)?;
         self.rms_norm_launch(x.mem.ptr, weight, eps, out.mem.ptr, rows)
     }
 
     fn rms_norm_in_place(&self, x: &mut CudaBuffer, weight: &CudaBuffer, eps: f32) -> Result<()> {
-        let rows = rows_of("rms_norm_in_place", "input", x.len, weight.len)?;
+        let rows = check_rows("rms_norm_in_place", "input", x.len, weight.len)?;
         self.rms_norm_launch(x.mem.ptr, weight, eps, x.mem.ptr, rows)
     }
 
@@ -1093,7 +1062,7 @@ impl Backend for CudaBackend {
                 msg: format!("head_dim {head_dim} with a table of {} pairs", table.half),
             });
         }
-        let n = rows_of("rope", "input", x.len, n_heads * head_dim)?;
+        let n = check_rows("rope", "input", x.len, n_heads * head_dim)?;
         check_len("rope", "positions", positions.len, n)?;
         let half = table.half;
         let threads = half.div_ceil(32).clamp(1, 8) as u32 * 32;
@@ -1130,7 +1099,7 @@ impl Backend for CudaBackend {
                 msg: format!("head_dim {head_dim} with a table of {} pairs", table.half),
             });
         }
-        let n = rows_of("rope_qk", "queries", q.len, n_heads * head_dim)?;
+        let n = check_rows("rope_qk", "queries", q.len, n_heads * head_dim)?;
         check_len("rope_qk", "keys", k.len, n * kv_heads * head_dim)?;
         check_len("rope_qk", "positions", positions.len, n)?;
         let half = table.half;
@@ -1164,7 +1133,7 @@ impl Backend for CudaBackend {
         positions: &CudaIndex,
     ) -> Result<()> {
         let row = layout.kv_heads * layout.head_dim;
-        let n = rows_of("write_kv", "keys", k.len, row)?;
+        let n = check_rows("write_kv", "keys", k.len, row)?;
         check_len("write_kv", "values", v.len, k.len)?;
         check_len("write_kv", "key cache", k_cache.len, layout.buffer_len())?;
         check_len("write_kv", "value cache", v_cache.len, layout.buffer_len())?;
@@ -1364,7 +1333,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaBuffer, cols: usize, out: &mut CudaIndex) -> Result<()> {
-        let rows = rows_of("argmax_rows", "input", x.len, cols)?;
+        let rows = check_rows("argmax_rows", "input", x.len, cols)?;
         check_len("argmax_rows", "output", out.len, rows)?;
         let pv = self.inner.argmax_scratch.ptr;
         let pi = pv + (ARGMAX_ROWS * ARGMAX_PARTS * 4) as u64;
@@ -1405,7 +1374,7 @@ impl Backend for CudaBackend {
         first: usize,
         out: &mut [f32],
     ) -> Result<()> {
-        let n = rows_of("read_rows", "destination", out.len(), row_len)?;
+        let n = check_rows("read_rows", "destination", out.len(), row_len)?;
         if (first + n) * row_len > src.len {
             return Err(RuntimeError::Shape {
                 op: "read_rows",
@@ -1473,7 +1442,7 @@ impl Backend for CudaBackend {
         first: usize,
         dst: &mut CudaBuffer,
     ) -> Result<()> {
-        let n = rows_of("copy_rows", "destination", dst.len, row_len)?;
+        let n = check_rows("copy_rows", "destination", dst.len, row_len)?;
         if (first + n) * row_len > src.len {
             return Err(RuntimeError::Shape {
                 op: "copy_rows",
