@@ -4,7 +4,7 @@
 //! weights for the same seed ([`crate::backend::synthetic_value`]), so they also serve
 //! cross-backend checks.
 
-use crate::backend::synthetic_value;
+use crate::backend::{synthetic_bits, synthetic_value};
 use crate::error::{Result, RuntimeError};
 use crate::linear::{FloatLinear, Linear};
 use crate::model::{DecoderLayer, Model, ModelOptions};
@@ -154,13 +154,14 @@ pub fn group_codes(
 ) -> Result<GroupQuantized> {
     let row_bytes = (cols * bits as usize).div_ceil(8);
     let mut codes = vec![0u8; rows * row_bytes];
-    // 8 bytes per SplitMix draw, row blocks in parallel (an 8B model has ~2 GB of codes).
+    // 8 bytes per draw, 1 MiB blocks in parallel (an 8B model has ~2 GB of codes).
+    const BLOCK_WORDS: usize = 1 << 17;
     codes
-        .par_chunks_mut(1 << 20)
+        .par_chunks_mut(8 * BLOCK_WORDS)
         .enumerate()
         .for_each(|(block, chunk)| {
             for (i, word) in chunk.chunks_mut(8).enumerate() {
-                let v = splitmix(seed ^ ((block as u64) << 32 | i as u64)).to_le_bytes();
+                let v = synthetic_bits(seed, (block * BLOCK_WORDS + i) as u64).to_le_bytes();
                 word.copy_from_slice(&v[..word.len()]);
             }
         });
@@ -180,13 +181,6 @@ pub fn group_codes(
             msg: e.to_string(),
         }
     })
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// What the projections of a synthetic model are (embedding, head and norms stay float).

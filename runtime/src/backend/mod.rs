@@ -537,18 +537,26 @@ pub(crate) fn check_nibble_units(
     Ok(())
 }
 
-/// The synthetic weight of element `index` of a matrix drawn with `seed`: uniform in
-/// `[-1, 1)` from a SplitMix64 hash of (seed, index). The CUDA kernel computes the same
-/// function bit for bit (an integer hash and one exact conversion), so a synthetic model is
-/// the same model on every backend.
+/// 64 synthetic random bits for element `index` of a stream drawn with `seed`: the
+/// SplitMix64 hash of (seed, index). Synthetic weights ([`synthetic_value`]) and synthetic
+/// low-bit codes both come from it.
 #[inline]
-pub fn synthetic_value(seed: u64, index: u64) -> f32 {
+pub fn synthetic_bits(seed: u64, index: u64) -> u64 {
     let mut z = seed
         .wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         .wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    z ^ (z >> 31)
+}
+
+/// The synthetic weight of element `index` of a matrix drawn with `seed`: uniform in
+/// `[-1, 1)` from [`synthetic_bits`]. The CUDA kernel computes the same function bit for bit
+/// (an integer hash and one exact conversion), so a synthetic model is the same model on
+/// every backend.
+#[inline]
+pub fn synthetic_value(seed: u64, index: u64) -> f32 {
+    let z = synthetic_bits(seed, index);
     // 24 random bits → an exact f32 in [0, 1), then [-1, 1).
     ((z >> 40) as f32) * (2.0 / 16_777_216.0) - 1.0
 }

@@ -80,8 +80,7 @@ impl ResidentKernels for CudaBackend {
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Box<dyn Linear<Self>>> {
-        Ok(Box::new(CudaBackend::group_linear(
-            self,
+        Ok(Box::new(self.upload_group_linear(
             &q,
             bias.as_deref(),
             what,

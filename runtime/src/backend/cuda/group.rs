@@ -33,7 +33,7 @@ impl CudaBackend {
     /// Uploads `q` (and `bias`); `what` names the projection in errors. The kernels take
     /// 32-column chunks inside one group, so columns and the group size must be multiples of
     /// 32 (every Llama/Qwen/SmolLM size is; group 128 is the converter's default).
-    pub fn group_linear(
+    pub fn upload_group_linear(
         &self,
         q: &GroupQuantized,
         bias: Option<&[f32]>,
@@ -82,9 +82,7 @@ impl CudaBackend {
             host_bytes: q.size_in_bytes(),
         })
     }
-}
 
-impl CudaBackend {
     /// Dynamic shared memory of the group matvec: x padded by 4 floats per 32, then the
     /// per-chunk sums.
     fn group_smem(cols: usize) -> usize {

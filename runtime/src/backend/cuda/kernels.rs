@@ -226,7 +226,8 @@ impl Kernels {
                 f.allow_shared(device.smem_optin)?;
             }
         }
-        // x of a group matvec is staged whole (up to ~50K columns).
+        // The tensor-core prefill's double-buffered tiles (69 KB at head 128) and the group
+        // matvec's staged x (up to ~50K columns) exceed the 48 KB default too.
         for f in k
             .prefill_mma_f16
             .iter()
