@@ -18,6 +18,7 @@ const KERNELS: &[&str] = &[
     "attention_mma",
     "gemm",
     "group",
+    "group_mma",
 ];
 
 fn main() {

@@ -1,9 +1,10 @@
 //! SmolLM2 on CUDA against the CPU backend, on the real model (F32 weights: the GGUF's own
 //! dequantized values on both): logits at every position of the golden prompts, greedy
 //! continuations through the decode path (step graphs), and wiki:2 perplexity and KL; then
-//! the converter's resident `.sfx` files (rtn3, awq3; refinement off) on both backends: the
-//! same codes through the CUDA group kernels and the CPU ones, mean KL over a wiki window and
-//! greedy continuations. On a machine without a GPU every case is reported as ignored, by
+//! the converter's resident `.sfx` files (rtn2 and awq4: the tensor-core tile kernels; rtn3
+//! and awq3: the CUDA-core ones; refinement off) on both backends: the same codes through the
+//! CUDA group kernels and the CPU ones, mean KL over a wiki window and greedy continuations
+//! (a divergence reports the CPU's top-2 logit gap there, to tell near-ties from errors). On a machine without a GPU every case is reported as ignored, by
 //! name.
 
 mod common;
@@ -49,6 +50,22 @@ fn greedy<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize) -> Vec<u32> {
         out.push(next);
     }
     out
+}
+
+/// The gap between the two largest logits after `ids` on `m`.
+fn top2_gap<B: Backend>(m: &Model<B>, ids: &[u32], vocab: usize) -> f32 {
+    let logits = all_logits(m, ids);
+    let last = &logits[logits.len() - vocab..];
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in last {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
 }
 
 fn ppl(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
@@ -216,7 +233,7 @@ fn converted(quant: &str) -> Result<std::path::PathBuf, Failed> {
 }
 
 /// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill:
-/// the CUDA GEMM takes BF16 panels) and greedy continuations (decode: the group matvec).
+/// the CUDA GEMM takes TF32 panels) and greedy continuations (decode: the group matvec).
 fn sfx_agreement(quant: &'static str) -> Result<(), Failed> {
     let path = converted(quant)?;
     let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
@@ -249,7 +266,13 @@ fn sfx_agreement(quant: &'static str) -> Result<(), Failed> {
         let (x, y) = (greedy(&cpu, &ids, 32), greedy(&gpu, &ids, 32));
         if x != y {
             let same = x.iter().zip(&y).take_while(|(u, v)| u == v).count();
-            differ.push(format!("{}: first difference at token {same}", p["name"]));
+            let mut prefix = ids.clone();
+            prefix.extend(&x[..same]);
+            let gap = top2_gap(&cpu, &prefix, vocab);
+            differ.push(format!(
+                "{}: first difference at token {same} (CPU top-2 gap there {gap:.3e})",
+                p["name"]
+            ));
         }
         prompts += 1;
     }
@@ -285,6 +308,8 @@ fn main() {
         Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3")).with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3")).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::rtn2", || sfx_agreement("rtn2")).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::awq4", || sfx_agreement("awq4")).with_ignored_flag(!gpu),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -128,6 +128,28 @@ pub enum Op {
         bias: bool,
         acc: bool,
     },
+    /// Up to three group-coded projections of one input (q/k/v) as the graph runs them on
+    /// the backend: one fused launch (`norm`: the input RMSNorm folded in) where the
+    /// backend's matrix type holds group codes, else the norm and one projection at a time.
+    GroupProjections {
+        bits: u8,
+        group: usize,
+        m: usize,
+        cols: usize,
+        rows: [usize; 3],
+        bias: bool,
+        norm: bool,
+    },
+    /// Group-coded gate and up with SwiGLU (`norm`: the MLP's RMSNorm folded in), as the
+    /// graph runs them on the backend.
+    GroupSwiglu {
+        bits: u8,
+        group: usize,
+        m: usize,
+        rows: usize,
+        cols: usize,
+        norm: bool,
+    },
     /// A synthetic model: prefill, then greedy-fed decode steps (step graphs as the backend
     /// does them, or off); every step's logits compared.
     Decode {
@@ -561,6 +583,58 @@ pub fn cases() -> Vec<Case> {
             );
         }
     }
+    // The fused decode paths over group codes: q/k/v shapes of SmolLM2 and Llama-3.1-8B (and
+    // an odd one), gate/up of both, with and without the norm folded in.
+    for bits in [2u8, 3, 4] {
+        for norm in [false, true] {
+            let tag = if norm { " +norm" } else { "" };
+            for (m, cols, rows, bias) in [
+                (1, 576, [576, 192, 192], false),
+                (1, 4096, [4096, 1024, 1024], true),
+                (3, 1536, [1536, 256, 96], true),
+            ] {
+                add(
+                    "group_projections",
+                    format!(
+                        "q{bits}g128 m{m} {cols}→{},{},{}{}{tag}",
+                        rows[0],
+                        rows[1],
+                        rows[2],
+                        if bias { " +bias" } else { "" }
+                    ),
+                    Op::GroupProjections {
+                        bits,
+                        group: 128,
+                        m,
+                        cols,
+                        rows,
+                        bias,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+            for (m, rows, cols, group) in
+                [(1, 1536, 576, 128), (1, 14336, 4096, 128), (2, 133, 64, 32)]
+            {
+                add(
+                    "group_swiglu",
+                    format!("q{bits}g{group} m{m} {cols}→{rows}{tag}"),
+                    Op::GroupSwiglu {
+                        bits,
+                        group,
+                        m,
+                        rows,
+                        cols,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+        }
+    }
     for (preset, graphs) in [("tiny", true), ("tiny-qwen3", true), ("tiny", false)] {
         add(
             "model_decode",
@@ -606,29 +680,69 @@ impl Rng {
     }
 }
 
-/// The group-quantized matrix of a [`Op::GroupLinear`] case from its inputs (codes in
-/// `bytes`, scales in `b` rounded to f16, zero points in `ids`).
-fn group_codes(spec: &Op, x: &Inputs) -> Result<GroupQuantized> {
-    let Op::GroupLinear {
-        bits,
-        group,
-        rows,
-        cols,
-        ..
-    } = *spec
-    else {
+/// The code width, group size, columns and total rows of a group-coded case.
+fn group_shape(spec: &Op) -> Option<(u8, usize, usize, usize)> {
+    match *spec {
+        Op::GroupLinear {
+            bits,
+            group,
+            rows,
+            cols,
+            ..
+        }
+        | Op::GroupSwiglu {
+            bits,
+            group,
+            rows,
+            cols,
+            ..
+        } => Some((
+            bits,
+            group,
+            cols,
+            if matches!(spec, Op::GroupSwiglu { .. }) {
+                2 * rows
+            } else {
+                rows
+            },
+        )),
+        Op::GroupProjections {
+            bits,
+            group,
+            cols,
+            rows,
+            ..
+        } => Some((bits, group, cols, rows.iter().sum())),
+        _ => None,
+    }
+}
+
+/// Rows `first..first + rows` of a group-coded case's matrix from its inputs (the codes of
+/// all its matrices, stacked by rows, in `bytes`; scales in `b` rounded to f16; zero points
+/// in `ids`).
+fn group_codes(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<GroupQuantized> {
+    let Some((bits, group, cols, _)) = group_shape(spec) else {
         return Err(crate::error::RuntimeError::Unsupported(
-            "group_codes: not a group_linear case".into(),
+            "group_codes: not a group-coded case".into(),
         ));
     };
-    let scales = x.b.iter().map(|&v| f16::from_f32(v)).collect();
-    let zeros = x.ids.iter().map(|&z| z as u8).collect();
-    GroupQuantized::from_parts(bits, group, rows, cols, x.bytes.clone(), scales, zeros).map_err(
-        |e| crate::error::RuntimeError::Shape {
-            op: "group_linear",
+    let row_bytes = (cols * usize::from(bits)).div_ceil(8);
+    let gpr = cols.div_ceil(group);
+    let bytes = x.bytes[first * row_bytes..(first + rows) * row_bytes].to_vec();
+    let scales = x.b[first * gpr..(first + rows) * gpr]
+        .iter()
+        .map(|&v| f16::from_f32(v))
+        .collect();
+    let zeros = x.ids[first * gpr..(first + rows) * gpr]
+        .iter()
+        .map(|&z| z as u8)
+        .collect();
+    GroupQuantized::from_parts(bits, group, rows, cols, bytes, scales, zeros).map_err(|e| {
+        crate::error::RuntimeError::Shape {
+            op: "group codes",
             msg: e.to_string(),
-        },
-    )
+        }
+    })
 }
 
 /// Values as a matrix of `dtype` stores them (BF16 rounding applied).
@@ -793,34 +907,46 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.c = rng.vec(2 * row_len, 1.0);
         }
         Op::Random { .. } => i.ids = vec![rng.next() as u32, rng.next() as u32],
-        Op::GroupLinear {
-            bits,
-            group,
-            m,
-            rows,
-            cols,
-            ..
-        } => {
-            let groups = rows * cols.div_ceil(group);
-            i.a = rng.vec(m * cols, 1.0);
-            i.bytes = (0..rows * (cols * bits as usize).div_ceil(8))
-                .map(|_| rng.next() as u8)
-                .collect();
-            // Scales give the dequantized weights variance ≈ 1/cols (as the float cases).
-            let levels = f32::from(1u16 << bits);
-            let unit = (12.0 / ((levels * levels - 1.0) * cols as f32)).sqrt();
-            i.b = rng
-                .vec(groups, 0.5)
-                .iter()
-                .map(|u| unit * (1.0 + u))
-                .collect();
-            i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
+        Op::GroupLinear { m, rows, .. } => {
+            group_inputs(&mut i, spec, rng);
             i.c = rng.vec(rows, 0.5);
             i.d = rng.vec(m * rows, 1.0);
+        }
+        Op::GroupProjections { cols, .. } | Op::GroupSwiglu { cols, .. } => {
+            group_inputs(&mut i, spec, rng);
+            let total = group_shape(spec).map_or(0, |s| s.3);
+            i.c = rng.vec(total, 0.5);
+            i.d = rng.norm_weights(cols);
         }
         Op::Decode { .. } => i.ids = (0..7 + 64).map(|_| rng.next() as u32).collect(),
     }
     i
+}
+
+/// x (`a`, m rows), random codes (`bytes`), scales (`b`) and zero points (`ids`) of a
+/// group-coded case.
+fn group_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
+    let m = match *spec {
+        Op::GroupLinear { m, .. } | Op::GroupProjections { m, .. } | Op::GroupSwiglu { m, .. } => m,
+        _ => 0,
+    };
+    let Some((bits, group, cols, rows)) = group_shape(spec) else {
+        return;
+    };
+    let groups = rows * cols.div_ceil(group);
+    i.a = rng.vec(m * cols, 1.0);
+    i.bytes = (0..rows * (cols * usize::from(bits)).div_ceil(8))
+        .map(|_| rng.next() as u8)
+        .collect();
+    // Scales give the dequantized weights variance ≈ 1/cols (as the float cases).
+    let levels = f32::from(1u16 << bits);
+    let unit = (12.0 / ((levels * levels - 1.0) * cols as f32)).sqrt();
+    i.b = rng
+        .vec(groups, 0.5)
+        .iter()
+        .map(|u| unit * (1.0 + u))
+        .collect();
+    i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
 }
 
 /// Host `[total, kv_heads·d]` rows → a `[kv_heads, capacity, d]` store image.
@@ -1066,7 +1192,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
         Op::GroupLinear {
             m, rows, bias, acc, ..
         } => {
-            let q = group_codes(spec, x)?;
+            let q = group_codes(spec, x, 0, rows)?;
             let bias = bias.then(|| x.c.clone());
             let linear = b.group_linear(q, bias, "conformance group_linear")?;
             let xb = b.upload(&x.a)?;
@@ -1080,6 +1206,96 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 linear.forward(b, &xb, m, &mut y)?;
                 download(b, &y)
             }
+        }
+        Op::GroupProjections {
+            m,
+            cols,
+            rows,
+            bias,
+            norm,
+            ..
+        } => {
+            let mut linears = Vec::new();
+            let mut off = 0;
+            for &r in &rows {
+                let q = group_codes(spec, x, off, r)?;
+                let bi = bias.then(|| x.c[off..off + r].to_vec());
+                linears.push(b.group_linear(q, bi, "conformance group_projections")?);
+                off += r;
+            }
+            let xb = b.upload(&x.a)?;
+            let nw = b.upload(&x.d)?;
+            let mut normed = poisoned(b, m * cols)?;
+            let mut outs = rows
+                .iter()
+                .map(|&r| poisoned(b, m * r))
+                .collect::<Result<Vec<_>>>()?;
+            let parts: Option<Vec<_>> = linears.iter().map(|l| l.matrix_parts()).collect();
+            match parts {
+                Some(parts) => {
+                    let mut items: Vec<GroupItem<'_, B>> = parts
+                        .into_iter()
+                        .zip(outs.iter_mut())
+                        .map(|((weight, bias), out)| GroupItem { weight, bias, out })
+                        .collect();
+                    if norm {
+                        b.rms_norm_matmul_group(&xb, &nw, 1e-5, &mut normed, m, &mut items)?;
+                    } else {
+                        b.matmul_t_group(&xb, m, &mut items)?;
+                    }
+                }
+                None => {
+                    let input = if norm {
+                        b.rms_norm(&xb, &nw, 1e-5, &mut normed)?;
+                        &normed
+                    } else {
+                        &xb
+                    };
+                    for (l, out) in linears.iter().zip(outs.iter_mut()) {
+                        l.forward(b, input, m, out)?;
+                    }
+                }
+            }
+            let mut all = Vec::new();
+            for o in &outs {
+                all.extend(download(b, o)?);
+            }
+            Ok(all)
+        }
+        Op::GroupSwiglu {
+            m,
+            rows,
+            cols,
+            norm,
+            ..
+        } => {
+            let wg = b.group_linear(group_codes(spec, x, 0, rows)?, None, "conformance gate")?;
+            let wu = b.group_linear(group_codes(spec, x, rows, rows)?, None, "conformance up")?;
+            let xb = b.upload(&x.a)?;
+            let nw = b.upload(&x.d)?;
+            let mut normed = poisoned(b, m * cols)?;
+            let mut gate = poisoned(b, m * rows)?;
+            let mut up = poisoned(b, m * rows)?;
+            match (wg.matrix_parts(), wu.matrix_parts()) {
+                (Some((g, _)), Some((u, _))) if norm => {
+                    b.rms_norm_swiglu(&xb, &nw, 1e-5, &mut normed, m, g, u, &mut gate, &mut up)?;
+                }
+                (Some((g, _)), Some((u, _))) => {
+                    b.matmul_t_swiglu(&xb, m, g, u, &mut gate, &mut up)?;
+                }
+                _ => {
+                    let input = if norm {
+                        b.rms_norm(&xb, &nw, 1e-5, &mut normed)?;
+                        &normed
+                    } else {
+                        &xb
+                    };
+                    wg.forward(b, input, m, &mut gate)?;
+                    wu.forward(b, input, m, &mut up)?;
+                    b.silu_mul(&mut gate, &up)?;
+                }
+            }
+            download(b, &gate)
         }
         Op::SiluMul { .. } => {
             let mut g = b.upload(&x.a)?;
@@ -1205,11 +1421,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             norm,
         } => {
             let w = rounded(&x.b, dtype);
-            let xs = if norm {
-                naive_norm(&x.a, &x.d, 1e-5)
-            } else {
-                f(&x.a)
-            };
+            let xs = normed_input(x, norm);
             let mut out = Vec::new();
             let mut off = 0;
             for &rn in &rows {
@@ -1231,28 +1443,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             rows,
             cols,
             norm,
-        } => {
-            let w = rounded(&x.b, dtype);
-            let xs = if norm {
-                naive_norm(&x.a, &x.d, 1e-5)
-            } else {
-                f(&x.a)
-            };
-            let dot = |r: usize, t: usize| -> f64 {
-                (0..cols)
-                    .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
-                    .sum()
-            };
-            let mut out = Vec::new();
-            for t in 0..m {
-                for r in 0..rows {
-                    let g = dot(r, t);
-                    let u = dot(rows + r, t);
-                    out.push(g / (1.0 + (-g).exp()) * u);
-                }
-            }
-            out
-        }
+        } => swiglu_reference(&rounded(&x.b, dtype), &normed_input(x, norm), m, rows, cols),
         Op::RmsNorm { cols, in_place, .. } => {
             let eps = if in_place { 1e-6 } else { 1e-5 };
             x.a.chunks(cols)
@@ -1402,8 +1593,44 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             acc,
             ..
         } => {
-            let w = group_codes(spec, x).ok()?.dequantize();
+            let w = group_codes(spec, x, 0, rows).ok()?.dequantize();
             naive_xwt(&w, x, m, rows, cols, bias, acc)
+        }
+        Op::GroupProjections {
+            m,
+            cols,
+            rows,
+            bias,
+            norm,
+            ..
+        } => {
+            let total = rows.iter().sum();
+            let w = group_codes(spec, x, 0, total).ok()?.dequantize();
+            let xs = normed_input(x, norm);
+            let mut out = Vec::new();
+            let mut off = 0;
+            for &rn in &rows {
+                for t in 0..m {
+                    for r in off..off + rn {
+                        let s: f64 = (0..cols)
+                            .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
+                            .sum();
+                        out.push(s + if bias { x.c[r] as f64 } else { 0.0 });
+                    }
+                }
+                off += rn;
+            }
+            out
+        }
+        Op::GroupSwiglu {
+            m,
+            rows,
+            cols,
+            norm,
+            ..
+        } => {
+            let w = group_codes(spec, x, 0, 2 * rows).ok()?.dequantize();
+            swiglu_reference(&w, &normed_input(x, norm), m, rows, cols)
         }
         Op::Random { dtype, rows, cols } => {
             let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
@@ -1444,6 +1671,33 @@ fn naive_xwt(
         }
     }
     y
+}
+
+/// The projections' input in f64: x (`a`), RMS-normalised with weight `d` when `norm`.
+fn normed_input(x: &Inputs, norm: bool) -> Vec<f64> {
+    if norm {
+        naive_norm(&x.a, &x.d, 1e-5)
+    } else {
+        x.a.iter().map(|&v| f64::from(v)).collect()
+    }
+}
+
+/// `silu(xs·w_gᵀ) ⊙ (xs·w_uᵀ)` in f64, gate rows then up rows stacked in `w`.
+fn swiglu_reference(w: &[f32], xs: &[f64], m: usize, rows: usize, cols: usize) -> Vec<f64> {
+    let dot = |r: usize, t: usize| -> f64 {
+        (0..cols)
+            .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
+            .sum()
+    };
+    let mut out = Vec::new();
+    for t in 0..m {
+        for r in 0..rows {
+            let g = dot(r, t);
+            let u = dot(rows + r, t);
+            out.push(g / (1.0 + (-g).exp()) * u);
+        }
+    }
+    out
 }
 
 fn naive_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {

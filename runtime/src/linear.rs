@@ -32,9 +32,11 @@ pub trait Linear<B: Backend>: Send + Sync {
         self.forward(backend, x, m, scratch)?;
         backend.add_assign(acc, scratch)
     }
-    /// The resident float matrix and bias, for the graph's fused multi-projection ops
-    /// ([`Backend::matmul_t_group`], [`Backend::matmul_t_swiglu`]); `None` for other formats.
-    fn float_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
+    /// The weight as the backend's own resident matrix (float weights; on CUDA group codes
+    /// too) and the bias, for the graph's fused multi-projection ops
+    /// ([`Backend::matmul_t_group`], [`Backend::matmul_t_swiglu`], the norm-fused forms);
+    /// `None` for formats the backend's matrix type does not hold, which run unfused.
+    fn matrix_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
         None
     }
     /// Bytes this linear keeps resident on the device (weights, scales, bias), for the
@@ -131,7 +133,7 @@ impl<B: Backend> Linear<B> for FloatLinear<B> {
             MatmulOut::Accumulate,
         )
     }
-    fn float_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
+    fn matrix_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
         Some((&self.weight, self.bias.as_ref()))
     }
     fn resident_bytes(&self) -> usize {

@@ -10,6 +10,11 @@
 #     agreement  SmolLM2 CUDA vs CPU (float, rtn3 and awq3 .sfx), wiki:2 PPL/KL through sfx-run
 #     f16        llama.cpp F16 vs sfx BF16 at depths 0, 4096, 32768 (step graphs on and off)
 #     quant      llama.cpp Q2_K / Q4_K_M / Q4_0 vs sfx rtn2 / rtn3 / rtn4 (BF16 head)
+#     all        one call for everything that needs the peer: prepare, the full conformance
+#                suite while llama.cpp builds (FALLBACK=dir: binaries benched instead if it
+#                fails), then quant and f16
+#     group      sfx only: group-code conformance, rtn2/3/4 bench, rows-per-thread sweep, and
+#                an ncu profile of one rtn2 decode step (per-kernel time, bandwidth, stalls)
 #   BIN=dir with sfx, sfx-run, sfx-convert, cuda_agreement (release builds with kernels:
 #       `make build-gpu`, `cargo test --release --test cuda_agreement --no-run`)
 #   SFX_ASSETS=dir with SmolLM2-135M-Instruct.Q4_1.gguf, wiki/ and brown/ (`make assets`)
@@ -18,7 +23,7 @@
 # The lent H200 takes at most 64 MiB per call, so the measured runs carried the GGUF in two
 # halves over consecutive calls; the stages are the commands those calls ran.
 set -u
-STAGE="${1:?stage: prepare, conformance, agreement, f16 or quant}"
+STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, all or group}"
 BIN="${BIN:?set BIN}"; PEER="${PEER:?set PEER}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -51,11 +56,51 @@ case "$STAGE" in
     for q in rtn2 rtn3 rtn4; do
       "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "$q" $BENCH_ARGS
     done > "$OUT/sfx_bench_group.md"
-    # Programmatic dependent launch (off by default) against the default, BF16 decode.
-    for pdl in 0 1; do
-      SFX_PDL=$pdl "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda -p 0 -n 128 -r 3
-    done > "$OUT/sfx_bench_pdl.md"
-    cat "$OUT/llamacpp_bench.md" "$OUT/sfx_bench_group.md" "$OUT/sfx_bench_pdl.md"
+    cat "$OUT/llamacpp_bench.md" "$OUT/sfx_bench_group.md"
+    ;;
+  group)
+    # Tensor-core tile layout (default on sm_80+) and the file layout's CUDA-core kernels.
+    for tiles in 1 0; do
+      for op in group_linear group_projections group_swiglu; do
+        SFX_GROUP_TILES=$tiles "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_tiles$tiles.md"
+        echo "tiles=$tiles $(tail -1 "$OUT/test_backend_${op}_tiles$tiles.md")"
+      done
+    done
+    for q in rtn2 rtn3 rtn4; do
+      "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "$q" $BENCH_ARGS
+    done > "$OUT/sfx_bench_group.md"
+    for q in rtn2 rtn4; do
+      echo "SFX_GROUP_TILES=0 $q"
+      SFX_GROUP_TILES=0 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q -p 0 -n 128 -r 3
+    done > "$OUT/sfx_bench_group_rows_layout.md"
+    for r in 1 2 4; do
+      echo "SFX_GROUP_ROWS=$r"
+      SFX_GROUP_ROWS=$r "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 128 -r 3
+    done > "$OUT/sfx_bench_group_rows.md"
+    cat "$OUT/sfx_bench_group.md" "$OUT/sfx_bench_group_rows_layout.md" "$OUT/sfx_bench_group_rows.md"
+    # One decode step's kernels (graphs off: ncu replays each kernel; durations are the same).
+    DECODE='regex:gq_|gt_|rope|attn|write_kv|matvec|argmax|rms_norm|silu|add_assign|embedding'
+    ncu --clock-control none --kernel-name "$DECODE" --launch-skip 800 --launch-count 330 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_elapsed,launch__registers_per_thread,launch__grid_size \
+      --csv "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 8 -r 1 --graphs off \
+      > "$OUT/ncu_rtn2_step.csv" 2> "$OUT/ncu_rtn2_step.err"
+    for k in gt_swiglu_norm gt_matvec_norm 'gt_matvec_b2_r[124]$' attn_decode; do
+      ncu --clock-control none --kernel-name "regex:$k" --launch-skip 70 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section LaunchStats \
+        "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 8 -r 1 --graphs off
+    done > "$OUT/ncu_rtn2_sections.txt" 2>&1
+    ;;
+  all)
+    bash "$0" prepare
+    "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md"
+    tail -1 "$OUT/test_backend_cuda.md"
+    if ! tail -1 "$OUT/test_backend_cuda.md" | grep -q " 0 failed"; then
+      grep -v "| ok |" "$OUT/test_backend_cuda.md" | tail -20
+      BIN="${FALLBACK:?conformance failed and no FALLBACK binaries}"; echo "benching FALLBACK $BIN"
+    fi
+    BIN="$BIN" bash "$0" quant
+    BIN="$BIN" bash "$0" f16
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

@@ -182,8 +182,10 @@ impl AttentionShape {
 pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// An f32 activation buffer resident on the device.
     type Buffer: Send + Sync;
-    /// A float weight matrix `[rows, cols]` resident on the device (BF16 or F32). Cloning
-    /// shares storage, which is how tied embeddings avoid a second copy.
+    /// A weight matrix `[rows, cols]` resident on the device: float (BF16 or F32) from
+    /// [`Backend::upload_matrix`], or a coded format a backend builds itself (CUDA: group
+    /// codes), which its projection ops then take like a float one. Cloning shares storage,
+    /// which is how tied embeddings avoid a second copy.
     type Matrix: Send + Sync + Clone;
     /// u32 values on the device (token ids, positions), with a host staging area so a step
     /// graph can pick up new values without re-recording.

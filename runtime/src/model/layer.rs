@@ -176,7 +176,7 @@ impl<B: Backend> DecoderLayer<B> {
     /// attention over `cache`'s layer `cache_layer` (the full model uses its layer index; the
     /// layer-wise runner a one-layer cache), observer calls tagged with `layer`.
     ///
-    /// Without a refiner, float projections take the fused paths (q/k/v in one group, gate
+    /// Without a refiner, projections held as backend matrices take the fused paths (q/k/v in one group, gate
     /// and up with SwiGLU, o and down accumulating into `h`); the backends' defaults of those
     /// ops are the unfused sequence, so the CPU computes the same numbers either way.
     #[allow(clippy::too_many_arguments)]
@@ -199,9 +199,9 @@ impl<B: Backend> DecoderLayer<B> {
         // With nothing reading the normalised input, the norm fuses into the projections.
         let plain = observer.is_none() && refiner.is_none();
         match (
-            self.q_proj.float_parts(),
-            self.k_proj.float_parts(),
-            self.v_proj.float_parts(),
+            self.q_proj.matrix_parts(),
+            self.k_proj.matrix_parts(),
+            self.v_proj.matrix_parts(),
         ) {
             (Some((wq, bq)), Some((wk, bk)), Some((wv, bv))) => {
                 let items = &mut [
@@ -277,7 +277,7 @@ impl<B: Backend> DecoderLayer<B> {
             }
         }
 
-        let fused_mlp = match (self.gate_proj.float_parts(), self.up_proj.float_parts()) {
+        let fused_mlp = match (self.gate_proj.matrix_parts(), self.up_proj.matrix_parts()) {
             (Some((wg, None)), Some((wu, None))) if refiner.is_none() => Some((wg, wu)),
             _ => None,
         };

@@ -603,8 +603,8 @@ impl<B: Backend> Model<B> {
             b.copy_rows(h, hidden, n - logit_rows, &mut hb.sel)?;
             &hb.sel
         };
-        match self.lm_head.float_parts() {
-            // The final norm fuses into a float head.
+        match self.lm_head.matrix_parts() {
+            // The final norm fuses into a head held as a backend matrix.
             Some((w, bias)) => {
                 let items = &mut [GroupItem {
                     weight: w,

@@ -1,32 +1,144 @@
 //! Group-quantized projections (RTN / AWQ codes) on the CUDA backend. Codes, f16 scales and
 //! u8 zero points stay in device memory exactly as the `.sfx` file stores them (no
-//! re-layout, no dequantized copy). Decode runs the group matvec (kernels/group.cu: three
-//! instructions per weight); prefill dequantizes the matrix into a transient f32 panel
-//! (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 tensor-core GEMM.
+//! re-layout, no dequantized copy), inside a [`CudaMatrix`], so every projection op of the
+//! backend takes them: decode runs the group matvecs of kernels/group.cu (q/k/v in one
+//! launch, gate/up with SwiGLU in one, the input RMSNorm folded in, the residual added in the
+//! epilogue; three instructions per weight); prefill dequantizes the matrix into a transient
+//! f32 panel (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 GEMM.
 
 use super::device::DeviceMem;
-use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, WeightRef, MATVEC_MAX_TOKENS};
-use crate::backend::Backend;
+use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef};
+use crate::backend::{Backend, MatmulOut};
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::Linear;
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::DType;
+use std::sync::Arc;
 
-/// Columns per thread step of the kernels (`GQ_CHUNK`), threads per block (`GQ_THREADS`).
+/// Columns per code chunk of the kernels (`GQ_CHUNK`), threads per block (`GQ_THREADS`).
 const CHUNK: usize = 32;
 const THREADS: usize = 256;
+/// Projections one launch takes (`GQ_MAX_ITEMS`).
+const MAX_ITEMS: usize = 3;
+
+/// What a group-coded [`CudaMatrix`] holds beside its codes.
+pub(super) struct GroupCodes {
+    bits: u8,
+    group: usize,
+    /// Bytes of a row in the file layout.
+    row_bytes: usize,
+    layout: CodeLayout,
+}
+
+/// How the codes lie in device memory.
+enum CodeLayout {
+    /// As the file stores them (row-major bit streams, f16 scales and u8 zero points apart):
+    /// the CUDA-core kernels of group.cu (3 bits, and GPUs without bf16 MMA).
+    Rows { scales: DeviceMem, zeros: DeviceMem },
+    /// Re-laid out at load into MMA fragment order, 16 rows × 32 columns per lane chunk, scale
+    /// and zero point packed per (tile, group, row): the tensor-core kernels of
+    /// group_mma.cu (2 and 4 bits on sm_80+; docs/format.md, "CUDA tile layout").
+    Tiles {
+        scale_zero: DeviceMem,
+        super_chunks: usize,
+    },
+}
+
+impl GroupCodes {
+    pub(super) fn same_format(&self, other: &GroupCodes) -> bool {
+        self.bits == other.bits
+            && self.group == other.group
+            && matches!(
+                (&self.layout, &other.layout),
+                (CodeLayout::Rows { .. }, CodeLayout::Rows { .. })
+                    | (CodeLayout::Tiles { .. }, CodeLayout::Tiles { .. })
+            )
+    }
+
+    /// Index of the tile kernels' code width (2 → 0, 4 → 1).
+    fn tile_index(&self) -> usize {
+        usize::from(self.bits / 4)
+    }
+
+    fn bits_index(&self) -> usize {
+        usize::from(self.bits - 2)
+    }
+
+    /// Chunks a thread loads at once (`GqUnroll<B>::U`).
+    fn unroll(&self) -> usize {
+        if self.bits == 2 {
+            4
+        } else {
+            2
+        }
+    }
+}
+
+/// The kernels' `GqItem` / `GqGroup` (kernels/group.cu), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct GqItem {
+    codes: u64,
+    scales: u64,
+    zeros: u64,
+    bias: u64,
+    y: u64,
+    rows: i32,
+    block_end: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct GqGroup {
+    item: [GqItem; MAX_ITEMS],
+    count: i32,
+}
+
+/// The tile kernels' `GtItem` / `GtGroup` (kernels/group_mma.cu), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct GtItem {
+    codes: u64,
+    scale_zero: u64,
+    bias: u64,
+    y: u64,
+    rows: i32,
+    block_end: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct GtGroup {
+    item: [GtItem; MAX_ITEMS],
+    count: i32,
+}
+
+/// Rows per tile of the tile layout (one MMA's M).
+const TILE_ROWS: usize = 16;
 
 /// A group-quantized projection with an optional f32 bias, resident on a CUDA device.
 pub struct CudaGroupLinear {
-    codes: DeviceMem,
-    scales: DeviceMem,
-    zeros: DeviceMem,
+    weight: CudaMatrix,
     bias: Option<CudaBuffer>,
-    bits: u8,
-    group: usize,
-    rows: usize,
-    cols: usize,
     host_bytes: usize,
+}
+
+/// Launch geometry of one group matvec: threads per row set and rows per thread.
+struct Schedule {
+    tpr: usize,
+    rows: usize,
+}
+
+impl Schedule {
+    fn rows_per_block(&self) -> usize {
+        THREADS / self.tpr * self.rows
+    }
+}
+
+fn codes_of<'a>(w: &'a MatrixData, op: &'static str) -> Result<&'a GroupCodes> {
+    w.group.as_ref().ok_or_else(|| {
+        RuntimeError::Unsupported(format!("{op}: a float matrix reached the group kernels"))
+    })
 }
 
 impl CudaBackend {
@@ -46,7 +158,13 @@ impl CudaBackend {
                  {CHUNK} (this projection: {cols} columns, group {group}); use --device cpu"
             )));
         }
-        let smem = Self::group_smem(cols);
+        let tiles = self.inner.group_tiles && matches!(q.bits(), 2 | 4);
+        let super_chunks = (cols / CHUNK).div_ceil(8 / usize::from(q.bits()));
+        let smem = if tiles {
+            Self::tile_smem(super_chunks, q.bits())
+        } else {
+            Self::group_smem(cols)
+        };
         if smem > self.dev().smem_optin {
             return Err(RuntimeError::Unsupported(format!(
                 "{what}: {cols} columns need {smem} B of shared memory for the group matvec, \
@@ -70,15 +188,31 @@ impl CudaBackend {
             .iter()
             .flat_map(|s| s.to_bits().to_le_bytes())
             .collect();
-        Ok(CudaGroupLinear {
-            codes: upload(q.codes())?,
-            scales: upload(&scale_bytes)?,
-            zeros: upload(q.zeros())?,
-            bias: bias.map(|b| self.upload(b)).transpose()?,
+        let file_codes = upload(q.codes())?;
+        let (scales, zeros) = (upload(&scale_bytes)?, upload(q.zeros())?);
+        let (mem, layout) = if tiles {
+            let packed = self.pack_tiles(q, &file_codes, &scales, &zeros, super_chunks)?;
+            (packed.0, packed.1)
+        } else {
+            (file_codes, CodeLayout::Rows { scales, zeros })
+        };
+        let codes = GroupCodes {
             bits: q.bits(),
             group,
-            rows,
-            cols,
+            row_bytes: q.row_bytes(),
+            layout,
+        };
+        Ok(CudaGroupLinear {
+            weight: CudaMatrix {
+                inner: Arc::new(MatrixData {
+                    mem,
+                    rows,
+                    cols,
+                    dtype: DType::F32,
+                    group: Some(codes),
+                }),
+            },
+            bias: bias.map(|b| self.upload(b)).transpose()?,
             host_bytes: q.size_in_bytes(),
         })
     }
@@ -88,150 +222,485 @@ impl CudaBackend {
     fn group_smem(cols: usize) -> usize {
         4 * (cols + cols / CHUNK * 4 + cols / CHUNK)
     }
-}
 
-impl CudaGroupLinear {
-    fn bits_index(&self) -> usize {
-        usize::from(self.bits - 2)
+    /// Dynamic shared memory of the tile matvec: three bf16 planes of x over the padded
+    /// columns, each 4 words longer (bank offset).
+    fn tile_smem(super_chunks: usize, bits: u8) -> usize {
+        let padded_cols = super_chunks * (8 / usize::from(bits)) * CHUNK;
+        4 * 3 * (padded_cols / 2 + 4)
     }
 
-    /// The kernels' shared leading arguments: code, scale and zero-point pointers, then rows,
-    /// columns, row bytes, groups per row and group size (checked to fit i32 at upload).
-    fn operand_args(&self) -> [Arg; 8] {
-        let row_bytes = (self.cols * usize::from(self.bits)).div_ceil(8);
-        [
-            Arg::Ptr(self.codes.ptr),
-            Arg::Ptr(self.scales.ptr),
-            Arg::Ptr(self.zeros.ptr),
-            Arg::I32(self.rows as i32),
-            Arg::I32(self.cols as i32),
-            Arg::I32(row_bytes as i32),
-            Arg::I32(self.cols.div_ceil(self.group) as i32),
-            Arg::I32(self.group as i32),
-        ]
-    }
-
-    /// Threads per row (the smallest power of two ≥ the row's chunks, halved so that a thread
-    /// walks two chunks and its loads pipeline; 32..256; `SFX_GROUP_TPR_SHIFT` halves it 0–3
-    /// times for tuning runs) and rows per thread (4 while that leaves two blocks per SM).
-    fn schedule(&self, backend: &CudaBackend) -> (usize, usize) {
-        let chunks = self.cols / CHUNK;
-        let tpr = (chunks.next_power_of_two() >> backend.inner.group_tpr_shift).clamp(32, THREADS);
-        let sets = THREADS / tpr;
-        let sm = backend.dev().sm_count as usize;
-        let r = [4, 2]
-            .into_iter()
-            .find(|&r| self.rows.div_ceil(sets * r) >= 2 * sm)
-            .unwrap_or(1);
-        (tpr, r)
-    }
-
-    fn matvec(
+    /// Re-lays file-layout codes, scales and zero points (already on the device) out into
+    /// the tile layout, on the device; the file-layout buffers are freed by the caller.
+    fn pack_tiles(
         &self,
-        backend: &CudaBackend,
-        x: &CudaBuffer,
-        m: usize,
-        y: &mut CudaBuffer,
-        accumulate: bool,
-    ) -> Result<()> {
-        let (tpr, r) = self.schedule(backend);
-        let sets = THREADS / tpr;
-        let [codes, scales, zeros, rows, cols, row_bytes, gpr, group] = self.operand_args();
-        let kernel = &backend.k().group.matvec[self.bits_index()][match r {
-            4 => 2,
-            2 => 1,
-            _ => 0,
-        }];
-        backend.launch(
-            kernel,
-            (blocks(self.rows, sets * r), m as u32, 1),
-            (THREADS as u32, 1, 1),
-            CudaBackend::group_smem(self.cols),
-            &mut [
-                codes,
-                scales,
-                zeros,
-                Arg::Ptr(self.bias.as_ref().map_or(0, |b| b.mem.ptr)),
-                Arg::Ptr(x.mem.ptr),
-                Arg::Ptr(y.mem.ptr),
-                rows,
-                cols,
-                row_bytes,
-                gpr,
-                group,
-                Arg::I32(tpr as i32),
-                Arg::I32(accumulate as i32),
-            ],
-        )
-    }
-
-    /// Prefill: the f32 panel of the whole matrix, then the GEMM (which adds the bias).
-    fn gemm(
-        &self,
-        backend: &CudaBackend,
-        x: &CudaBuffer,
-        m: usize,
-        y: &mut CudaBuffer,
-        accumulate: bool,
-    ) -> Result<()> {
-        let panel = backend.dev().alloc(4 * self.rows * self.cols)?;
-        let chunks = self.rows * (self.cols / CHUNK);
-        let [codes, scales, zeros, rows, cols, row_bytes, gpr, group] = self.operand_args();
-        backend.launch(
-            &backend.k().group.dequant_f32[self.bits_index()],
-            (blocks(chunks, 256), 1, 1),
+        q: &GroupQuantized,
+        file_codes: &DeviceMem,
+        scales: &DeviceMem,
+        zeros: &DeviceMem,
+        super_chunks: usize,
+    ) -> Result<(DeviceMem, CodeLayout)> {
+        let (rows, cols) = (q.rows(), q.cols());
+        let tiles = rows.div_ceil(TILE_ROWS);
+        let gpr = q.groups_per_row();
+        let chunks_padded = super_chunks * (8 / usize::from(q.bits()));
+        let k = &self.k().group.tile;
+        let bi = usize::from(q.bits() / 4);
+        let packed = self.dev().alloc(tiles * super_chunks * 32 * 16)?;
+        self.launch(
+            &k.pack_codes[bi],
+            (blocks(tiles * chunks_padded * 32, 256), 1, 1),
             (256, 1, 1),
             0,
             &mut [
-                codes,
-                scales,
-                zeros,
-                Arg::Ptr(panel.ptr),
-                rows,
-                cols,
-                row_bytes,
-                gpr,
-                group,
+                Arg::Ptr(file_codes.ptr),
+                Arg::Ptr(packed.ptr),
+                Arg::I32(i32_of("group tiles", rows)?),
+                Arg::I32(i32_of("group tiles", cols)?),
+                Arg::I32(i32_of("group tiles", q.row_bytes())?),
+                Arg::I32(i32_of("group tiles", super_chunks)?),
             ],
         )?;
-        let w = WeightRef {
+        let scale_zero = self.dev().alloc(tiles * gpr * 8 * 8)?;
+        self.launch(
+            &k.pack_scales,
+            (blocks(tiles * gpr * 8, 256), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(scales.ptr),
+                Arg::Ptr(zeros.ptr),
+                Arg::Ptr(scale_zero.ptr),
+                Arg::I32(i32_of("group tiles", rows)?),
+                Arg::I32(i32_of("group tiles", gpr)?),
+            ],
+        )?;
+        Ok((
+            packed,
+            CodeLayout::Tiles {
+                scale_zero,
+                super_chunks,
+            },
+        ))
+    }
+
+    /// Threads per row set: enough that each thread's first batch of `unroll` chunks covers
+    /// the row (a power of two, 8..256, so sets stay inside warps or span whole ones). Rows
+    /// per thread: the most (of `choices`) that still leave three blocks per SM, since bytes
+    /// in flight per thread grow with rows and blocks per SM hide each other's latency;
+    /// `SFX_GROUP_ROWS` forces it for tuning runs.
+    fn group_schedule(
+        &self,
+        codes: &GroupCodes,
+        cols: usize,
+        rows: &[usize],
+        choices: &[usize],
+    ) -> Schedule {
+        let threads_needed = (cols / CHUNK).div_ceil(codes.unroll());
+        let tpr = threads_needed.next_power_of_two().clamp(8, THREADS);
+        let sm = self.dev().sm_count as usize;
+        let blocks_for = |r: usize| -> usize {
+            let per_block = THREADS / tpr * r;
+            rows.iter().map(|n| n.div_ceil(per_block)).sum()
+        };
+        let forced = self
+            .inner
+            .group_rows
+            .and_then(|f| choices.iter().copied().find(|&r| r <= f));
+        let rows = forced.unwrap_or_else(|| {
+            choices
+                .iter()
+                .copied()
+                .find(|&r| blocks_for(r) >= 3 * sm)
+                .unwrap_or(1)
+        });
+        Schedule { tpr, rows }
+    }
+
+    /// `y_i = W_i · x (+ b_i) (+ y_i)` for up to three group-coded matrices of one format,
+    /// m ≤ 4 token rows, in one launch; with `norm`, x is RMS-normalised inside it.
+    pub(super) fn group_matvec(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
+        accumulate: bool,
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        let Some(first) = items.first() else {
+            return Ok(());
+        };
+        if items.len() > MAX_ITEMS {
+            return Err(RuntimeError::Unsupported(format!(
+                "group matvec: {} projections in one launch (at most {MAX_ITEMS})",
+                items.len()
+            )));
+        }
+        let w0 = &first.0.inner;
+        let codes = codes_of(w0, "group matvec")?;
+        if let CodeLayout::Tiles { .. } = codes.layout {
+            return self.tile_matvec(x, m, items, accumulate, norm);
+        }
+        let row_counts: Vec<usize> = items.iter().map(|it| it.0.inner.rows).collect();
+        let sched = self.group_schedule(codes, w0.cols, &row_counts, &[4, 2, 1]);
+        let mut group = GqGroup::default();
+        let mut end = 0usize;
+        for (slot, (w, bias, y)) in group.item.iter_mut().zip(items) {
+            let (scales, zeros) = row_operands(&w.inner, "group matvec")?;
+            end += w.inner.rows.div_ceil(sched.rows_per_block());
+            *slot = GqItem {
+                codes: w.inner.mem.ptr,
+                scales,
+                zeros,
+                bias: bias.map_or(0, |b| b.mem.ptr),
+                y: *y,
+                rows: i32_of("group matvec", w.inner.rows)?,
+                block_end: i32_of("group matvec", end)?,
+            };
+        }
+        group.count = items.len() as i32;
+        let ri = match sched.rows {
+            4 => 2,
+            2 => 1,
+            _ => 0,
+        };
+        let kernels = &self.k().group;
+        let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
+        let kernel = match norm {
+            None => &kernels.matvec[codes.bits_index()][ri],
+            Some((w, eps)) => {
+                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+                &kernels.matvec_norm[codes.bits_index()][ri]
+            }
+        };
+        args.extend(self.group_shape_args(w0, codes, sched.tpr)?);
+        if norm.is_none() {
+            args.push(Arg::I32(accumulate as i32));
+        }
+        self.launch_projection(
+            kernel,
+            (blocks(end, 1), m as u32, 1),
+            (THREADS as u32, 1, 1),
+            Self::group_smem(w0.cols),
+            &mut args,
+        )
+    }
+
+    /// `gate ← silu(W_g · x) ⊙ (W_u · x)` for group-coded gate and up matrices of one format
+    /// (m ≤ 4), optionally with the input norm fused.
+    pub(super) fn group_swiglu(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        g: &MatrixData,
+        u: &MatrixData,
+        gate: &mut CudaBuffer,
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        let gc = codes_of(g, "group swiglu")?;
+        if let CodeLayout::Tiles { .. } = gc.layout {
+            return self.tile_swiglu(x, m, g, u, gate, norm);
+        }
+        let sched = self.group_schedule(gc, g.cols, &[g.rows], &[2, 1]);
+        let rows = i32_of("group swiglu", g.rows)?;
+        let mut group = GqGroup::default();
+        let grid = g.rows.div_ceil(sched.rows_per_block());
+        for (slot, w) in group.item.iter_mut().zip([g, u]) {
+            let (scales, zeros) = row_operands(w, "group swiglu")?;
+            *slot = GqItem {
+                codes: w.mem.ptr,
+                scales,
+                zeros,
+                bias: 0,
+                y: gate.mem.ptr,
+                rows,
+                block_end: i32_of("group swiglu", grid)?,
+            };
+        }
+        group.count = 2;
+        let ri = usize::from(sched.rows == 2);
+        let kernels = &self.k().group;
+        let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
+        let kernel = match norm {
+            None => &kernels.swiglu[gc.bits_index()][ri],
+            Some((w, eps)) => {
+                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+                &kernels.swiglu_norm[gc.bits_index()][ri]
+            }
+        };
+        args.extend(self.group_shape_args(g, gc, sched.tpr)?);
+        self.launch_projection(
+            kernel,
+            (blocks(grid, 1), m as u32, 1),
+            (THREADS as u32, 1, 1),
+            Self::group_smem(g.cols),
+            &mut args,
+        )
+    }
+
+    /// The kernels' shape arguments after the operands: columns, row bytes, groups per row,
+    /// group size, threads per row set (sizes checked to fit i32 at upload).
+    fn group_shape_args(&self, w: &MatrixData, c: &GroupCodes, tpr: usize) -> Result<[Arg; 5]> {
+        Ok([
+            Arg::I32(i32_of("group matvec", w.cols)?),
+            Arg::I32(i32_of("group matvec", c.row_bytes)?),
+            Arg::I32(i32_of("group matvec", w.cols.div_ceil(c.group))?),
+            Arg::I32(i32_of("group matvec", c.group)?),
+            Arg::I32(tpr as i32),
+        ])
+    }
+
+    /// Prefill: the f32 panel of the whole matrix, then the GEMM (which adds the bias).
+    pub(super) fn group_gemm(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        w: &MatrixData,
+        bias: Option<&CudaBuffer>,
+        y: &mut CudaBuffer,
+        accumulate: bool,
+    ) -> Result<()> {
+        let c = codes_of(w, "group gemm")?;
+        let panel = self.dev().alloc(4 * w.rows * w.cols)?;
+        let gpr = Arg::I32(i32_of("group gemm", w.cols.div_ceil(c.group))?);
+        let (rows, cols) = (
+            Arg::I32(i32_of("group gemm", w.rows)?),
+            Arg::I32(i32_of("group gemm", w.cols)?),
+        );
+        let group = Arg::I32(i32_of("group gemm", c.group)?);
+        match &c.layout {
+            CodeLayout::Rows { scales, zeros } => self.launch(
+                &self.k().group.dequant_f32[c.bits_index()],
+                (blocks(w.rows * (w.cols / CHUNK), 256), 1, 1),
+                (256, 1, 1),
+                0,
+                &mut [
+                    Arg::Ptr(w.mem.ptr),
+                    Arg::Ptr(scales.ptr),
+                    Arg::Ptr(zeros.ptr),
+                    Arg::Ptr(panel.ptr),
+                    rows,
+                    cols,
+                    Arg::I32(i32_of("group gemm", c.row_bytes)?),
+                    gpr,
+                    group,
+                ],
+            )?,
+            CodeLayout::Tiles {
+                scale_zero,
+                super_chunks,
+            } => self.launch(
+                &self.k().group.tile.dequant_f32[c.tile_index()],
+                (
+                    blocks(w.rows.div_ceil(TILE_ROWS) * (w.cols / CHUNK) * 32, 256),
+                    1,
+                    1,
+                ),
+                (256, 1, 1),
+                0,
+                &mut [
+                    Arg::Ptr(w.mem.ptr),
+                    Arg::Ptr(scale_zero.ptr),
+                    Arg::Ptr(panel.ptr),
+                    rows,
+                    cols,
+                    Arg::I32(i32_of("group gemm", *super_chunks)?),
+                    gpr,
+                    group,
+                ],
+            )?,
+        }
+        let panel_ref = WeightRef {
             ptr: panel.ptr,
-            rows: self.rows,
-            cols: self.cols,
+            rows: w.rows,
+            cols: w.cols,
             dtype: DType::F32,
             tf32: true,
         };
         // The panel's stream-ordered free follows the GEMM on the same stream.
-        backend.gemm(x, m, w, self.bias.as_ref(), y, accumulate)
+        self.gemm(x, m, panel_ref, bias, y, accumulate)
+    }
+}
+
+impl CudaBackend {
+    /// Tiles per block of a tile matvec over matrices of `rows`: the most (of `choices`) that
+    /// still leave two blocks per SM; `SFX_GROUP_ROWS` forces it for tuning runs.
+    fn tile_schedule(&self, rows: &[usize], choices: &[usize]) -> usize {
+        let sm = self.dev().sm_count as usize;
+        let blocks_for =
+            |r: usize| -> usize { rows.iter().map(|n| n.div_ceil(TILE_ROWS).div_ceil(r)).sum() };
+        let forced = self
+            .inner
+            .group_rows
+            .and_then(|f| choices.iter().copied().find(|&r| r <= f));
+        forced.unwrap_or_else(|| {
+            choices
+                .iter()
+                .copied()
+                .find(|&r| blocks_for(r) >= 2 * sm)
+                .unwrap_or(1)
+        })
     }
 
-    fn run(
+    /// [`CudaBackend::group_matvec`] over the tile layout: tensor-core matvecs.
+    fn tile_matvec(
         &self,
-        backend: &CudaBackend,
         x: &CudaBuffer,
         m: usize,
-        y: &mut CudaBuffer,
+        items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
         accumulate: bool,
+        norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
-        check_len("group linear", "input", x.len, m * self.cols)?;
-        check_len("group linear", "output", y.len, m * self.rows)?;
-        if m == 0 {
-            return Ok(());
+        let w0 = &items[0].0.inner;
+        let codes = codes_of(w0, "tile matvec")?;
+        let row_counts: Vec<usize> = items.iter().map(|it| it.0.inner.rows).collect();
+        let r = self.tile_schedule(&row_counts, &[4, 2, 1]);
+        let mut group = GtGroup::default();
+        let mut end = 0usize;
+        for (slot, (w, bias, y)) in group.item.iter_mut().zip(items) {
+            end += w.inner.rows.div_ceil(TILE_ROWS).div_ceil(r);
+            *slot = GtItem {
+                codes: w.inner.mem.ptr,
+                scale_zero: tile_operand(&w.inner, "tile matvec")?,
+                bias: bias.map_or(0, |b| b.mem.ptr),
+                y: *y,
+                rows: i32_of("tile matvec", w.inner.rows)?,
+                block_end: i32_of("tile matvec", end)?,
+            };
         }
-        if m <= MATVEC_MAX_TOKENS {
-            self.matvec(backend, x, m, y, accumulate)
-        } else {
-            self.gemm(backend, x, m, y, accumulate)
+        group.count = items.len() as i32;
+        let ri = match r {
+            4 => 2,
+            2 => 1,
+            _ => 0,
+        };
+        let k = &self.k().group.tile;
+        let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
+        let kernel = match norm {
+            None => &k.matvec[codes.tile_index()][ri],
+            Some((w, eps)) => {
+                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+                &k.matvec_norm[codes.tile_index()][ri]
+            }
+        };
+        let (smem, shape) = self.tile_shape_args(w0, codes)?;
+        args.extend(shape);
+        if norm.is_none() {
+            args.push(Arg::I32(accumulate as i32));
         }
+        self.launch_projection(
+            kernel,
+            (self.tile_grid(end), m as u32, 1),
+            (THREADS as u32, 1, 1),
+            smem,
+            &mut args,
+        )
+    }
+
+    /// [`CudaBackend::group_swiglu`] over the tile layout.
+    fn tile_swiglu(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        g: &MatrixData,
+        u: &MatrixData,
+        gate: &mut CudaBuffer,
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        let codes = codes_of(g, "tile swiglu")?;
+        let r = self.tile_schedule(&[g.rows], &[2, 1]);
+        let grid = g.rows.div_ceil(TILE_ROWS).div_ceil(r);
+        let mut group = GtGroup::default();
+        for (slot, w) in group.item.iter_mut().zip([g, u]) {
+            *slot = GtItem {
+                codes: w.mem.ptr,
+                scale_zero: tile_operand(w, "tile swiglu")?,
+                bias: 0,
+                y: gate.mem.ptr,
+                rows: i32_of("tile swiglu", g.rows)?,
+                block_end: i32_of("tile swiglu", grid)?,
+            };
+        }
+        group.count = 2;
+        let ri = usize::from(r == 2);
+        let k = &self.k().group.tile;
+        let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
+        let kernel = match norm {
+            None => &k.swiglu[codes.tile_index()][ri],
+            Some((w, eps)) => {
+                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+                &k.swiglu_norm[codes.tile_index()][ri]
+            }
+        };
+        let (smem, shape) = self.tile_shape_args(g, codes)?;
+        args.extend(shape);
+        self.launch_projection(
+            kernel,
+            (self.tile_grid(grid), m as u32, 1),
+            (THREADS as u32, 1, 1),
+            smem,
+            &mut args,
+        )
+    }
+
+    /// Persistent blocks of the tile matvecs: two per SM (their register and shared-memory
+    /// limit), or one per unit when there are fewer units.
+    fn tile_grid(&self, units: usize) -> u32 {
+        blocks(units.min(2 * self.dev().sm_count as usize), 1)
+    }
+
+    /// Shared memory and the tile kernels' shape arguments: columns, super-chunks, groups
+    /// per row, group size.
+    fn tile_shape_args(&self, w: &MatrixData, c: &GroupCodes) -> Result<(usize, [Arg; 4])> {
+        let CodeLayout::Tiles { super_chunks, .. } = c.layout else {
+            return Err(RuntimeError::Unsupported(
+                "tile matvec: codes are not in the tile layout".into(),
+            ));
+        };
+        Ok((
+            Self::tile_smem(super_chunks, c.bits),
+            [
+                Arg::I32(i32_of("tile matvec", w.cols)?),
+                Arg::I32(i32_of("tile matvec", super_chunks)?),
+                Arg::I32(i32_of("tile matvec", w.cols.div_ceil(c.group))?),
+                Arg::I32(i32_of("tile matvec", c.group)?),
+            ],
+        ))
+    }
+}
+
+/// Scale and zero-point pointers of a file-layout matrix.
+fn row_operands(w: &MatrixData, op: &'static str) -> Result<(u64, u64)> {
+    match &codes_of(w, op)?.layout {
+        CodeLayout::Rows { scales, zeros } => Ok((scales.ptr, zeros.ptr)),
+        CodeLayout::Tiles { .. } => Err(RuntimeError::Unsupported(format!(
+            "{op}: tile-layout codes mixed with file-layout ones"
+        ))),
+    }
+}
+
+/// The packed scale/zero pointer of a tile-layout matrix.
+fn tile_operand(w: &MatrixData, op: &'static str) -> Result<u64> {
+    match &codes_of(w, op)?.layout {
+        CodeLayout::Tiles { scale_zero, .. } => Ok(scale_zero.ptr),
+        CodeLayout::Rows { .. } => Err(RuntimeError::Unsupported(format!(
+            "{op}: file-layout codes mixed with tile-layout ones"
+        ))),
+    }
+}
+
+impl CudaGroupLinear {
+    fn codes(&self) -> Option<&GroupCodes> {
+        self.weight.inner.group.as_ref()
     }
 }
 
 impl Linear<CudaBackend> for CudaGroupLinear {
     fn in_dim(&self) -> usize {
-        self.cols
+        self.weight.inner.cols
     }
     fn out_dim(&self) -> usize {
-        self.rows
+        self.weight.inner.rows
     }
     fn has_bias(&self) -> bool {
         self.bias.is_some()
@@ -243,7 +712,7 @@ impl Linear<CudaBackend> for CudaGroupLinear {
         m: usize,
         y: &mut CudaBuffer,
     ) -> Result<()> {
-        self.run(backend, x, m, y, false)
+        backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y, MatmulOut::Store)
     }
     fn forward_add(
         &self,
@@ -253,18 +722,21 @@ impl Linear<CudaBackend> for CudaGroupLinear {
         acc: &mut CudaBuffer,
         _scratch: &mut CudaBuffer,
     ) -> Result<()> {
-        self.run(backend, x, m, acc, true)
+        let bias = self.bias.as_ref();
+        backend.matmul_t(x, m, &self.weight, bias, acc, MatmulOut::Accumulate)
+    }
+    fn matrix_parts(&self) -> Option<(&CudaMatrix, Option<&CudaBuffer>)> {
+        Some((&self.weight, self.bias.as_ref()))
     }
     fn resident_bytes(&self) -> usize {
         self.host_bytes + self.bias.as_ref().map_or(0, |b| 4 * b.len)
     }
     fn describe(&self) -> String {
+        let (bits, group) = self.codes().map_or((0, 0), |c| (c.bits, c.group));
         format!(
-            "q{}g{} {}×{} (cuda){}",
-            self.bits,
-            self.group,
-            self.cols,
-            self.rows,
+            "q{bits}g{group} {}×{} (cuda){}",
+            self.weight.inner.cols,
+            self.weight.inner.rows,
             if self.bias.is_some() { " +bias" } else { "" }
         )
     }

@@ -32,11 +32,32 @@ pub(crate) struct AttentionKernels {
     pub prefill: [Kernel; 3],
 }
 
-/// Group-quantized weights per code width (2, 3, 4 bits): matvec with 1, 2, 4 rows per
+/// Group-quantized weights per code width (2, 3, 4 bits): the decode matvecs by rows per
 /// thread, and the f32 dequantization for prefill GEMMs.
 pub(crate) struct GroupKernels {
+    /// `[bits − 2][R: 1, 2, 4]`: up to three projections of one x.
     pub matvec: [[Kernel; 3]; 3],
+    /// The same with the input RMSNorm fused.
+    pub matvec_norm: [[Kernel; 3]; 3],
+    /// `[bits − 2][R: 1, 2]`: gate and up with SwiGLU, R row pairs per thread.
+    pub swiglu: [[Kernel; 2]; 3],
+    pub swiglu_norm: [[Kernel; 2]; 3],
+    /// `[bits − 2]`: the f32 panel prefill's GEMM reads.
     pub dequant_f32: [Kernel; 3],
+    /// The tensor-core kernels over the tile layout (group_mma.cu), `[0]` 2 bits, `[1]` 4.
+    pub tile: TileKernels,
+}
+
+/// Group codes in the tensor-core tile layout (2 and 4 bits, sm_80+): matvecs by tiles per
+/// block (1, 2, 4; SwiGLU 1, 2), the packing from the file layout, and the prefill panel.
+pub(crate) struct TileKernels {
+    pub matvec: [[Kernel; 3]; 2],
+    pub matvec_norm: [[Kernel; 3]; 2],
+    pub swiglu: [[Kernel; 2]; 2],
+    pub swiglu_norm: [[Kernel; 2]; 2],
+    pub pack_codes: [Kernel; 2],
+    pub pack_scales: Kernel,
+    pub dequant_f32: [Kernel; 2],
 }
 
 pub(crate) struct Kernels {
@@ -93,13 +114,25 @@ impl Kernels {
         let gm = find("gemm")?;
         let am = find("attention_mma")?;
         let gq = find("group")?;
-        let group_matvec = |names: [&'static str; 3]| -> Result<[Kernel; 3]> {
-            Ok([
-                gq.function(names[0])?,
-                gq.function(names[1])?,
-                gq.function(names[2])?,
-            ])
-        };
+        let gt = find("group_mma")?;
+        // Group-code entry points are named by bits and rows per thread (kernels/group.cu).
+        macro_rules! gt_family {
+            ($prefix:literal, [$($r:literal),+]) => {
+                [
+                    [$(gt.function(concat!($prefix, "_b2_r", $r))?),+],
+                    [$(gt.function(concat!($prefix, "_b4_r", $r))?),+],
+                ]
+            };
+        }
+        macro_rules! gq_family {
+            ($prefix:literal, [$($r:literal),+]) => {
+                [
+                    [$(gq.function(concat!($prefix, "_b2_r", $r))?),+],
+                    [$(gq.function(concat!($prefix, "_b3_r", $r))?),+],
+                    [$(gq.function(concat!($prefix, "_b4_r", $r))?),+],
+                ]
+            };
+        }
         let matvec = |names: [&'static str; 16]| -> Result<MatvecKernels> {
             let f = |i: usize| mv.function(names[i]);
             Ok(MatvecKernels {
@@ -196,28 +229,30 @@ impl Kernels {
             gemm_bf16: gm.function("gemm_xwt_bf16")?,
             gemm_f32: gm.function("gemm_xwt_f32")?,
             group: GroupKernels {
-                matvec: [
-                    group_matvec([
-                        "group_matvec_b2_r1",
-                        "group_matvec_b2_r2",
-                        "group_matvec_b2_r4",
-                    ])?,
-                    group_matvec([
-                        "group_matvec_b3_r1",
-                        "group_matvec_b3_r2",
-                        "group_matvec_b3_r4",
-                    ])?,
-                    group_matvec([
-                        "group_matvec_b4_r1",
-                        "group_matvec_b4_r2",
-                        "group_matvec_b4_r4",
-                    ])?,
-                ],
+                matvec: gq_family!("gq_matvec", ["1", "2", "4"]),
+                matvec_norm: gq_family!("gq_matvec_norm", ["1", "2", "4"]),
+                swiglu: gq_family!("gq_swiglu", ["1", "2"]),
+                swiglu_norm: gq_family!("gq_swiglu_norm", ["1", "2"]),
                 dequant_f32: [
                     gq.function("group_dequant_f32_b2")?,
                     gq.function("group_dequant_f32_b3")?,
                     gq.function("group_dequant_f32_b4")?,
                 ],
+                tile: TileKernels {
+                    matvec: gt_family!("gt_matvec", ["1", "2", "4"]),
+                    matvec_norm: gt_family!("gt_matvec_norm", ["1", "2", "4"]),
+                    swiglu: gt_family!("gt_swiglu", ["1", "2"]),
+                    swiglu_norm: gt_family!("gt_swiglu_norm", ["1", "2"]),
+                    pack_codes: [
+                        gt.function("gt_pack_codes_b2")?,
+                        gt.function("gt_pack_codes_b4")?,
+                    ],
+                    pack_scales: gt.function("gt_pack_scales")?,
+                    dequant_f32: [
+                        gt.function("gt_dequant_f32_b2")?,
+                        gt.function("gt_dequant_f32_b4")?,
+                    ],
+                },
             },
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
@@ -232,6 +267,13 @@ impl Kernels {
             .prefill_mma_f16
             .iter()
             .chain(k.group.matvec.iter().flatten())
+            .chain(k.group.matvec_norm.iter().flatten())
+            .chain(k.group.swiglu.iter().flatten())
+            .chain(k.group.swiglu_norm.iter().flatten())
+            .chain(k.group.tile.matvec.iter().flatten())
+            .chain(k.group.tile.matvec_norm.iter().flatten())
+            .chain(k.group.tile.swiglu.iter().flatten())
+            .chain(k.group.tile.swiglu_norm.iter().flatten())
         {
             f.allow_shared(device.smem_optin)?;
         }

@@ -53,20 +53,38 @@ pub struct CudaBuffer {
     len: usize,
 }
 
-/// A float weight matrix in device memory (BF16 bits or F32), shared by reference count.
+/// A resident weight matrix in device memory, shared by reference count: float weights
+/// (BF16 bits or F32), or group codes (RTN / AWQ), which every projection op of the backend
+/// takes too, so the graph's fused paths (q/k/v in one launch, gate/up with SwiGLU, norms
+/// folded in) serve both.
 #[derive(Clone)]
 pub struct CudaMatrix {
     inner: Arc<MatrixData>,
 }
 
 struct MatrixData {
+    /// Float weights, or the group codes' bit streams.
     mem: DeviceMem,
     rows: usize,
     cols: usize,
+    /// The float weights' type; F32 for group codes (the precision their kernels compute in).
     dtype: DType,
+    /// Scales, zero points and code width of group codes; None for float weights.
+    group: Option<group::GroupCodes>,
 }
 
 impl MatrixData {
+    /// Whether one fused launch can take both matrices: the same input width and format.
+    fn same_format(&self, other: &MatrixData) -> bool {
+        self.cols == other.cols
+            && self.dtype == other.dtype
+            && match (&self.group, &other.group) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_format(b),
+                _ => false,
+            }
+    }
+
     fn weight_ref(&self) -> WeightRef {
         WeightRef {
             ptr: self.mem.ptr,
@@ -131,6 +149,8 @@ enum Arg {
     U64(u64),
     F32(f32),
     Group(MatvecGroup),
+    GroupCodes(group::GqGroup),
+    GroupTiles(group::GtGroup),
 }
 
 impl Arg {
@@ -140,6 +160,8 @@ impl Arg {
             Arg::I32(v) => v as *mut i32 as *mut c_void,
             Arg::F32(v) => v as *mut f32 as *mut c_void,
             Arg::Group(g) => g as *mut MatvecGroup as *mut c_void,
+            Arg::GroupCodes(g) => g as *mut group::GqGroup as *mut c_void,
+            Arg::GroupTiles(g) => g as *mut group::GtGroup as *mut c_void,
         }
     }
 }
@@ -164,8 +186,12 @@ struct Inner {
     /// Prefill attention over f16 caches on tensor cores (sm_80+; `SFX_PREFILL_ATTN=simt`
     /// keeps the CUDA-core kernel, for comparison).
     mma_prefill: bool,
-    /// Halvings of the group matvec's threads per row (`SFX_GROUP_TPR_SHIFT`, default 1).
-    group_tpr_shift: u32,
+    /// `SFX_GROUP_ROWS`: force rows per thread of the group-code matvecs (tiles per block in
+    /// the tile layout; 1, 2, 4) for tuning runs.
+    group_rows: Option<usize>,
+    /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
+    /// keeps the file layout and the CUDA-core kernels, for comparison).
+    group_tiles: bool,
 }
 
 /// Rows one argmax launch covers (its scratch is sized once, so a captured step never sees it
@@ -251,11 +277,12 @@ impl CudaBackend {
                 argmax_scratch,
                 pdl,
                 fuse_norm: std::env::var("SFX_FUSE_NORM").map_or(true, |v| v != "0"),
-                group_tpr_shift: std::env::var("SFX_GROUP_TPR_SHIFT")
+                group_rows: std::env::var("SFX_GROUP_ROWS")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .filter(|&s: &u32| s <= 3)
-                    .unwrap_or(1),
+                    .filter(|r| matches!(r, 1 | 2 | 4)),
+                group_tiles: dev_has_mma
+                    && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma
                     && std::env::var("SFX_PREFILL_ATTN").map_or(true, |v| v != "simt"),
             }),
@@ -276,10 +303,11 @@ impl CudaBackend {
         k: &device::Kernel,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        smem: usize,
         args: &mut [Arg],
     ) -> Result<()> {
         if !self.inner.pdl {
-            return self.launch(k, grid, block, 0, args);
+            return self.launch(k, grid, block, smem, args);
         }
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > ptrs.len() {
@@ -292,7 +320,7 @@ impl CudaBackend {
             *p = a.as_ptr();
         }
         self.dev()
-            .launch_pdl(k, grid, block, 0, &mut ptrs[..args.len()])
+            .launch_pdl(k, grid, block, smem as u32, &mut ptrs[..args.len()])
     }
 
     fn launch(
@@ -378,6 +406,9 @@ impl CudaBackend {
         let Some(first) = items.first() else {
             return Ok(());
         };
+        if first.0.inner.group.is_some() {
+            return self.group_matvec(x, m, items, accumulate, norm);
+        }
         let (cols, dtype) = (first.0.inner.cols, first.0.inner.dtype);
         let elems = if dtype == DType::BF16 { 8 } else { 4 };
         let vector = cols.is_multiple_of(elems);
@@ -421,6 +452,7 @@ impl CudaBackend {
             kernel,
             (end as u32, m as u32, 1),
             (MV_THREADS, 1, 1),
+            0,
             &mut args,
         )
     }
@@ -436,6 +468,9 @@ impl CudaBackend {
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
+        if g.group.is_some() {
+            return self.group_swiglu(x, m, g, u, gate, norm);
+        }
         let elems = if g.dtype == DType::BF16 { 8 } else { 4 };
         let vector = g.cols.is_multiple_of(elems);
         // A block reads R gate and R up rows in one pass: R = 2 keeps 8 loads in flight per
@@ -463,6 +498,7 @@ impl CudaBackend {
             kernel,
             (blocks(g.rows, r), m as u32, 1),
             (MV_THREADS, 1, 1),
+            0,
             &mut args,
         )
     }
@@ -472,10 +508,9 @@ impl CudaBackend {
         (1..=MATVEC_MAX_TOKENS).contains(&m)
             && items.len() <= 3
             && !items.is_empty()
-            && items.windows(2).all(|p| {
-                p[0].weight.inner.cols == p[1].weight.inner.cols
-                    && p[0].weight.inner.dtype == p[1].weight.inner.dtype
-            })
+            && items
+                .windows(2)
+                .all(|p| p[0].weight.inner.same_format(&p[1].weight.inner))
     }
 
     /// `y[m, n] = x[m, k] · wᵀ (+ bias) (+ y)` for m > 4: cuBLAS on tensor cores (BF16
@@ -763,6 +798,7 @@ impl Backend for CudaBackend {
                 } else {
                     DType::F32
                 },
+                group: None,
             }),
         })
     }
@@ -809,6 +845,7 @@ impl Backend for CudaBackend {
                 rows,
                 cols,
                 dtype,
+                group: None,
             }),
         })
     }
@@ -876,6 +913,11 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let cols = table.inner.cols;
         check_len("embedding", "output", out.len, tokens.len * cols)?;
+        if table.inner.group.is_some() {
+            return Err(RuntimeError::Unsupported(
+                "embedding: a group-coded table has no CUDA gather kernel yet".into(),
+            ));
+        }
         if cols == 0 || tokens.len == 0 {
             return Ok(());
         }
@@ -916,7 +958,10 @@ impl Backend for CudaBackend {
         if m <= MATVEC_MAX_TOKENS {
             self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None)
         } else {
-            self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate)
+            match &w.inner.group {
+                Some(_) => self.group_gemm(x, m, &w.inner, bias, y, accumulate),
+                None => self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate),
+            }
         }
     }
 
@@ -957,11 +1002,7 @@ impl Backend for CudaBackend {
         self.check_matmul(x, m, w_gate, None, gate)?;
         self.check_matmul(x, m, w_up, None, up)?;
         let (g, u) = (&w_gate.inner, &w_up.inner);
-        let fused = m <= MATVEC_MAX_TOKENS
-            && g.rows == u.rows
-            && g.cols == u.cols
-            && g.dtype == u.dtype
-            && g.cols > 0;
+        let fused = m <= MATVEC_MAX_TOKENS && g.rows == u.rows && g.same_format(u) && g.cols > 0;
         if !fused {
             self.matmul_t(x, m, w_gate, None, gate, MatmulOut::Store)?;
             self.matmul_t(x, m, w_up, None, up, MatmulOut::Store)?;
@@ -1021,8 +1062,7 @@ impl Backend for CudaBackend {
             && (1..=MATVEC_MAX_TOKENS).contains(&m)
             && norm.len.is_multiple_of(8)
             && g.rows == u.rows
-            && g.cols == u.cols
-            && g.dtype == u.dtype
+            && g.same_format(u)
             && g.rows > 0;
         if fused {
             return self.swiglu_launch(x, m, g, u, gate, Some((norm, eps)));

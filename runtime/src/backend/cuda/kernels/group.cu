@@ -23,6 +23,7 @@
 #define GQ_WARPS (GQ_THREADS / 32)
 #define GQ_CHUNK 32  // columns per thread step
 #define GQ_PAD(c) ((c) + ((c) >> 5) * 4)
+#define GQ_MAX_ITEMS 3
 
 // Code word loads: one 8- or 16-byte load at 2 and 4 bits, three 4-byte loads at 3 bits
 // (a 12-byte chunk is only 4-byte aligned).
@@ -80,48 +81,129 @@ __device__ __forceinline__ float chunk_dot(const uint32_t (&w)[B], const float (
     return a + b;
 }
 
-template <int B, int R>
-__device__ void group_matvec_body(const uint8_t* __restrict__ codes,
-                                  const __half* __restrict__ scales,
-                                  const uint8_t* __restrict__ zeros,
-                                  const float* __restrict__ bias, const float* __restrict__ x,
-                                  float* __restrict__ y, int rows, int cols, int row_bytes,
-                                  int gpr, int group, int tpr, int accumulate) {
-    extern __shared__ __align__(16) float gq_smem[];
-    const int chunks = cols / GQ_CHUNK;
-    float* xs = gq_smem;                   // [GQ_PAD(cols)]
-    float* xsum = gq_smem + GQ_PAD(cols);  // [chunks]
-    __shared__ float red[GQ_WARPS][R];
-    const int t = blockIdx.y;
-    const int sets = GQ_THREADS / tpr, set = threadIdx.x / tpr, sub = threadIdx.x % tpr;
-    const int row0 = (blockIdx.x * sets + set) * R;
-    constexpr int CHUNK_BYTES = GQ_CHUNK * B / 8;
+// One launch covers up to three projections of the same x (q, k, v: the block index picks
+// the item, so three small matrices fill the GPU like one large one), or the gate and up
+// projections of the MLP with SwiGLU applied to each row pair (SWIGLU: item 0 gate, item 1
+// up, output to item 0's y). With NORM, x is the raw residual stream and the block applies
+// RMSNorm while staging it: x ⊙ w goes to shared memory, the sum of squares is reduced in
+// the same pass, and the scale multiplies each row's total (every block stages all of x
+// anyway, so the norm costs no extra pass and no launch).
+struct GqItem {
+    const uint8_t* codes;   // [rows, row_bytes]
+    const __half* scales;   // [rows, gpr]
+    const uint8_t* zeros;   // [rows, gpr]
+    const float* bias;      // [rows] or null
+    float* y;               // [m, rows]
+    int rows;
+    int block_end;          // exclusive end of this item's blocks in the grid
+};
 
-    int row[R];
+struct GqGroup {
+    GqItem item[GQ_MAX_ITEMS];
+    int count;
+};
+
+// Chunks a thread loads before it multiplies any: with R rows, U·R·B four-byte words are in
+// flight per thread (128 bytes at 2 and 4 bits with R = 4). Bytes in flight are what a
+// latency-bound stream is limited by; the first kernel kept one chunk per row in flight and
+// ran at a quarter of the bandwidth whatever the width.
+template <int B>
+struct GqUnroll {
+    static constexpr int U = B == 2 ? 4 : 2;
+};
+
+template <int B, int R, bool NORM, bool SWIGLU>
+__device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __restrict__ x,
+                                               const float* __restrict__ nw, float eps,
+                                               int cols, int row_bytes, int gpr, int group,
+                                               int tpr, int accumulate) {
+    constexpr int U = GqUnroll<B>::U;
+    constexpr int NR = SWIGLU ? 2 * R : R;  // rows per thread: gate rows, then up rows
+    constexpr int CHUNK_BYTES = GQ_CHUNK * B / 8;
+    constexpr float TWO_B = (float)(1 << B);
+    extern __shared__ __align__(16) float gq_smem[];
+    __shared__ float red[GQ_WARPS][NR];
+    __shared__ float ss_red[GQ_WARPS];
+
+    // The item owning this block, selected with compile-time indices only (a run-time index
+    // into the parameter struct would copy it to local memory).
+    GqItem item = g.item[0];
+    int first_block = 0;
+    if (!SWIGLU) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, rows - 1);  // tail rows re-read
-    // Codes, scale and zero point of the next chunk are always in flight: the scale is as far
-    // from the SM as the codes, and loading it where it is used exposed a DRAM latency per
-    // chunk.
-    uint32_t w[R][B];
-    __half sn[R];
-    uint8_t zn[R];
-    auto fetch = [&](int chunk) {
-        const int g = chunk * GQ_CHUNK / group;
+        for (int k = 1; k < GQ_MAX_ITEMS; ++k) {
+            if (k < g.count && (int)blockIdx.x >= g.item[k - 1].block_end) {
+                item = g.item[k];
+                first_block = g.item[k - 1].block_end;
+            }
+        }
+    }
+    SFX_PDL_TRIGGER();
+    const int chunks = cols / GQ_CHUNK, chunks_per_group = group / GQ_CHUNK;
+    const int sets = GQ_THREADS / tpr, set = threadIdx.x / tpr, sub = threadIdx.x % tpr;
+    const int tile0 = ((int)blockIdx.x - first_block) * sets * R;
+    const int row0 = tile0 + set * R;
+
+    const uint8_t* codes[NR];
+    const __half* scales[NR];
+    const uint8_t* zeros[NR];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            load_codes<B>(codes + (size_t)row[r] * row_bytes + (size_t)chunk * CHUNK_BYTES, w[r]);
-            sn[r] = scales[(size_t)row[r] * gpr + g];
-            zn[r] = zeros[(size_t)row[r] * gpr + g];
+    for (int r = 0; r < NR; ++r) {
+        const GqItem& it = (SWIGLU && r >= R) ? g.item[1] : item;
+        const int row = min(row0 + r % R, item.rows - 1);  // tail rows re-read, not written
+        codes[r] = it.codes + (size_t)row * row_bytes;
+        scales[r] = it.scales + (size_t)row * gpr;
+        zeros[r] = it.zeros + (size_t)row * gpr;
+    }
+
+    uint32_t w[U][NR][B];
+    __half sn[U][NR];
+    uint8_t zn[U][NR];
+    auto fetch = [&](int base) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int c = base + j * tpr;
+            if (c < chunks) {
+                const int gi = c / chunks_per_group;
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    load_codes<B>(codes[r] + (size_t)c * CHUNK_BYTES, w[j][r]);
+                    sn[j][r] = scales[r][gi];
+                    zn[j][r] = zeros[r][gi];
+                }
+            }
         }
     };
-    int c = sub;
-    if (c < chunks) fetch(c);
+    // Weights are never written: their loads go out before x is read (and, under PDL,
+    // before the previous kernel has finished).
+    int base = sub;
+    fetch(base);
+    SFX_PDL_WAIT();
 
+    const int t = blockIdx.y;
     const float* xt = x + (size_t)t * cols;
+    float* xs = gq_smem;                   // [GQ_PAD(cols)]
+    float* xsum = gq_smem + GQ_PAD(cols);  // [chunks]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float ss = 0.0f;
     for (int i = threadIdx.x; i < cols / 4; i += GQ_THREADS) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(xt) + i);
+        float4 v = __ldg(reinterpret_cast<const float4*>(xt) + i);
+        if (NORM) {
+            const float4 nv = __ldg(reinterpret_cast<const float4*>(nw) + i);
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+            v.x *= nv.x;
+            v.y *= nv.y;
+            v.z *= nv.z;
+            v.w *= nv.w;
+        }
         *reinterpret_cast<float4*>(xs + GQ_PAD(4 * i)) = v;
+    }
+    if (NORM) {
+        ss = warp_sum(ss);
+        if (lane == 0) ss_red[warp] = ss;
     }
     __syncthreads();
     for (int k = threadIdx.x; k < chunks; k += GQ_THREADS) {
@@ -134,62 +216,89 @@ __device__ void group_matvec_body(const uint8_t* __restrict__ codes,
         }
         xsum[k] = sum;
     }
+    // The fused norm's scale, formed as rms_norm forms it: 1 / sqrt(mean(x²) + eps).
+    float scale = 1.0f;
+    if (NORM) {
+        float total = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GQ_WARPS; ++k) total += ss_red[k];
+        scale = 1.0f / sqrtf(total / (float)cols + eps);
+    }
     __syncthreads();
 
-    constexpr float TWO_B = (float)(1 << B);
-    float acc[R];
+    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    while (c < chunks) {
-        float xv[GQ_CHUNK];
-        const float4* p = reinterpret_cast<const float4*>(xs + GQ_PAD(c * GQ_CHUNK));
+    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+    while (base < chunks) {
 #pragma unroll
-        for (int j = 0; j < GQ_CHUNK / 4; ++j) {
-            const float4 v = p[j];
-            xv[4 * j] = v.x;
-            xv[4 * j + 1] = v.y;
-            xv[4 * j + 2] = v.z;
-            xv[4 * j + 3] = v.w;
+        for (int j = 0; j < U; ++j) {
+            const int c = base + j * tpr;
+            if (c < chunks) {
+                float xv[GQ_CHUNK];
+                const float4* p = reinterpret_cast<const float4*>(xs + GQ_PAD(c * GQ_CHUNK));
+#pragma unroll
+                for (int k = 0; k < GQ_CHUNK / 4; ++k) {
+                    const float4 v = p[k];
+                    xv[4 * k] = v.x;
+                    xv[4 * k + 1] = v.y;
+                    xv[4 * k + 2] = v.z;
+                    xv[4 * k + 3] = v.w;
+                }
+                const float sx = xsum[c];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    const float s = __half2float(sn[j][r]), z = (float)zn[j][r];
+                    const float dot = chunk_dot<B>(w[j][r], xv);
+                    acc[r] = fmaf(s * TWO_B, dot, fmaf(-s * (TWO_B + z), sx, acc[r]));
+                }
+            }
         }
-        const float sx = xsum[c];
-        uint32_t cur[R][B];
-        float s[R], z[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            s[r] = __half2float(sn[r]);
-            z[r] = (float)zn[r];
-#pragma unroll
-            for (int k = 0; k < B; ++k) cur[r][k] = w[r][k];
-        }
-        const int next = c + tpr;
-        if (next < chunks) fetch(next);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float dot = chunk_dot<B>(cur[r], xv);
-            acc[r] = fmaf(s[r] * TWO_B, dot, fmaf(-s[r] * (TWO_B + z[r]), sx, acc[r]));
-        }
-        c = next;
+        base += U * tpr;
+        if (base < chunks) fetch(base);
     }
 
-    // Sum over the tpr threads of each row set: within warps, then across a set's warps.
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Sum over the tpr threads of each row set: within the set's lanes (tpr ≤ 32), or within
+    // warps and then across the set's warps.
+    const int seg = min(tpr, 32);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
+    for (int r = 0; r < NR; ++r) {
+        for (int o = seg / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(SFX_FULL_MASK, acc[r], o);
+    }
+    auto emit = [&](int st, int r, float total, float up_total) {
+        const int out_row = tile0 + st * R + r;
+        if (out_row >= item.rows) return;
+        float* o = item.y + (size_t)t * item.rows + out_row;
+        if (SWIGLU) {
+            // Both products were taken on x ⊙ w: one norm scale applies to each.
+            const float gv = total * scale;
+            *o = (gv / (1.0f + expf(-gv))) * up_total * scale;
+        } else {
+            float v = total * scale;
+            if (item.bias) v += item.bias[out_row];
+            *o = accumulate ? *o + v : v;
+        }
+    };
+    if (tpr <= 32) {
+        if (sub == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) emit(set, r, acc[r], SWIGLU ? acc[(R + r) % NR] : 0.0f);
+        }
+        return;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) red[warp][r] = acc[r];
     }
     __syncthreads();
     if ((int)threadIdx.x < sets * R) {
         const int st = threadIdx.x / R, r = threadIdx.x % R;
-        const int wpr = max(tpr / 32, 1), first = st * wpr;
-        float total = 0.0f;
-        for (int k = 0; k < wpr; ++k) total += red[first + k][r];
-        const int out_row = (blockIdx.x * sets + st) * R + r;
-        if (out_row < rows) {
-            if (bias) total += bias[out_row];
-            float* o = y + (size_t)t * rows + out_row;
-            *o = accumulate ? *o + total : total;
+        const int wpr = tpr / 32, first = st * wpr;
+        float total = 0.0f, up_total = 0.0f;
+        for (int k = 0; k < wpr; ++k) {
+            total += red[first + k][r];
+            if (SWIGLU) up_total += red[first + k][(R + r) % NR];
         }
+        emit(st, r, total, up_total);
     }
 }
 
@@ -222,13 +331,34 @@ __device__ void group_dequant_body(const uint8_t* __restrict__ codes,
     }
 }
 
-#define SFX_GROUP_MATVEC(B, R)                                                                \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS) group_matvec_b##B##_r##R(        \
-        const uint8_t* codes, const __half* scales, const uint8_t* zeros, const float* bias,  \
-        const float* x, float* y, int rows, int cols, int row_bytes, int gpr, int group,      \
-        int tpr, int accumulate) {                                                            \
-        group_matvec_body<B, R>(codes, scales, zeros, bias, x, y, rows, cols, row_bytes, gpr, \
-                                group, tpr, accumulate);                                      \
+// `_norm`: x is the raw residual stream and nw the RMSNorm weight.
+#define SFX_GQ_MATVEC(B, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
+        gq_matvec_b##B##_r##R(const GqGroup g, const float* x, int cols, int row_bytes,       \
+                              int gpr, int group, int tpr, int accumulate) {                  \
+        gq_matvec_body<B, R, false, false>(g, x, nullptr, 0.0f, cols, row_bytes, gpr, group, \
+                                           tpr, accumulate);                                  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
+        gq_matvec_norm_b##B##_r##R(const GqGroup g, const float* x, const float* nw,          \
+                                   float eps, int cols, int row_bytes, int gpr, int group,    \
+                                   int tpr) {                                                 \
+        gq_matvec_body<B, R, true, false>(g, x, nw, eps, cols, row_bytes, gpr, group, tpr,   \
+                                          0);                                                 \
+    }
+
+#define SFX_GQ_SWIGLU(B, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
+        gq_swiglu_b##B##_r##R(const GqGroup g, const float* x, int cols, int row_bytes,       \
+                              int gpr, int group, int tpr) {                                  \
+        gq_matvec_body<B, R, false, true>(g, x, nullptr, 0.0f, cols, row_bytes, gpr, group,  \
+                                          tpr, 0);                                            \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
+        gq_swiglu_norm_b##B##_r##R(const GqGroup g, const float* x, const float* nw,          \
+                                   float eps, int cols, int row_bytes, int gpr, int group,    \
+                                   int tpr) {                                                 \
+        gq_matvec_body<B, R, true, true>(g, x, nw, eps, cols, row_bytes, gpr, group, tpr, 0); \
     }
 
 #define SFX_GROUP_DEQUANT(B)                                                                  \
@@ -238,15 +368,21 @@ __device__ void group_dequant_body(const uint8_t* __restrict__ codes,
         group_dequant_body<B>(codes, scales, zeros, out, rows, cols, row_bytes, gpr, group);  \
     }
 
-SFX_GROUP_MATVEC(2, 1)
-SFX_GROUP_MATVEC(2, 2)
-SFX_GROUP_MATVEC(2, 4)
-SFX_GROUP_MATVEC(3, 1)
-SFX_GROUP_MATVEC(3, 2)
-SFX_GROUP_MATVEC(3, 4)
-SFX_GROUP_MATVEC(4, 1)
-SFX_GROUP_MATVEC(4, 2)
-SFX_GROUP_MATVEC(4, 4)
+SFX_GQ_MATVEC(2, 1)
+SFX_GQ_MATVEC(2, 2)
+SFX_GQ_MATVEC(2, 4)
+SFX_GQ_SWIGLU(2, 1)
+SFX_GQ_SWIGLU(2, 2)
+SFX_GQ_MATVEC(3, 1)
+SFX_GQ_MATVEC(3, 2)
+SFX_GQ_MATVEC(3, 4)
+SFX_GQ_SWIGLU(3, 1)
+SFX_GQ_SWIGLU(3, 2)
+SFX_GQ_MATVEC(4, 1)
+SFX_GQ_MATVEC(4, 2)
+SFX_GQ_MATVEC(4, 4)
+SFX_GQ_SWIGLU(4, 1)
+SFX_GQ_SWIGLU(4, 2)
 SFX_GROUP_DEQUANT(2)
 SFX_GROUP_DEQUANT(3)
 SFX_GROUP_DEQUANT(4)

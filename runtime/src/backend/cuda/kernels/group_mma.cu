@@ -1,0 +1,505 @@
+// Group-quantized weights (2 and 4 bits) on tensor cores: the batch-1 matrix–vector products
+// of decode over codes re-laid out at load time into mma.sync m16n8k16 fragment order, their
+// packing kernels, and the f32 dequantization prefill feeds to its GEMM.
+//
+// Why tensor cores for a matrix–vector product: at 2–4 bits a matvec on CUDA cores is bound
+// by instructions per weight (the previous kernel, group.cu, measured ~6 per weight and a
+// quarter of the bandwidth). An MMA takes 256 weights per warp instruction, so what remains
+// per weight is unpacking: one shift and one logical op give two codes as bf16 128 + q (the
+// code in the low mantissa bits of 128.0), one bf16x2 subtraction of 128 + z makes them the
+// exact integers q − z. x enters as three bf16 columns of the B operand, x = x₀ + x₁ + x₂
+// (8 + 8 + 8 mantissa bits: f32 x exactly), so with exact integer weights and f32
+// accumulation the product is an f32 product, as on the CPU; the f16 scale multiplies each
+// group's f32 partial sum. Columns 3..7 of B are zero (one token per block).
+//
+// Fragment layouts (PTX ISA, m16n8k16 bf16): lane = 4·g + t. A (16×16, row): a0 = (g,
+// 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B (16×8, col): b0 = (k
+// 2t..2t+1, n g), b1 = (k 2t+8.., n g). C (16×8 f32): c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, ..).
+//
+// Tile layout (docs/format.md, "CUDA tile layout"). Rows are cut into 16-row tiles and columns
+// into 32-column chunks (two k-steps). For each (tile, chunk, lane) the lane's 16 codes — its
+// four A registers of both k-steps, pair p = 4·ks + a holding the codes of k and k+1 — form
+// B/2 words: pair p at bits B·j and 16 + B·j of word p / (16/B), j = p mod (16/B). A lane's
+// words of 8/B consecutive chunks (a super-chunk: 128 columns at 2 bits, 64 at 4) are one
+// 16-byte load, the warp's 512 bytes contiguous:
+//   word ((tile · n_sc + sc) · 32 + lane) · 4 + (chunk mod (8/B)) · (B/2) + i.
+// Scales and zero points: per (tile, group, g) two words (rows g and g+8), each the f16 scale
+// bits | (bf16 bits of 128 + z) << 16. Rows and columns past the matrix are zero codes with
+// zero scales (their x is zero, their outputs are not written).
+#include "common.cuh"
+
+#define GT_THREADS 256
+#define GT_WARPS (GT_THREADS / 32)
+#define GT_MAX_ITEMS 3
+
+struct GtItem {
+    const uint4* codes;      // tile layout
+    const uint2* scale_zero; // [tiles, gpr, 8] (row g, row g + 8)
+    const float* bias;       // [rows] or null
+    float* y;                // [m, rows]
+    int rows;
+    int block_end;           // exclusive end of this item's blocks in the grid
+};
+
+struct GtGroup {
+    GtItem item[GT_MAX_ITEMS];
+    int count;
+};
+
+// Packing (any architecture): file layout → tile layout.
+template <int B>
+__device__ __forceinline__ uint32_t file_code(const uint8_t* codes, int row_bytes, int rows,
+                                              int cols, int r, int k) {
+    if (r >= rows || k >= cols) return 0;
+    const int bit = k * B;
+    return (codes[(size_t)r * row_bytes + (bit >> 3)] >> (bit & 7)) & ((1u << B) - 1);
+}
+
+template <int B>
+__device__ void pack_codes_body(const uint8_t* __restrict__ codes, uint32_t* __restrict__ out,
+                                int rows, int cols, int row_bytes, int n_sc) {
+    constexpr int CHUNKS = 8 / B, WORDS = B / 2, PER_WORD = 16 / B;
+    const int chunks_pad = n_sc * CHUNKS;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int tiles = (rows + 15) / 16;
+    if (i >= (size_t)tiles * chunks_pad * 32) return;
+    const int lane = (int)(i % 32), c = (int)(i / 32 % chunks_pad), tile = (int)(i / 32 / chunks_pad);
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t w[WORDS] = {};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        const int ks = p >> 2, a = p & 3;
+        const int r = tile * 16 + g + (a & 1) * 8;
+        const int k = c * 32 + ks * 16 + 2 * t + (a >> 1) * 8;
+        const uint32_t lo = file_code<B>(codes, row_bytes, rows, cols, r, k);
+        const uint32_t hi = file_code<B>(codes, row_bytes, rows, cols, r, k + 1);
+        const int j = p % PER_WORD;
+        w[p / PER_WORD] |= (lo << (B * j)) | (hi << (16 + B * j));
+    }
+    const int sc = c / CHUNKS, sub = c % CHUNKS;
+    uint32_t* dst = out + (((size_t)tile * n_sc + sc) * 32 + lane) * 4 + sub * WORDS;
+#pragma unroll
+    for (int k = 0; k < WORDS; ++k) dst[k] = w[k];
+}
+
+extern "C" __global__ void gt_pack_codes_b2(const uint8_t* codes, uint32_t* out, int rows,
+                                            int cols, int row_bytes, int n_sc) {
+    pack_codes_body<2>(codes, out, rows, cols, row_bytes, n_sc);
+}
+
+extern "C" __global__ void gt_pack_codes_b4(const uint8_t* codes, uint32_t* out, int rows,
+                                            int cols, int row_bytes, int n_sc) {
+    pack_codes_body<4>(codes, out, rows, cols, row_bytes, n_sc);
+}
+
+// One thread per (tile, group, g).
+extern "C" __global__ void gt_pack_scales(const uint16_t* __restrict__ scales,
+                                          const uint8_t* __restrict__ zeros,
+                                          uint2* __restrict__ out, int rows, int gpr) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int tiles = (rows + 15) / 16;
+    if (i >= (size_t)tiles * gpr * 8) return;
+    const int g = (int)(i % 8), gi = (int)(i / 8 % gpr), tile = (int)(i / 8 / gpr);
+    uint32_t v[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = tile * 16 + g + 8 * h;
+        v[h] = r < rows ? (uint32_t)scales[(size_t)r * gpr + gi] |
+                              ((0x4300u | zeros[(size_t)r * gpr + gi]) << 16)
+                        : 0u;
+    }
+    out[i] = make_uint2(v[0], v[1]);
+}
+
+// Prefill: one thread per (tile, chunk, lane) writes its 16 weights (q − z)·s as f32.
+template <int B>
+__device__ void tile_dequant_body(const uint32_t* __restrict__ codes,
+                                  const uint2* __restrict__ sz, float* __restrict__ out,
+                                  int rows, int cols, int n_sc, int gpr, int group) {
+    constexpr int CHUNKS = 8 / B, WORDS = B / 2, PER_WORD = 16 / B;
+    const int chunks = cols / 32;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int tiles = (rows + 15) / 16;
+    if (i >= (size_t)tiles * chunks * 32) return;
+    const int lane = (int)(i % 32), c = (int)(i / 32 % chunks), tile = (int)(i / 32 / chunks);
+    const int g = lane >> 2, t = lane & 3;
+    const int sc = c / CHUNKS, sub = c % CHUNKS;
+    const uint32_t* src = codes + (((size_t)tile * n_sc + sc) * 32 + lane) * 4 + sub * WORDS;
+    uint32_t w[WORDS];
+#pragma unroll
+    for (int k = 0; k < WORDS; ++k) w[k] = src[k];
+    const uint2 szw = sz[((size_t)tile * gpr + (c * 32) / group) * 8 + g];
+    constexpr uint32_t MASK = (1u << B) - 1;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        const int ks = p >> 2, a = p & 3;
+        const int r = tile * 16 + g + (a & 1) * 8;
+        if (r >= rows) continue;
+        const uint32_t word = (a & 1) ? szw.y : szw.x;
+        const float s = __half2float(__ushort_as_half((unsigned short)(word & 0xffff)));
+        const float z = (float)((word >> 16) & 0x7f);
+        const int k = c * 32 + ks * 16 + 2 * t + (a >> 1) * 8;
+        const int j = p % PER_WORD;
+        const uint32_t v = w[p / PER_WORD];
+        const float lo = (float)((v >> (B * j)) & MASK), hi = (float)((v >> (16 + B * j)) & MASK);
+        *reinterpret_cast<float2*>(out + (size_t)r * cols + k) =
+            make_float2((lo - z) * s, (hi - z) * s);
+    }
+}
+
+extern "C" __global__ void gt_dequant_f32_b2(const uint32_t* codes, const uint2* sz, float* out,
+                                             int rows, int cols, int n_sc, int gpr, int group) {
+    tile_dequant_body<2>(codes, sz, out, rows, cols, n_sc, gpr, group);
+}
+
+extern "C" __global__ void gt_dequant_f32_b4(const uint32_t* codes, const uint2* sz, float* out,
+                                             int rows, int cols, int n_sc, int gpr, int group) {
+    tile_dequant_body<4>(codes, sz, out, rows, cols, n_sc, gpr, group);
+}
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (v & MASK) | magic in one LOP3 (given two immediates, the compiler emits two).
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t mask_or(uint32_t v, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "n"(MASK), "r"(magic));
+    return r;
+}
+
+// bf16x2 a − b (exact here: both are integers + 128 below 256).
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The A registers of k-step ks of a chunk whose codes are `w` (B/2 words), with 128 + z of
+// rows g and g + 8 duplicated in both halves.
+template <int B>
+__device__ __forceinline__ void unpack_a(const uint32_t* w, int ks, uint32_t zz0, uint32_t zz1,
+                                         uint32_t (&a)[4]) {
+    constexpr int PER_WORD = 16 / B;
+    constexpr uint32_t MASK = ((1u << B) - 1) * 0x10001u;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int p = 4 * ks + r;
+        const uint32_t v = w[p / PER_WORD] >> (B * (p % PER_WORD));
+        a[r] = bf16x2_sub(mask_or<MASK>(v, 0x43004300u), (r & 1) ? zz1 : zz0);
+    }
+}
+
+// x ⊙ w (with NORM) split into three bf16 planes in shared memory, columns past `cols` zero;
+// returns this thread's partial sum of x² (NORM).
+template <bool NORM>
+__device__ __forceinline__ float stage_planes(const float* __restrict__ xt,
+                                              const float* __restrict__ nw, uint32_t* planes,
+                                              int cols, int pcols, int pstride) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < pcols / 2; i += GT_THREADS) {
+        const int c = 2 * i;
+        float v[2] = {0.0f, 0.0f};
+        if (c < cols) {  // cols is a multiple of 32
+            const float2 xv = __ldg(reinterpret_cast<const float2*>(xt) + i);
+            v[0] = xv.x;
+            v[1] = xv.y;
+            if (NORM) {
+                const float2 wv = __ldg(reinterpret_cast<const float2*>(nw) + i);
+                ss = fmaf(v[0], v[0], ss);
+                ss = fmaf(v[1], v[1], ss);
+                v[0] *= wv.x;
+                v[1] *= wv.y;
+            }
+        }
+        uint32_t h[3];
+        __nv_bfloat16 p0[2], p1[2], p2[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            p0[e] = __float2bfloat16_rn(v[e]);
+            const float r1 = v[e] - __bfloat162float(p0[e]);
+            p1[e] = __float2bfloat16_rn(r1);
+            p2[e] = __float2bfloat16_rn(r1 - __bfloat162float(p1[e]));
+        }
+        h[0] = (uint32_t)__bfloat16_as_ushort(p0[0]) | ((uint32_t)__bfloat16_as_ushort(p0[1]) << 16);
+        h[1] = (uint32_t)__bfloat16_as_ushort(p1[0]) | ((uint32_t)__bfloat16_as_ushort(p1[1]) << 16);
+        h[2] = (uint32_t)__bfloat16_as_ushort(p2[0]) | ((uint32_t)__bfloat16_as_ushort(p2[1]) << 16);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) planes[k * pstride + i] = h[k];
+    }
+    return ss;
+}
+
+// Super-chunks a warp loads before it multiplies any: four when a unit has at most two
+// tiles, two for four (registers).
+template <int NT>
+struct GtUnroll {
+    static constexpr int U = NT >= 4 ? 2 : 4;
+};
+
+// A work unit is R tiles of one item (SwiGLU: R gate tiles and the same R up tiles). Blocks
+// are persistent: each stages x once and walks units blockIdx.x, + gridDim.x, …, issuing the
+// next unit's first code loads before the current unit's reduction, so the stream of weight
+// loads does not stop at unit boundaries.
+template <int B, int R, bool NORM, bool SWIGLU>
+__device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __restrict__ x,
+                                               const float* __restrict__ nw, float eps,
+                                               int cols, int n_sc, int gpr, int group,
+                                               int accumulate) {
+    constexpr int CHUNKS = 8 / B, WORDS = B / 2;
+    constexpr int NT = SWIGLU ? 2 * R : R;  // tiles per unit: gate tiles, then up tiles
+    constexpr int U = GtUnroll<NT>::U;
+    extern __shared__ __align__(16) uint32_t gt_planes[];
+    __shared__ float red[GT_WARPS][NT][16];
+    __shared__ float ss_red[GT_WARPS];
+
+    SFX_PDL_TRIGGER();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int total_units = SWIGLU ? g.item[0].block_end
+                                   : (g.count == 1 ? g.item[0].block_end
+                                                   : (g.count == 2 ? g.item[1].block_end
+                                                                   : g.item[2].block_end));
+
+    // The item and first tile of a unit, selected with compile-time indices only.
+    struct Unit {
+        GtItem item;
+        int tile0;
+    };
+    auto locate = [&](int unit) {
+        Unit u{g.item[0], unit * R};
+        if (!SWIGLU) {
+#pragma unroll
+            for (int k = 1; k < GT_MAX_ITEMS; ++k) {
+                if (k < g.count && unit >= g.item[k - 1].block_end) {
+                    u.item = g.item[k];
+                    u.tile0 = (unit - g.item[k - 1].block_end) * R;
+                }
+            }
+        }
+        return u;
+    };
+    const uint4* codes[NT];
+    const uint2* sz[NT];
+    auto point = [&](const Unit& u) {
+        const int tiles = (u.item.rows + 15) / 16;
+#pragma unroll
+        for (int r = 0; r < NT; ++r) {
+            const GtItem& it = (SWIGLU && r >= R) ? g.item[1] : u.item;
+            const int tile = min(u.tile0 + r % R, tiles - 1);  // tail tiles re-read, not written
+            codes[r] = it.codes + (size_t)tile * n_sc * 32 + lane;
+            sz[r] = it.scale_zero + (size_t)tile * gpr * 8 + gq;
+        }
+    };
+
+    // A warp takes super-chunks warp, warp + 8, …; U of them per batch, every tile's codes
+    // and the scale/zero words of each super-chunk's first group in flight together.
+    const int chunks_per_group = group / 32;
+    uint4 w[U][NT];
+    uint2 szw[U][NT];
+    auto fetch = [&](int sc0) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int sc = sc0 + GT_WARPS * j;
+            if (sc < n_sc) {
+                const int gi = min(sc * CHUNKS / chunks_per_group, gpr - 1);
+#pragma unroll
+                for (int r = 0; r < NT; ++r) {
+                    w[j][r] = load_stream(codes[r] + (size_t)sc * 32);
+                    szw[j][r] = __ldg(sz[r] + (size_t)gi * 8);
+                }
+            }
+        }
+    };
+    int unit = blockIdx.x;
+    Unit cur = locate(unit);
+    point(cur);
+    fetch(warp);
+    SFX_PDL_WAIT();
+
+    const int t = blockIdx.y;
+    const int pcols = n_sc * CHUNKS * 32;
+    const int pstride = pcols / 2 + 4;  // words; +4 puts the three planes on distinct banks
+    float ss = stage_planes<NORM>(x + (size_t)t * cols, nw, gt_planes, cols, pcols, pstride);
+    if (NORM) {
+        ss = warp_sum(ss);
+        if (lane == 0) ss_red[warp] = ss;
+    }
+    __syncthreads();
+    float scale = 1.0f;
+    if (NORM) {
+        float total = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GT_WARPS; ++k) total += ss_red[k];
+        scale = 1.0f / sqrtf(total / (float)cols + eps);
+    }
+
+    // Lanes 0..11 read the three x planes as B column gq; the others feed zero columns.
+    const uint32_t* bplane = gt_planes + min(gq, 2) * pstride + tq;
+    const bool bcol = gq < 3;
+    while (unit < total_units) {
+        float tot[NT][4], d[NT][4];
+#pragma unroll
+        for (int r = 0; r < NT; ++r) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tot[r][e] = d[r][e] = 0.0f;
+        }
+        int sc0 = warp;
+        while (sc0 < n_sc) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const int sc = sc0 + GT_WARPS * j;
+                if (sc < n_sc) {
+#pragma unroll
+                    for (int sub = 0; sub < CHUNKS; ++sub) {
+                        const int c = sc * CHUNKS + sub;
+                        const int gi = c / chunks_per_group;
+                        // A chunk of a later group than the super-chunk's first (groups
+                        // narrower than a super-chunk) reads its own scale/zero word.
+                        if (sub != 0 && (c % chunks_per_group) == 0) {
+#pragma unroll
+                            for (int r = 0; r < NT; ++r) {
+                                szw[j][r] = __ldg(sz[r] + (size_t)min(gi, gpr - 1) * 8);
+                            }
+                        }
+#pragma unroll
+                        for (int ks = 0; ks < 2; ++ks) {
+                            const int k0 = c * 32 + ks * 16;
+                            const uint32_t b0 = bcol ? bplane[k0 / 2] : 0u;
+                            const uint32_t b1 = bcol ? bplane[k0 / 2 + 4] : 0u;
+#pragma unroll
+                            for (int r = 0; r < NT; ++r) {
+                                const uint32_t words[4] = {w[j][r].x, w[j][r].y, w[j][r].z,
+                                                           w[j][r].w};
+                                const uint32_t zz0 = __byte_perm(szw[j][r].x, 0, 0x3232);
+                                const uint32_t zz1 = __byte_perm(szw[j][r].y, 0, 0x3232);
+                                uint32_t a[4];
+                                unpack_a<B>(words + sub * WORDS, ks, zz0, zz1, a);
+                                mma_bf16(d[r], a, b0, b1);
+                            }
+                        }
+                        // Close the group's partial sum at its end or the super-chunk's.
+                        if (sub == CHUNKS - 1 || (c + 1) % chunks_per_group == 0) {
+#pragma unroll
+                            for (int r = 0; r < NT; ++r) {
+                                const float s0 = __half2float(
+                                    __ushort_as_half((unsigned short)(szw[j][r].x & 0xffff)));
+                                const float s1 = __half2float(
+                                    __ushort_as_half((unsigned short)(szw[j][r].y & 0xffff)));
+                                tot[r][0] = fmaf(s0, d[r][0], tot[r][0]);
+                                tot[r][1] = fmaf(s0, d[r][1], tot[r][1]);
+                                tot[r][2] = fmaf(s1, d[r][2], tot[r][2]);
+                                tot[r][3] = fmaf(s1, d[r][3], tot[r][3]);
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+                            }
+                        }
+                    }
+                }
+            }
+            sc0 += GT_WARPS * U;
+            if (sc0 < n_sc) fetch(sc0);
+        }
+        // The next unit's first loads go out before this one's reduction.
+        const Unit done = cur;
+        unit += gridDim.x;
+        if (unit < total_units) {
+            cur = locate(unit);
+            point(cur);
+            fetch(warp);
+        }
+
+        // Rows g and g + 8 of each tile: the three x columns (and zero ones) summed over the
+        // t lanes, then over the warps' column slices.
+#pragma unroll
+        for (int r = 0; r < NT; ++r) {
+            float lo = tot[r][0] + tot[r][1], hi = tot[r][2] + tot[r][3];
+            lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 1);
+            lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 2);
+            hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 1);
+            hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 2);
+            if (tq == 0) {
+                red[warp][r][gq] = lo;
+                red[warp][r][gq + 8] = hi;
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < R * 16) {
+            const int r = threadIdx.x / 16, i = threadIdx.x % 16;
+            const int out_row = (done.tile0 + r) * 16 + i;
+            if (out_row < done.item.rows) {
+                float total = 0.0f, up_total = 0.0f;
+#pragma unroll
+                for (int k = 0; k < GT_WARPS; ++k) {
+                    total += red[k][r][i];
+                    if (SWIGLU) up_total += red[k][(R + r) % NT][i];
+                }
+                float* o = done.item.y + (size_t)t * done.item.rows + out_row;
+                if (SWIGLU) {
+                    // Both products were taken on x ⊙ w: one norm scale applies to each.
+                    const float gv = total * scale;
+                    *o = (gv / (1.0f + expf(-gv))) * up_total * scale;
+                } else {
+                    float v = total * scale;
+                    if (done.item.bias) v += done.item.bias[out_row];
+                    *o = accumulate ? *o + v : v;
+                }
+            }
+        }
+        __syncthreads();  // `red` is rewritten by the next unit
+    }
+}
+
+#define SFX_GT_BODY(...) __VA_ARGS__
+#else
+// Older GPUs have no bf16 m16n8k16 MMA: the entry points exist (one symbol table for every
+// architecture) and trap; the backend uses the tile layout only on compute capability 8.0+.
+#define SFX_GT_BODY(...) __trap();
+#endif
+
+// `_norm`: x is the raw residual stream and nw the RMSNorm weight.
+#define SFX_GT_MATVEC(B, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
+        gt_matvec_b##B##_r##R(const GtGroup g, const float* x, int cols, int n_sc, int gpr,   \
+                              int group, int accumulate) {                                    \
+        SFX_GT_BODY(gt_matvec_body<B, R, false, false>(g, x, nullptr, 0.0f, cols, n_sc, gpr, \
+                                                       group, accumulate);)                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
+        gt_matvec_norm_b##B##_r##R(const GtGroup g, const float* x, const float* nw,          \
+                                   float eps, int cols, int n_sc, int gpr, int group) {       \
+        SFX_GT_BODY(gt_matvec_body<B, R, true, false>(g, x, nw, eps, cols, n_sc, gpr, group, \
+                                                      0);)                                    \
+    }
+
+#define SFX_GT_SWIGLU(B, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
+        gt_swiglu_b##B##_r##R(const GtGroup g, const float* x, int cols, int n_sc, int gpr,   \
+                              int group) {                                                    \
+        SFX_GT_BODY(gt_matvec_body<B, R, false, true>(g, x, nullptr, 0.0f, cols, n_sc, gpr,  \
+                                                      group, 0);)                             \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
+        gt_swiglu_norm_b##B##_r##R(const GtGroup g, const float* x, const float* nw,          \
+                                   float eps, int cols, int n_sc, int gpr, int group) {       \
+        SFX_GT_BODY(gt_matvec_body<B, R, true, true>(g, x, nw, eps, cols, n_sc, gpr, group,  \
+                                                     0);)                                     \
+    }
+
+SFX_GT_MATVEC(2, 1)
+SFX_GT_MATVEC(2, 2)
+SFX_GT_MATVEC(2, 4)
+SFX_GT_SWIGLU(2, 1)
+SFX_GT_SWIGLU(2, 2)
+SFX_GT_MATVEC(4, 1)
+SFX_GT_MATVEC(4, 2)
+SFX_GT_MATVEC(4, 4)
+SFX_GT_SWIGLU(4, 1)
+SFX_GT_SWIGLU(4, 2)
