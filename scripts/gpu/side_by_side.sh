@@ -36,7 +36,7 @@ case "$STAGE" in
       >/tmp/peerprep.log 2>&1 </dev/null &
     ;;
   conformance)
-    "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md"; tail -1 "$OUT/test_backend_cuda.md"
+    "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md" 2>&1; grep "cases on cuda" "$OUT/test_backend_cuda.md"
     ;;
   agreement)
     : "${SFX_ASSETS:?set SFX_ASSETS}"
@@ -62,8 +62,8 @@ case "$STAGE" in
     # Tensor-core tile layout (default on sm_80+) and the file layout's CUDA-core kernels.
     for tiles in 1 0; do
       for op in group_linear group_projections group_swiglu; do
-        SFX_GROUP_TILES=$tiles "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_tiles$tiles.md"
-        echo "tiles=$tiles $(tail -1 "$OUT/test_backend_${op}_tiles$tiles.md")"
+        SFX_GROUP_TILES=$tiles "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_tiles$tiles.md" 2>&1
+        echo "tiles=$tiles $(grep "cases on cuda" "$OUT/test_backend_${op}_tiles$tiles.md")"
       done
     done
     for q in rtn2 rtn3 rtn4; do
@@ -84,6 +84,7 @@ case "$STAGE" in
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_elapsed,launch__registers_per_thread,launch__grid_size \
       --csv "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 8 -r 1 --graphs off \
       > "$OUT/ncu_rtn2_step.csv" 2> "$OUT/ncu_rtn2_step.err"
+    python3 "$REPO/scripts/gpu/ncu_summary.py" "$OUT/ncu_rtn2_step.csv" > "$OUT/ncu_rtn2_step_summary.md"
     for k in gt_swiglu_norm gt_matvec_norm 'gt_matvec_b2_r[124]$' attn_decode; do
       ncu --clock-control none --kernel-name "regex:$k" --launch-skip 70 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
@@ -93,9 +94,9 @@ case "$STAGE" in
     ;;
   all)
     bash "$0" prepare
-    "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md"
-    tail -1 "$OUT/test_backend_cuda.md"
-    if ! tail -1 "$OUT/test_backend_cuda.md" | grep -q " 0 failed"; then
+    "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md" 2>&1
+    grep "cases on cuda" "$OUT/test_backend_cuda.md"
+    if ! grep -q "cases on cuda.* 0 failed" "$OUT/test_backend_cuda.md"; then
       grep -v "| ok |" "$OUT/test_backend_cuda.md" | tail -20
       BIN="${FALLBACK:?conformance failed and no FALLBACK binaries}"; echo "benching FALLBACK $BIN"
     fi

@@ -590,7 +590,7 @@ impl CudaBackend {
         }
         self.launch_projection(
             kernel,
-            (self.tile_grid(end), m as u32, 1),
+            (blocks(end, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
             smem,
             &mut args,
@@ -636,17 +636,11 @@ impl CudaBackend {
         args.extend(shape);
         self.launch_projection(
             kernel,
-            (self.tile_grid(grid), m as u32, 1),
+            (blocks(grid, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
             smem,
             &mut args,
         )
-    }
-
-    /// Persistent blocks of the tile matvecs: two per SM (their register and shared-memory
-    /// limit), or one per unit when there are fewer units.
-    fn tile_grid(&self, units: usize) -> u32 {
-        blocks(units.min(2 * self.dev().sm_count as usize), 1)
     }
 
     /// Shared memory and the tile kernels' shape arguments: columns, super-chunks, groups

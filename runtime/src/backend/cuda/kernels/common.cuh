@@ -101,3 +101,20 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
     do {               \
     } while (0)
 #endif
+
+// A projection row's output from its dot product(s) `total` (and `up_total`: SwiGLU's up
+// row), times the fused norm's `scale` (1 without): y = silu(g)·u, or y (+)= v + bias.
+// Under SwiGLU both products were taken on x ⊙ w, so the one norm scale applies to each.
+template <bool SWIGLU>
+__device__ __forceinline__ void projection_out(float* o, float total, float up_total,
+                                               float scale, const float* bias, int row,
+                                               int accumulate) {
+    if (SWIGLU) {
+        const float gv = total * scale;
+        *o = (gv / (1.0f + expf(-gv))) * up_total * scale;
+    } else {
+        float v = total * scale;
+        if (bias) v += bias[row];
+        *o = accumulate ? *o + v : v;
+    }
+}

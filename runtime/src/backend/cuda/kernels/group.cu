@@ -267,16 +267,8 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
     auto emit = [&](int st, int r, float total, float up_total) {
         const int out_row = tile0 + st * R + r;
         if (out_row >= item.rows) return;
-        float* o = item.y + (size_t)t * item.rows + out_row;
-        if (SWIGLU) {
-            // Both products were taken on x ⊙ w: one norm scale applies to each.
-            const float gv = total * scale;
-            *o = (gv / (1.0f + expf(-gv))) * up_total * scale;
-        } else {
-            float v = total * scale;
-            if (item.bias) v += item.bias[out_row];
-            *o = accumulate ? *o + v : v;
-        }
+        projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
+                               scale, item.bias, out_row, accumulate);
     };
     if (tpr <= 32) {
         if (sub == 0) {
