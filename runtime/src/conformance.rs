@@ -1421,21 +1421,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             norm,
         } => {
             let w = rounded(&x.b, dtype);
-            let xs = normed_input(x, norm);
-            let mut out = Vec::new();
-            let mut off = 0;
-            for &rn in &rows {
-                for t in 0..m {
-                    for r in off..off + rn {
-                        let s: f64 = (0..cols)
-                            .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
-                            .sum();
-                        out.push(s + if bias { x.c[r] as f64 } else { 0.0 });
-                    }
-                }
-                off += rn;
-            }
-            out
+            stacked_reference(&w, &normed_input(x, norm), x, m, cols, &rows, bias)
         }
         Op::Swiglu {
             dtype,
@@ -1606,21 +1592,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
         } => {
             let total = rows.iter().sum();
             let w = group_codes(spec, x, 0, total).ok()?.dequantize();
-            let xs = normed_input(x, norm);
-            let mut out = Vec::new();
-            let mut off = 0;
-            for &rn in &rows {
-                for t in 0..m {
-                    for r in off..off + rn {
-                        let s: f64 = (0..cols)
-                            .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
-                            .sum();
-                        out.push(s + if bias { x.c[r] as f64 } else { 0.0 });
-                    }
-                }
-                off += rn;
-            }
-            out
+            stacked_reference(&w, &normed_input(x, norm), x, m, cols, &rows, bias)
         }
         Op::GroupSwiglu {
             m,
@@ -1680,6 +1652,33 @@ fn normed_input(x: &Inputs, norm: bool) -> Vec<f64> {
     } else {
         x.a.iter().map(|&v| f64::from(v)).collect()
     }
+}
+
+/// Up to three projections of one input in f64, their weights stacked by rows in `w` and
+/// their biases in `x.c`: each projection's `m × rows` outputs in turn.
+fn stacked_reference(
+    w: &[f32],
+    xs: &[f64],
+    x: &Inputs,
+    m: usize,
+    cols: usize,
+    rows: &[usize],
+    bias: bool,
+) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    for &rn in rows {
+        for t in 0..m {
+            for r in off..off + rn {
+                let s: f64 = (0..cols)
+                    .map(|c| w[r * cols + c] as f64 * xs[t * cols + c])
+                    .sum();
+                out.push(s + if bias { x.c[r] as f64 } else { 0.0 });
+            }
+        }
+        off += rn;
+    }
+    out
 }
 
 /// `silu(xs·w_gᵀ) ⊙ (xs·w_uᵀ)` in f64, gate rows then up rows stacked in `w`.
