@@ -30,6 +30,8 @@ pub struct BenchArgs {
     pub weights: SyntheticWeights,
     /// The --quant name, for the model label.
     pub quant: String,
+    /// An untied head's format: float (`dtype`) or group codes (`--head`).
+    pub head: SyntheticWeights,
     pub kv: KvDtype,
     pub seed: u64,
     pub json: bool,
@@ -52,6 +54,17 @@ pub fn parse_list(flag: &str, s: &str, allow_zero: bool) -> Result<Vec<usize>> {
         bail!("{flag} {s:?}: token counts must be at least 1 (leave the flag out to skip)");
     }
     Ok(v)
+}
+
+/// `--head`: bf16 / f32 (the float `dtype`) or group codes q2, q3, q4 (RTN, group 128).
+pub fn parse_head(s: &str) -> Result<SyntheticWeights> {
+    match s {
+        "float" | "bf16" | "f32" => Ok(SyntheticWeights::Float),
+        _ => match s.strip_prefix('q').and_then(|b| b.parse::<u8>().ok()) {
+            Some(bits @ 2..=4) => Ok(SyntheticWeights::Group { bits, group: 128 }),
+            _ => bail!("--head {s:?}: expected bf16 (the --dtype), q2, q3 or q4"),
+        },
+    }
 }
 
 /// `--quant`: float, or group codes rtnN / awqN (N = 2, 3, 4; group 128).
@@ -125,15 +138,22 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
     let (mut model, name, params) = match (&a.synthetic, &a.model) {
         (Some(preset), _) => {
             let config = synthetic::preset(preset)?;
-            let m = Model::synthetic_with(backend, &config, a.dtype, a.weights, a.seed, &options)
-                .with_context(|| format!("building the synthetic {preset}"))?;
+            let m = Model::synthetic_with(
+                backend, &config, a.dtype, a.weights, a.head, a.seed, &options,
+            )
+            .with_context(|| format!("building the synthetic {preset}"))?;
             let dt = match a.dtype {
                 DType::F32 => "F32",
                 _ => "BF16",
             };
-            let label = match a.weights {
+            let head = match a.head {
                 SyntheticWeights::Float => dt.to_string(),
-                SyntheticWeights::Group { .. } => format!("{} g128, {dt} head", a.quant),
+                SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
+            };
+            let label = match a.weights {
+                SyntheticWeights::Float if a.head == SyntheticWeights::Float => dt.to_string(),
+                SyntheticWeights::Float => format!("{dt}, {head} head"),
+                SyntheticWeights::Group { .. } => format!("{} g128, {head} head", a.quant),
             };
             (
                 m,
@@ -149,6 +169,8 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
         (None, None) => bail!("give a model (-m FILE) or --synthetic NAME"),
     };
     model.backend().synchronize()?;
+    // Loading's kernels are not the benchmark's.
+    model.backend().take_kernel_times()?;
     if !a.json {
         eprintln!(
             "{name}: {:.2} GiB resident on {backend_name}, ready in {:.1} s",
@@ -180,7 +202,32 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
             });
         }
     }
+    print_kernel_times(&model.backend().take_kernel_times()?);
     Ok(rows)
+}
+
+/// The per-kernel profile (`SFX_PROFILE_KERNELS=1` on CUDA) on stderr, the table on stdout
+/// stays the benchmark's.
+fn print_kernel_times(times: &[sfx_runtime::backend::KernelTime]) {
+    if times.is_empty() {
+        return;
+    }
+    let total: f64 = times.iter().map(|k| k.total_us).sum();
+    eprintln!("| kernel | grid | launches | total µs | mean µs | share |");
+    eprintln!("| --- | --- | ---: | ---: | ---: | ---: |");
+    for k in times {
+        eprintln!(
+            "| {} | {}×{}×{} | {} | {:.1} | {:.2} | {:.1} % |",
+            k.kernel,
+            k.grid[0],
+            k.grid[1],
+            k.grid[2],
+            k.launches,
+            k.total_us,
+            k.total_us / k.launches as f64,
+            100.0 * k.total_us / total
+        );
+    }
 }
 
 fn human_bytes(b: u64) -> String {

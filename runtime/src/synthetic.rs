@@ -208,23 +208,33 @@ impl<B: ResidentKernels> Model<B> {
             config,
             dtype,
             SyntheticWeights::Float,
+            SyntheticWeights::Float,
             seed,
             options,
         )
     }
 
-    /// [`Model::synthetic`] with the projections in `weights`' format (the embedding and an
-    /// untied head stay `dtype`).
+    /// [`Model::synthetic`] with the projections in `weights`' format and an untied head in
+    /// `head`'s (the embedding stays `dtype`; a tied head is the embedding, so it must stay
+    /// float).
     pub fn synthetic_with(
         backend: B,
         config: &ModelConfig,
         dtype: DType,
         weights: SyntheticWeights,
+        head: SyntheticWeights,
         seed: u64,
         options: &ModelOptions,
     ) -> Result<Self> {
         crate::model::validate_config(config)?;
         let c = config;
+        if c.tie_word_embeddings && head != SyntheticWeights::Float {
+            return Err(RuntimeError::Unsupported(
+                "this architecture ties its head to the embedding, which stays float in a \
+                 synthetic model: leave the head float"
+                    .into(),
+            ));
+        }
         let b = &backend;
         let matrix = |name: &str, rows: usize, cols: usize| {
             let scale = (3.0 / cols.max(1) as f32).sqrt();
@@ -233,26 +243,28 @@ impl<B: ResidentKernels> Model<B> {
         let vector = |name: &str, n: usize, scale: f32, offset: f32| {
             b.upload(&host_values(tensor_seed(seed, name), n, scale, offset))
         };
-        let float_linear = |name: String, rows: usize, cols: usize| -> Result<Box<dyn Linear<B>>> {
-            let w = matrix(&name, rows, cols)?;
-            Ok(Box::new(FloatLinear::new(b, w, None)?))
-        };
-        let linear =
-            |name: String, rows: usize, cols: usize, bias: bool| -> Result<Box<dyn Linear<B>>> {
-                let bias = bias.then(|| {
-                    host_values(tensor_seed(seed, &format!("{name}.bias")), rows, 0.02, 0.0)
-                });
-                match weights {
-                    SyntheticWeights::Float => {
-                        let w = matrix(&name, rows, cols)?;
-                        Ok(Box::new(FloatLinear::new(b, w, bias.as_deref())?))
-                    }
-                    SyntheticWeights::Group { bits, group } => {
-                        let q = group_codes(tensor_seed(seed, &name), rows, cols, bits, group)?;
-                        b.group_linear(q, bias, &name)
-                    }
+        let linear_of = |weights: SyntheticWeights,
+                         name: String,
+                         rows: usize,
+                         cols: usize,
+                         bias: bool|
+         -> Result<Box<dyn Linear<B>>> {
+            let bias = bias
+                .then(|| host_values(tensor_seed(seed, &format!("{name}.bias")), rows, 0.02, 0.0));
+            match weights {
+                SyntheticWeights::Float => {
+                    let w = matrix(&name, rows, cols)?;
+                    Ok(Box::new(FloatLinear::new(b, w, bias.as_deref())?))
                 }
-            };
+                SyntheticWeights::Group { bits, group } => {
+                    let q = group_codes(tensor_seed(seed, &name), rows, cols, bits, group)?;
+                    b.group_linear(q, bias, &name)
+                }
+            }
+        };
+        let linear = |name: String, rows: usize, cols: usize, bias: bool| {
+            linear_of(weights, name, rows, cols, bias)
+        };
         let hidden = c.hidden_size;
         let embed = b.random_matrix(
             c.vocab_size,
@@ -314,10 +326,9 @@ impl<B: ResidentKernels> Model<B> {
             });
         }
         let final_norm = vector("model.norm.weight", hidden, 0.1, 1.0)?;
-        let lm_head: Box<dyn Linear<B>> = if c.tie_word_embeddings {
-            Box::new(FloatLinear::new(b, embed.clone(), None)?)
-        } else {
-            float_linear("lm_head.weight".into(), c.vocab_size, hidden)?
+        let lm_head: Box<dyn Linear<B>> = match (c.tie_word_embeddings, head) {
+            (true, SyntheticWeights::Float) => Box::new(FloatLinear::new(b, embed.clone(), None)?),
+            (_, head) => linear_of(head, "lm_head.weight".into(), c.vocab_size, hidden, false)?,
         };
         Model::assemble(backend, c, embed, layers, final_norm, lm_head, options)
     }

@@ -9,12 +9,15 @@
 #     conformance  sfx test-backend --device cuda
 #     agreement  SmolLM2 CUDA vs CPU (float, rtn3 and awq3 .sfx), wiki:2 PPL/KL through sfx-run
 #     f16        llama.cpp F16 vs sfx BF16 at depths 0, 4096, 32768 (step graphs on and off)
-#     quant      llama.cpp Q2_K / Q4_K_M / Q4_0 vs sfx rtn2 / rtn3 / rtn4 (BF16 head)
+#     quant      llama.cpp Q2_K / Q4_K_M / Q4_0 vs sfx rtn2 / rtn3 / rtn4 (BF16 and q4 heads)
 #     all        one call for everything that needs the peer: prepare, the full conformance
 #                suite while llama.cpp builds (FALLBACK=dir: binaries benched instead if it
 #                fails), then quant and f16
 #     group      sfx only: group-code conformance, rtn2/3/4 bench, rows-per-thread sweep, and
 #                an ncu profile of one rtn2 decode step (per-kernel time, bandwidth, stalls)
+#     plans      sfx only: the tile matvecs' conformance under forced plans (SFX_GT_PLAN, so
+#                every kernel variant runs), then per-kernel decode time of rtn2 and rtn4
+#                under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and tg128 (graphs on)
 #   BIN=dir with sfx, sfx-run, sfx-convert, cuda_agreement (release builds with kernels:
 #       `make build-gpu`, `cargo test --release --test cuda_agreement --no-run`)
 #   SFX_ASSETS=dir with SmolLM2-135M-Instruct.Q4_1.gguf, wiki/ and brown/ (`make assets`)
@@ -23,7 +26,7 @@
 # The lent H200 takes at most 64 MiB per call, so the measured runs carried the GGUF in two
 # halves over consecutive calls; the stages are the commands those calls ran.
 set -u
-STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, all or group}"
+STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, all, group or plans}"
 BIN="${BIN:?set BIN}"; PEER="${PEER:?set PEER}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -54,7 +57,9 @@ case "$STAGE" in
     while pgrep -f device_bench.sh >/dev/null; do sleep 5; done
     QUANTS="q2_k q4_k_m q4_0" ARGS="$BENCH_ARGS -fa 1" DEADLINE=600 OUT="$OUT" bash "$PEER/device_bench.sh" >/dev/null
     for q in rtn2 rtn3 rtn4; do
-      "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "$q" $BENCH_ARGS
+      for head in bf16 q4; do
+        "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "$q" --head $head $BENCH_ARGS
+      done
     done > "$OUT/sfx_bench_group.md"
     cat "$OUT/llamacpp_bench.md" "$OUT/sfx_bench_group.md"
     ;;
@@ -91,6 +96,27 @@ case "$STAGE" in
         --section MemoryWorkloadAnalysis --section LaunchStats \
         "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 8 -r 1 --graphs off
     done > "$OUT/ncu_rtn2_sections.txt" 2>&1
+    ;;
+  plans)
+    PLANS="${PLANS:-1,3 1,4 2,3 2,4 4,3 4,4}"
+    for plan in 1,3 2,4 4,4; do
+      for op in group_linear group_projections group_swiglu; do
+        SFX_GT_PLAN=$plan "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_plan${plan/,/_}.md" 2>&1
+        echo "plan=$plan $(grep "cases on cuda" "$OUT/test_backend_${op}_plan${plan/,/_}.md")"
+      done
+    done
+    for q in rtn2 rtn4; do
+      for plan in default $PLANS; do
+        f="$OUT/plan_${q}_${plan/,/_}"
+        env $([ "$plan" = default ] || echo SFX_GT_PLAN=$plan) SFX_PROFILE_KERNELS=1 \
+          "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q -p 0 -n 32 -r 1 --graphs off \
+          > "$f.md" 2> "$f.err"
+        env $([ "$plan" = default ] || echo SFX_GT_PLAN=$plan) \
+          "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q -p 0 -n 128 -r 2 >> "$f.md" 2>/dev/null
+        echo "$q plan=$plan $(grep -o 'tg[0-9]* | [0-9.]*' "$f.md" | tr '\n' ' ')"
+        grep -E '^\| gt_' "$f.err" | awk -F'|' '{printf "  %s %s %s\n", $2, $3, $6}'
+      done
+    done
     ;;
   all)
     bash "$0" prepare

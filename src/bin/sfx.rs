@@ -20,6 +20,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant (bench's flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Fetch the pinned development assets (SmolLM2-135M-Instruct GGUF, Wikipedia, Austen and
@@ -99,6 +101,10 @@ enum Command {
         /// the same layout and kernels), group 128.
         #[arg(long, default_value = "float", requires = "synthetic")]
         quant: String,
+        /// Format of a synthetic model's untied head: bf16 (its --dtype, default) or group
+        /// codes q2, q3, q4 (RTN, group 128; the final norm stays fused into it).
+        #[arg(long, default_value = "bf16", requires = "synthetic")]
+        head: String,
         /// KV cache element type: f16 or f32.
         #[arg(long, default_value = "f16")]
         kv_type: String,
@@ -144,6 +150,7 @@ fn main() -> Result<()> {
             graphs,
             dtype,
             quant,
+            head,
             kv_type,
             seed,
             json,
@@ -166,6 +173,7 @@ fn main() -> Result<()> {
                 },
                 weights: strataflux::bench::parse_quant(&quant)?,
                 quant,
+                head: strataflux::bench::parse_head(&head)?,
                 dtype: match dtype.as_str() {
                     "bf16" => sfx_formats::DType::BF16,
                     "f32" => sfx_formats::DType::F32,

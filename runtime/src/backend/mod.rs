@@ -507,6 +507,21 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
             self.name()
         )))
     }
+
+    /// Device time per kernel of the launches so far (and forgets them), for backends that
+    /// were asked to profile (CUDA: `SFX_PROFILE_KERNELS=1`); empty otherwise.
+    fn take_kernel_times(&self) -> Result<Vec<KernelTime>> {
+        Ok(Vec::new())
+    }
+}
+
+/// Time spent in one kernel at one grid size over the profiled launches.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelTime {
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub launches: usize,
+    pub total_us: f64,
 }
 
 /// The argument checks of [`Backend::add_nibble_units`], shared by every backend.

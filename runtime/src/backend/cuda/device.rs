@@ -7,11 +7,12 @@
 //! stream — so it holds raw device pointers and calls the driver through cudarc's `result`
 //! wrappers, checking every return code.
 
+use crate::backend::KernelTime;
 use crate::error::{Result, RuntimeError};
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A driver error as a runtime error naming the operation.
 pub(crate) fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> RuntimeError {
@@ -50,6 +51,18 @@ pub(crate) struct Device {
     /// Set by uploads of pinned staging areas (and graph launches that contain them); a
     /// host write to a staging area first waits for those to be done.
     staging_in_flight: AtomicBool,
+    /// `SFX_PROFILE_KERNELS=1`: every launch outside graph capture is timed with a pair of
+    /// events (a tuning aid: it adds a few µs per launch, so use it with step graphs off).
+    profile: Option<Mutex<Vec<TimedLaunch>>>,
+    capturing: AtomicBool,
+}
+
+/// One profiled launch: its kernel, grid and the events around it.
+struct TimedLaunch {
+    name: &'static str,
+    grid: (u32, u32, u32),
+    start: sys::CUevent,
+    end: sys::CUevent,
 }
 
 // SAFETY: the raw stream handle is owned by `stream_owner` (kept alive with it); the driver API
@@ -83,6 +96,10 @@ impl Device {
             compute,
             smem_optin: smem_optin as usize,
             staging_in_flight: AtomicBool::new(false),
+            profile: std::env::var("SFX_PROFILE_KERNELS")
+                .is_ok_and(|v| v == "1")
+                .then(|| Mutex::new(Vec::new())),
+            capturing: AtomicBool::new(false),
         }))
     }
 
@@ -184,10 +201,93 @@ impl Device {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        let timing = self.start_timing()?;
         // SAFETY: `f` comes from a loaded module; the caller passes arguments matching the
         // kernel's signature and buffers large enough for the grid.
         unsafe { result::launch_kernel(f.func, grid, block, smem, self.stream, args) }
-            .map_err(|e| launch_err(f, "", e))
+            .map_err(|e| launch_err(f, "", e))?;
+        self.end_timing(timing, f, grid)
+    }
+
+    /// The start event of a profiled launch (None when not profiling, or while capturing).
+    fn start_timing(&self) -> Result<Option<sys::CUevent>> {
+        if self.profile.is_none() || self.capturing.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(cuda_err("creating a profiling event"))?;
+        // SAFETY: a fresh event on this context's stream.
+        unsafe { result::event::record(e, self.stream) }
+            .map_err(cuda_err("recording a profiling event"))?;
+        Ok(Some(e))
+    }
+
+    fn end_timing(
+        &self,
+        start: Option<sys::CUevent>,
+        f: &Kernel,
+        grid: (u32, u32, u32),
+    ) -> Result<()> {
+        let (Some(start), Some(list)) = (start, &self.profile) else {
+            return Ok(());
+        };
+        let end = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(cuda_err("creating a profiling event"))?;
+        // SAFETY: as in start_timing.
+        unsafe { result::event::record(end, self.stream) }
+            .map_err(cuda_err("recording a profiling event"))?;
+        if let Ok(mut l) = list.lock() {
+            l.push(TimedLaunch {
+                name: f.name,
+                grid,
+                start,
+                end,
+            });
+        }
+        Ok(())
+    }
+
+    /// The profiled launches so far, summed by kernel and grid (largest total first), and
+    /// forgotten; empty unless `SFX_PROFILE_KERNELS=1`.
+    pub fn take_kernel_times(&self) -> Result<Vec<KernelTime>> {
+        let Some(list) = &self.profile else {
+            return Ok(Vec::new());
+        };
+        self.synchronize()?;
+        let launches = std::mem::take(
+            &mut *list
+                .lock()
+                .map_err(|_| RuntimeError::Unsupported("kernel profile poisoned".into()))?,
+        );
+        let mut by_kernel: Vec<KernelTime> = Vec::new();
+        for l in launches {
+            // SAFETY: both events were recorded on this stream, which is synchronized.
+            let ms = unsafe { result::event::elapsed(l.start, l.end) };
+            // SAFETY: the events are not used again.
+            unsafe {
+                let _ = result::event::destroy(l.start);
+                let _ = result::event::destroy(l.end);
+            }
+            let us = f64::from(ms.map_err(cuda_err("reading a profiling event"))?) * 1e3;
+            let grid = [l.grid.0, l.grid.1, l.grid.2];
+            match by_kernel
+                .iter_mut()
+                .find(|k| k.kernel == l.name && k.grid == grid)
+            {
+                Some(k) => {
+                    k.launches += 1;
+                    k.total_us += us;
+                }
+                None => by_kernel.push(KernelTime {
+                    kernel: l.name.to_string(),
+                    grid,
+                    launches: 1,
+                    total_us: us,
+                }),
+            }
+        }
+        by_kernel.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        Ok(by_kernel)
     }
 
     /// [`Device::launch`] with programmatic dependent launch: the kernel may start before the
@@ -219,10 +319,12 @@ impl Device {
             attrs: &mut attr,
             numAttrs: 1,
         };
+        let timing = self.start_timing()?;
         // SAFETY: as for `launch`; the config and attribute outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f.func, args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
-            .map_err(|e| launch_err(f, " (PDL)", e))
+            .map_err(|e| launch_err(f, " (PDL)", e))?;
+        self.end_timing(timing, f, grid)
     }
 
     pub fn begin_capture(&self) -> Result<()> {
@@ -235,11 +337,14 @@ impl Device {
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
-        .map_err(cuda_err("starting graph capture"))
+        .map_err(cuda_err("starting graph capture"))?;
+        self.capturing.store(true, Ordering::Release);
+        Ok(())
     }
 
     pub fn end_capture(self: &Arc<Self>) -> Result<Graph> {
         self.bind()?;
+        self.capturing.store(false, Ordering::Release);
         // SAFETY: capture was started on this stream.
         let graph = unsafe { result::stream::end_capture(self.stream) }
             .map_err(cuda_err("ending graph capture"))?;

@@ -158,10 +158,16 @@ impl CudaBackend {
                  {CHUNK} (this projection: {cols} columns, group {group}); use --device cpu"
             )));
         }
-        let tiles = self.inner.group_tiles && matches!(q.bits(), 2 | 4);
+        // The tile kernels take one scale per 128-column unit and find its group by a shift:
+        // groups of 2ⁿ units (128 is the converter's).
+        let tiles = self.inner.group_tiles
+            && matches!(q.bits(), 2 | 4)
+            && group.is_multiple_of(TILE_UNIT_COLS)
+            && (group / TILE_UNIT_COLS).is_power_of_two();
         let super_chunks = (cols / CHUNK).div_ceil(8 / usize::from(q.bits()));
         let smem = if tiles {
-            Self::tile_smem(super_chunks, q.bits())
+            // The smallest plan, as SwiGLU's gate (two tiles per block), must fit.
+            Self::tile_smem(super_chunks, q.bits(), TilePlan::DEFAULT, true)
         } else {
             Self::group_smem(cols)
         };
@@ -221,13 +227,6 @@ impl CudaBackend {
     /// per-chunk sums.
     fn group_smem(cols: usize) -> usize {
         4 * (cols + cols / CHUNK * 4 + cols / CHUNK)
-    }
-
-    /// Dynamic shared memory of the tile matvec: three bf16 planes of x over the padded
-    /// columns, each 4 words longer (bank offset).
-    fn tile_smem(super_chunks: usize, bits: u8) -> usize {
-        let padded_cols = super_chunks * (8 / usize::from(bits)) * CHUNK;
-        4 * 3 * (padded_cols / 2 + 4)
     }
 
     /// Re-lays file-layout codes, scales and zero points (already on the device) out into
@@ -522,24 +521,68 @@ impl CudaBackend {
     }
 }
 
+/// How one tile matvec launch cuts its work: `tiles` tiles per block (SwiGLU: that many gate
+/// and up tiles each) and `stages` ring slots per warp (stages − 1 super-chunks in flight
+/// ahead of the one being multiplied).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct TilePlan {
+    pub tiles: usize,
+    pub stages: usize,
+}
+
+impl TilePlan {
+    /// What every uploaded matrix must fit (checked at upload).
+    const DEFAULT: TilePlan = TilePlan {
+        tiles: 1,
+        stages: 3,
+    };
+
+    /// `SFX_GT_PLAN=tiles,stages` (tiles 1, 2, 4; stages 3, 4) forces the plan of every tile
+    /// launch, for tuning runs; None when unset or malformed.
+    pub(super) fn from_env() -> Option<TilePlan> {
+        let v = std::env::var("SFX_GT_PLAN").ok()?;
+        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match p[..] {
+            [tiles @ (1 | 2 | 4), stages @ (3 | 4)] => Some(TilePlan { tiles, stages }),
+            _ => None,
+        }
+    }
+
+    /// Index into the kernel tables (`[tiles 1, 2, 4][stages 3, 4]`).
+    fn kernel_index(&self) -> usize {
+        2 * (self.tiles.trailing_zeros() as usize) + usize::from(self.stages == 4)
+    }
+}
+
+/// Warps per tile block (`GT_WARPS`) and columns of a warp's unit of work (`GtUnit`).
+const TILE_WARPS: usize = THREADS / 32;
+const TILE_UNIT_COLS: usize = 128;
+
 impl CudaBackend {
-    /// Tiles per block of a tile matvec over matrices of `rows`: the most (of `choices`) that
-    /// still leave two blocks per SM; `SFX_GROUP_ROWS` forces it for tuning runs.
-    fn tile_schedule(&self, rows: &[usize], choices: &[usize]) -> usize {
-        let sm = self.dev().sm_count as usize;
-        let blocks_for =
-            |r: usize| -> usize { rows.iter().map(|n| n.div_ceil(TILE_ROWS).div_ceil(r)).sum() };
-        let forced = self
-            .inner
-            .group_rows
-            .and_then(|f| choices.iter().copied().find(|&r| r <= f));
-        forced.unwrap_or_else(|| {
-            choices
-                .iter()
-                .copied()
-                .find(|&r| blocks_for(r) >= 2 * sm)
-                .unwrap_or(1)
-        })
+    /// Dynamic shared memory of a tile matvec: three bf16 planes of x over whole 128-column
+    /// units, each 4 words longer (bank offset), then every warp's ring (`GtSlot`: per tile
+    /// and lane 16 B of codes per super-chunk of the unit, 8 B of scale/zero).
+    fn tile_smem(super_chunks: usize, bits: u8, plan: TilePlan, swiglu: bool) -> usize {
+        let per_unit = usize::from(bits / 2); // super-chunks per unit: 1 at 2 bits, 2 at 4
+        let padded_cols = super_chunks.div_ceil(per_unit) * TILE_UNIT_COLS;
+        let tiles = plan.tiles * if swiglu { 2 } else { 1 };
+        let slot_per_tile = 32 * (16 * per_unit + 8);
+        4 * 3 * (padded_cols / 2 + 4) + TILE_WARPS * plan.stages * tiles * slot_per_tile
+    }
+
+    /// The plan of a tile launch: one tile per block and three ring slots (measured best on
+    /// every Llama-3.1-8B projection at 2 and 4 bits, H200: rtn2 tg128 449.7 tok/s vs 440.3
+    /// at two tiles, 403.5 at four, 434.5 at four slots; more, smaller blocks hide each
+    /// other's latency and share an SM's issue slots better than a deeper ring), unless
+    /// `SFX_GT_PLAN` says otherwise (SwiGLU takes two tiles at most).
+    fn tile_plan(&self, swiglu: bool) -> TilePlan {
+        match self.inner.tile_plan {
+            Some(p) => TilePlan {
+                tiles: if swiglu { p.tiles.min(2) } else { p.tiles },
+                ..p
+            },
+            None => TilePlan::DEFAULT,
+        }
     }
 
     /// [`CudaBackend::group_matvec`] over the tile layout: tensor-core matvecs.
@@ -551,53 +594,19 @@ impl CudaBackend {
         accumulate: bool,
         norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
-        let w0 = &items[0].0.inner;
-        let codes = codes_of(w0, "tile matvec")?;
-        let row_counts: Vec<usize> = items.iter().map(|it| it.0.inner.rows).collect();
-        let r = self.tile_schedule(&row_counts, &[4, 2, 1]);
-        let mut group = GtGroup::default();
-        let mut end = 0usize;
-        for (slot, (w, bias, y)) in group.item.iter_mut().zip(items) {
-            end += w.inner.rows.div_ceil(TILE_ROWS).div_ceil(r);
-            *slot = GtItem {
-                codes: w.inner.mem.ptr,
-                scale_zero: tile_operand(&w.inner, "tile matvec")?,
+        let parts: Vec<TileItem> = items
+            .iter()
+            .map(|(w, bias, y)| TileItem {
+                w: &w.inner,
                 bias: bias.map_or(0, |b| b.mem.ptr),
                 y: *y,
-                rows: i32_of("tile matvec", w.inner.rows)?,
-                block_end: i32_of("tile matvec", end)?,
-            };
-        }
-        group.count = items.len() as i32;
-        let ri = match r {
-            4 => 2,
-            2 => 1,
-            _ => 0,
-        };
-        let k = &self.k().group.tile;
-        let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
-        let kernel = match norm {
-            None => &k.matvec[codes.tile_index()][ri],
-            Some((w, eps)) => {
-                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
-                &k.matvec_norm[codes.tile_index()][ri]
-            }
-        };
-        let (smem, shape) = self.tile_shape_args(w0, codes)?;
-        args.extend(shape);
-        if norm.is_none() {
-            args.push(Arg::I32(accumulate as i32));
-        }
-        self.launch_projection(
-            kernel,
-            (blocks(end, 1), m as u32, 1),
-            (THREADS as u32, 1, 1),
-            smem,
-            &mut args,
-        )
+            })
+            .collect();
+        self.launch_tiles(x, m, &parts, norm, accumulate, false)
     }
 
-    /// [`CudaBackend::group_swiglu`] over the tile layout.
+    /// [`CudaBackend::group_swiglu`] over the tile layout: gate and up as the launch's two
+    /// items, every block taking the same tiles of both.
     fn tile_swiglu(
         &self,
         x: &CudaBuffer,
@@ -607,60 +616,98 @@ impl CudaBackend {
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
-        let codes = codes_of(g, "tile swiglu")?;
-        let r = self.tile_schedule(&[g.rows], &[2, 1]);
-        let grid = g.rows.div_ceil(TILE_ROWS).div_ceil(r);
-        let mut group = GtGroup::default();
-        for (slot, w) in group.item.iter_mut().zip([g, u]) {
-            *slot = GtItem {
-                codes: w.mem.ptr,
-                scale_zero: tile_operand(w, "tile swiglu")?,
-                bias: 0,
-                y: gate.mem.ptr,
-                rows: i32_of("tile swiglu", g.rows)?,
-                block_end: i32_of("tile swiglu", grid)?,
-            };
-        }
-        group.count = 2;
-        let ri = usize::from(r == 2);
-        let k = &self.k().group.tile;
-        let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
-        let kernel = match norm {
-            None => &k.swiglu[codes.tile_index()][ri],
-            Some((w, eps)) => {
-                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
-                &k.swiglu_norm[codes.tile_index()][ri]
-            }
-        };
-        let (smem, shape) = self.tile_shape_args(g, codes)?;
-        args.extend(shape);
-        self.launch_projection(
-            kernel,
-            (blocks(grid, 1), m as u32, 1),
-            (THREADS as u32, 1, 1),
-            smem,
-            &mut args,
-        )
+        let parts = [g, u].map(|w| TileItem {
+            w,
+            bias: 0,
+            y: gate.mem.ptr,
+        });
+        self.launch_tiles(x, m, &parts, norm, false, true)
     }
 
-    /// Shared memory and the tile kernels' shape arguments: columns, super-chunks, groups
-    /// per row, group size.
-    fn tile_shape_args(&self, w: &MatrixData, c: &GroupCodes) -> Result<(usize, [Arg; 4])> {
+    /// One tile launch: plans it, fills the kernels' `GtGroup` (`swiglu`: gate and up items
+    /// sharing row sets) and launches the plan's kernel over (row sets, tokens).
+    fn launch_tiles(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        items: &[TileItem],
+        norm: Option<(&CudaBuffer, f32)>,
+        accumulate: bool,
+        swiglu: bool,
+    ) -> Result<()> {
+        let w0 = items[0].w;
+        let c = codes_of(w0, "tile matvec")?;
         let CodeLayout::Tiles { super_chunks, .. } = c.layout else {
             return Err(RuntimeError::Unsupported(
                 "tile matvec: codes are not in the tile layout".into(),
             ));
         };
-        Ok((
-            Self::tile_smem(super_chunks, c.bits),
-            [
-                Arg::I32(i32_of("tile matvec", w.cols)?),
-                Arg::I32(i32_of("tile matvec", super_chunks)?),
-                Arg::I32(i32_of("tile matvec", w.cols.div_ceil(c.group))?),
-                Arg::I32(i32_of("tile matvec", c.group)?),
-            ],
-        ))
+        let plan = self.tile_plan(swiglu);
+        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu);
+        if smem > self.dev().smem_optin {
+            return Err(RuntimeError::Unsupported(format!(
+                "tile matvec: {} columns need {smem} B of shared memory, this GPU allows {}",
+                w0.cols,
+                self.dev().smem_optin
+            )));
+        }
+        let mut group = GtGroup {
+            count: items.len() as i32,
+            ..GtGroup::default()
+        };
+        let mut end = 0usize;
+        for (slot, it) in group.item.iter_mut().zip(items) {
+            if !swiglu || end == 0 {
+                end += it.w.rows.div_ceil(TILE_ROWS).div_ceil(plan.tiles);
+            }
+            *slot = GtItem {
+                codes: it.w.mem.ptr,
+                scale_zero: tile_operand(it.w, "tile matvec")?,
+                bias: it.bias,
+                y: it.y,
+                rows: i32_of("tile matvec", it.w.rows)?,
+                block_end: i32_of("tile matvec", end)?,
+            };
+        }
+        let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
+        if let Some((w, eps)) = norm {
+            args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+        }
+        args.extend([
+            Arg::I32(i32_of("tile matvec", w0.cols)?),
+            Arg::I32(i32_of("tile matvec", super_chunks)?),
+            Arg::I32(i32_of("tile matvec", w0.cols.div_ceil(c.group))?),
+            // Groups of the tile layout are a power of two of chunks (upload_group_linear).
+            Arg::I32((c.group / CHUNK).trailing_zeros() as i32),
+        ]);
+        if norm.is_none() && !swiglu {
+            args.push(Arg::I32(accumulate as i32));
+        }
+        let k = &self.k().group.tile;
+        let family: &[super::device::Kernel] = match (swiglu, norm.is_some()) {
+            (false, false) => &k.matvec[c.tile_index()],
+            (false, true) => &k.matvec_norm[c.tile_index()],
+            (true, false) => &k.swiglu[c.tile_index()],
+            (true, true) => &k.swiglu_norm[c.tile_index()],
+        };
+        let kernel = family.get(plan.kernel_index()).ok_or_else(|| {
+            RuntimeError::Unsupported(format!("tile matvec: no kernel for plan {plan:?}"))
+        })?;
+        self.launch_projection(
+            kernel,
+            (blocks(end, 1), m as u32, 1),
+            (THREADS as u32, 1, 1),
+            smem,
+            &mut args,
+        )
     }
+}
+
+/// One matrix of a tile launch and where its rows go.
+struct TileItem<'a> {
+    w: &'a MatrixData,
+    bias: u64,
+    y: u64,
 }
 
 /// Scale and zero-point pointers of a file-layout matrix.
@@ -733,5 +780,46 @@ impl Linear<CudaBackend> for CudaGroupLinear {
             self.weight.inner.rows,
             if self.bias.is_some() { " +bias" } else { "" }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_indices_follow_the_kernel_tables() {
+        // kernels.rs loads `_r{1,2,4}_s{3,4}` in this order.
+        let names: Vec<String> = [1, 2, 4]
+            .iter()
+            .flat_map(|t| [3, 4].map(|s| format!("r{t}_s{s}")))
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            let (t, s) = name[1..].split_once("_s").expect("r{t}_s{s}");
+            let plan = TilePlan {
+                tiles: t.parse().expect("tiles"),
+                stages: s.parse().expect("stages"),
+            };
+            assert_eq!(plan.kernel_index(), i, "{name}");
+        }
+    }
+
+    #[test]
+    fn tile_smem_counts_planes_and_rings() {
+        // Llama-3.1-8B gate/up at 2 bits: 4096 columns = 32 super-chunks of 128; planes
+        // 3 × (2048 + 4) words; rings 8 warps × stages × 4 tiles × 768 B.
+        let plan = TilePlan {
+            tiles: 2,
+            stages: 3,
+        };
+        assert_eq!(
+            CudaBackend::tile_smem(32, 2, plan, true),
+            12 * 2052 + 8 * 3 * 4 * 768
+        );
+        // Its down projection (14336 columns) in the default plan: x dominates.
+        assert_eq!(
+            CudaBackend::tile_smem(112, 2, TilePlan::DEFAULT, false),
+            12 * (14336 / 2 + 4) + 8 * 3 * 768
+        );
     }
 }

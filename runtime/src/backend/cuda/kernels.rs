@@ -29,6 +29,8 @@ pub(crate) struct MatvecKernels {
 /// Attention variants per dims-per-lane (2, 4, 8 → head_dim up to 64, 128, 256).
 pub(crate) struct AttentionKernels {
     pub decode: [Kernel; 3],
+    /// Decode with one query head per block (short context).
+    pub decode_single: [Kernel; 3],
     pub prefill: [Kernel; 3],
 }
 
@@ -48,13 +50,14 @@ pub(crate) struct GroupKernels {
     pub tile: TileKernels,
 }
 
-/// Group codes in the tensor-core tile layout (2 and 4 bits, sm_80+): matvecs by tiles per
-/// block (1, 2, 4; SwiGLU 1, 2), the packing from the file layout, and the prefill panel.
+/// Group codes in the tensor-core tile layout (2 and 4 bits, sm_80+): matvecs by `[bits 2,
+/// 4][tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
+/// file layout, and the prefill panel.
 pub(crate) struct TileKernels {
-    pub matvec: [[Kernel; 3]; 2],
-    pub matvec_norm: [[Kernel; 3]; 2],
-    pub swiglu: [[Kernel; 2]; 2],
-    pub swiglu_norm: [[Kernel; 2]; 2],
+    pub matvec: [[Kernel; 6]; 2],
+    pub matvec_norm: [[Kernel; 6]; 2],
+    pub swiglu: [[Kernel; 4]; 2],
+    pub swiglu_norm: [[Kernel; 4]; 2],
     pub pack_codes: [Kernel; 2],
     pub pack_scales: Kernel,
     pub dequant_f32: [Kernel; 2],
@@ -146,11 +149,12 @@ impl Kernels {
                 swiglu_norm_scalar: f(15)?,
             })
         };
-        let attention = |names: [&'static str; 6]| -> Result<AttentionKernels> {
+        let attention = |names: [&'static str; 9]| -> Result<AttentionKernels> {
             let f = |i: usize| at.function(names[i]);
             Ok(AttentionKernels {
                 decode: [f(0)?, f(1)?, f(2)?],
-                prefill: [f(3)?, f(4)?, f(5)?],
+                decode_single: [f(3)?, f(4)?, f(5)?],
+                prefill: [f(6)?, f(7)?, f(8)?],
             })
         };
         let k = Self {
@@ -210,6 +214,9 @@ impl Kernels {
                 "attn_decode_f32_d2",
                 "attn_decode_f32_d4",
                 "attn_decode_f32_d8",
+                "attn_decode1_f32_d2",
+                "attn_decode1_f32_d4",
+                "attn_decode1_f32_d8",
                 "attn_prefill_f32_d2",
                 "attn_prefill_f32_d4",
                 "attn_prefill_f32_d8",
@@ -218,6 +225,9 @@ impl Kernels {
                 "attn_decode_f16_d2",
                 "attn_decode_f16_d4",
                 "attn_decode_f16_d8",
+                "attn_decode1_f16_d2",
+                "attn_decode1_f16_d4",
+                "attn_decode1_f16_d8",
                 "attn_prefill_f16_d2",
                 "attn_prefill_f16_d4",
                 "attn_prefill_f16_d8",
@@ -239,10 +249,16 @@ impl Kernels {
                     gq.function("group_dequant_f32_b4")?,
                 ],
                 tile: TileKernels {
-                    matvec: gt_family!("gt_matvec", ["1", "2", "4"]),
-                    matvec_norm: gt_family!("gt_matvec_norm", ["1", "2", "4"]),
-                    swiglu: gt_family!("gt_swiglu", ["1", "2"]),
-                    swiglu_norm: gt_family!("gt_swiglu_norm", ["1", "2"]),
+                    matvec: gt_family!(
+                        "gt_matvec",
+                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4"]
+                    ),
+                    matvec_norm: gt_family!(
+                        "gt_matvec_norm",
+                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4"]
+                    ),
+                    swiglu: gt_family!("gt_swiglu", ["1_s3", "1_s4", "2_s3", "2_s4"]),
+                    swiglu_norm: gt_family!("gt_swiglu_norm", ["1_s3", "1_s4", "2_s3", "2_s4"]),
                     pack_codes: [
                         gt.function("gt_pack_codes_b2")?,
                         gt.function("gt_pack_codes_b4")?,
@@ -257,7 +273,7 @@ impl Kernels {
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {
-            for f in a.decode.iter().chain(&a.prefill) {
+            for f in a.decode.iter().chain(&a.decode_single).chain(&a.prefill) {
                 f.allow_shared(device.smem_optin)?;
             }
         }

@@ -186,9 +186,11 @@ struct Inner {
     /// Prefill attention over f16 caches on tensor cores (sm_80+; `SFX_PREFILL_ATTN=simt`
     /// keeps the CUDA-core kernel, for comparison).
     mma_prefill: bool,
-    /// `SFX_GROUP_ROWS`: force rows per thread of the group-code matvecs (tiles per block in
-    /// the tile layout; 1, 2, 4) for tuning runs.
+    /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
+    /// 4) for tuning runs.
     group_rows: Option<usize>,
+    /// `SFX_GT_PLAN`: force the plan of the tile-layout matvecs, for tuning runs.
+    tile_plan: Option<group::TilePlan>,
     /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
     /// keeps the file layout and the CUDA-core kernels, for comparison).
     group_tiles: bool,
@@ -281,6 +283,7 @@ impl CudaBackend {
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2 | 4)),
+                tile_plan: group::TilePlan::from_env(),
                 group_tiles: dev_has_mma
                     && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma
@@ -1263,8 +1266,13 @@ impl Backend for CudaBackend {
                 group.min(ATT_GROUP)
             };
             let head_batches = group.div_ceil(per_block);
+            let kernel = if per_block == 1 {
+                &ks.decode_single[dpl]
+            } else {
+                &ks.decode[dpl]
+            };
             return self.launch(
-                &ks.decode[dpl],
+                kernel,
                 (
                     splits as u32,
                     s.kv.kv_heads as u32,
@@ -1514,6 +1522,10 @@ impl Backend for CudaBackend {
 
     fn end_capture(&self) -> Result<CudaGraph> {
         Ok(CudaGraph(self.dev().end_capture()?))
+    }
+
+    fn take_kernel_times(&self) -> Result<Vec<crate::backend::KernelTime>> {
+        self.dev().take_kernel_times()
     }
 
     fn launch_graph(&self, graph: &CudaGraph) -> Result<()> {

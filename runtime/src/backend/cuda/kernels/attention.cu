@@ -118,10 +118,13 @@ __device__ void combine_heads(const float* part, float* __restrict__ out, int t,
 
 // `heads_per_block` query heads of one KV head per block: the whole group (≤ 8) at long
 // context, where the keys are read once for all of them, or 1 at short context, where the
-// per-key work (not memory) is the critical path and 4–8× more blocks finish sooner.
+// per-key work (not memory) is the critical path and 4–8× more blocks finish sooner. HB is
+// the most heads a block takes (ATT_GROUP, or 1 for the short-context entry points): the
+// per-head loops run to it, so a one-head block does not issue seven heads' predicated work
+// (measured: 13 µs per layer at short context, each warp issuing ~1,650 instructions).
 // The last block of a (query, head set) to finish merges the chunks (a ticket counter after
 // the partials, reset by that block), so decode attention is one launch.
-template <typename T, int DPL>
+template <typename T, int DPL, int HB>
 __device__ void decode_partial_body(const float* __restrict__ q, const T* __restrict__ kc,
                                     const T* __restrict__ vc,
                                     const uint32_t* __restrict__ positions,
@@ -159,9 +162,9 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
     }
     __syncthreads();
 
-    float m[ATT_GROUP], l[ATT_GROUP], o[ATT_GROUP][DPL];
+    float m[HB], l[HB], o[HB][DPL];
 #pragma unroll
-    for (int h = 0; h < ATT_GROUP; ++h) {
+    for (int h = 0; h < HB; ++h) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
 #pragma unroll
@@ -186,16 +189,16 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
         copy_async_commit();
         copy_async_wait<0>();
         __syncwarp();
-        float s[ATT_GROUP];
+        float s[HB];
 #pragma unroll
-        for (int h = 0; h < ATT_GROUP; ++h) s[h] = 0.0f;
+        for (int h = 0; h < HB; ++h) s[h] = 0.0f;
         if (lane < nvalid) {
             const uint4* krow = reinterpret_cast<const uint4*>(ktile + (size_t)lane * row_elems);
             for (int c = 0; c < row_chunks; ++c) {
                 float kf[Elems<T>::N];
                 widen16(krow[c], kf, (const T*)nullptr);
 #pragma unroll
-                for (int h = 0; h < ATT_GROUP; ++h) {
+                for (int h = 0; h < HB; ++h) {
                     if (h < gh) {
                         const float4* qh =
                             reinterpret_cast<const float4*>(qs + h * d + c * Elems<T>::N);
@@ -211,9 +214,9 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
                 }
             }
         }
-        float p[ATT_GROUP];
+        float p[HB];
 #pragma unroll
-        for (int h = 0; h < ATT_GROUP; ++h) {
+        for (int h = 0; h < HB; ++h) {
             if (h < gh) {
                 const float sv = lane < nvalid ? s[h] : -INFINITY;
                 const float m_new = fmaxf(m[h], warp_max(sv));
@@ -233,7 +236,7 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
             float v[DPL];
             load_v<T, DPL>(vtile + (size_t)j * row_elems, lane, d, v);
 #pragma unroll
-            for (int h = 0; h < ATT_GROUP; ++h) {
+            for (int h = 0; h < HB; ++h) {
                 if (h < gh) {
                     const float pj = __shfl_sync(SFX_FULL_MASK, p[h], j);
 #pragma unroll
@@ -250,7 +253,7 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
     float* wl = wm + warps * ATT_GROUP;                          // [warps][ATT_GROUP]
     float* wo = wl + warps * ATT_GROUP;                          // [warps][ATT_GROUP][d]
 #pragma unroll
-    for (int h = 0; h < ATT_GROUP; ++h) {
+    for (int h = 0; h < HB; ++h) {
         if (h < gh) {
             const float lw = warp_sum(l[h]);
             if (lane == 0) {
@@ -427,8 +430,16 @@ __device__ void prefill_body(const float* __restrict__ q, const T* __restrict__ 
         const float* q, const T* kc, const T* vc, const uint32_t* positions, float* part,     \
         float* out, int n_heads, int kv_heads, int d, int capacity, int max_splits,           \
         int min_chunk, int heads_per_block) {                                                 \
-        decode_partial_body<T, DPL>(q, kc, vc, positions, part, out, n_heads, kv_heads, d,    \
-                                    capacity, max_splits, min_chunk, heads_per_block);        \
+        decode_partial_body<T, DPL, ATT_GROUP>(q, kc, vc, positions, part, out, n_heads,      \
+                                               kv_heads, d, capacity, max_splits, min_chunk,  \
+                                               heads_per_block);                              \
+    }                                                                                         \
+    extern "C" __global__ void attn_decode1_##TN##_d##DPL(                                   \
+        const float* q, const T* kc, const T* vc, const uint32_t* positions, float* part,     \
+        float* out, int n_heads, int kv_heads, int d, int capacity, int max_splits,           \
+        int min_chunk, int heads_per_block) {                                                 \
+        decode_partial_body<T, DPL, 1>(q, kc, vc, positions, part, out, n_heads, kv_heads, d, \
+                                       capacity, max_splits, min_chunk, 1);                   \
     }                                                                                         \
     extern "C" __global__ void attn_prefill_##TN##_d##DPL(                                   \
         const float* q, const T* kc, const T* vc, const uint32_t* positions, float* out,      \

@@ -31,9 +31,6 @@
 #define GT_THREADS 256
 #define GT_WARPS (GT_THREADS / 32)
 #define GT_MAX_ITEMS 3
-// Super-chunks a warp loads before it multiplies any (persistent blocks that walk several
-// units and prefetch across them measured slower: 339.8 vs 343.8 tok/s rtn2 tg128).
-#define GT_U 2
 
 struct GtItem {
     const uint4* codes;      // tile layout
@@ -187,7 +184,13 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 }
 
 // The A registers of k-step ks of a chunk whose codes are `w` (B/2 words), with 128 + z of
-// rows g and g + 8 duplicated in both halves.
+// rows g (zz0) and g + 8 (zz1) duplicated in both halves.
+//
+// At 2 bits rows g + 8 are unpacked four times too large: pair p + 1 (odd p: a row g + 8
+// register) lies two bits above pair p, so one shift serves both and the mask 0xC picks
+// 128 + 4q; with zz1 = 128 + 4z (`zero_x4`) the weights are the exact integers 4(q − z), and
+// the caller scales rows g + 8 by 1/4 (exact). One shift per two registers instead of one
+// each.
 template <int B>
 __device__ __forceinline__ void unpack_a(const uint32_t* w, int ks, uint32_t zz0, uint32_t zz1,
                                          uint32_t (&a)[4]) {
@@ -196,27 +199,46 @@ __device__ __forceinline__ void unpack_a(const uint32_t* w, int ks, uint32_t zz0
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int p = 4 * ks + r;
-        const uint32_t v = w[p / PER_WORD] >> (B * (p % PER_WORD));
-        a[r] = bf16x2_sub(mask_or<MASK>(v, 0x43004300u), (r & 1) ? zz1 : zz0);
+        if (B == 2) {
+            const uint32_t v = w[0] >> (2 * (p & ~1));
+            a[r] = (r & 1) ? bf16x2_sub(mask_or<0x000C000Cu>(v, 0x43004300u), zz1)
+                           : bf16x2_sub(mask_or<0x00030003u>(v, 0x43004300u), zz0);
+        } else {
+            const uint32_t v = w[p / PER_WORD] >> (B * (p % PER_WORD));
+            a[r] = bf16x2_sub(mask_or<MASK>(v, 0x43004300u), (r & 1) ? zz1 : zz0);
+        }
     }
 }
 
-// x ⊙ w (with NORM) split into three bf16 planes in shared memory, columns past `cols` zero;
-// returns this thread's partial sum of x² (NORM).
+// 128 + z (bf16x2) → 128 + 4z: 4·(128 + z) − 384, exact (integers below 512, even above 256).
+__device__ __forceinline__ uint32_t zero_x4(uint32_t zz) {
+    const __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&zz),
+                                     __float2bfloat162_rn(4.0f), __float2bfloat162_rn(-384.0f));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// What rows g + 8 of a tile are scaled by beyond their group scale (unpack_a).
+template <int B>
+struct HiRowScale {
+    static constexpr float VALUE = B == 2 ? 0.25f : 1.0f;
+};
+
+// x ⊙ w (with NORM) over columns [c0, c0 + pcols) split into three bf16 planes in shared
+// memory, columns past `cols` zero; returns this thread's partial sum of x² (NORM).
 template <bool NORM>
 __device__ __forceinline__ float stage_planes(const float* __restrict__ xt,
                                               const float* __restrict__ nw, uint32_t* planes,
-                                              int cols, int pcols, int pstride) {
+                                              int cols, int c0, int pcols, int pstride) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < pcols / 2; i += GT_THREADS) {
-        const int c = 2 * i;
+        const int c = c0 + 2 * i;
         float v[2] = {0.0f, 0.0f};
         if (c < cols) {  // cols is a multiple of 32
-            const float2 xv = __ldg(reinterpret_cast<const float2*>(xt) + i);
+            const float2 xv = __ldg(reinterpret_cast<const float2*>(xt + c));
             v[0] = xv.x;
             v[1] = xv.y;
             if (NORM) {
-                const float2 wv = __ldg(reinterpret_cast<const float2*>(nw) + i);
+                const float2 wv = __ldg(reinterpret_cast<const float2*>(nw + c));
                 ss = fmaf(v[0], v[0], ss);
                 ss = fmaf(v[1], v[1], ss);
                 v[0] *= wv.x;
@@ -241,17 +263,41 @@ __device__ __forceinline__ float stage_planes(const float* __restrict__ xt,
     return ss;
 }
 
-// A block takes R tiles of one item (SwiGLU: R gate tiles and the same R up tiles), stages
-// x once, and splits the columns over its warps: warp w takes super-chunks w, w + 8, …,
-// GT_U of them per batch, every tile's codes and the scale/zero words of each super-chunk's
-// first group in flight together; the warps' partial rows are summed in shared memory.
-template <int B, int R, bool NORM, bool SWIGLU>
+// A warp's unit of work: 128 columns of every tile of its block, one group's scale at most
+// (groups are 2ⁿ units, checked at upload): SPU super-chunks (1 at 2 bits, 2 at 4), so both
+// widths amortise a unit's waits, copies, scales and loop over the same eight MMAs per tile.
+template <int B>
+struct GtUnit {
+    static constexpr int SPU = B == 4 ? 2 : 1;  // super-chunks per unit
+    static constexpr int CHUNKS = 4;            // 32-column chunks per unit
+};
+
+// Bytes of one warp's ring slot: the codes of NT tiles (16·SPU B per lane each), then their
+// scale/zero words (8 B per lane each).
+template <int B, int NT>
+struct GtSlot {
+    static constexpr int CODE_BYTES = NT * 32 * 16 * GtUnit<B>::SPU;
+    static constexpr int BYTES = CODE_BYTES + NT * 32 * 8;
+};
+
+// A block takes R tiles of one item (SwiGLU: R gate tiles and the same R up tiles) over the
+// whole row, stages x once, and splits the columns over its warps: warp w takes units w,
+// w + 8, …. Codes stream through a per-warp ring of S slots in shared memory by cp.async,
+// S − 1 units ahead of the one being multiplied, so a warp's loads in flight cost no
+// registers (register-held prefetch capped the bytes in flight at ~2 super-chunks per warp
+// and left the matvecs latency-bound; split-K over more, shorter blocks measured slower still:
+// each block pays x staging, reduction and epilogue). Each lane copies and later reads only
+// its own bytes of a slot, so its own cp.async.wait_group is all the ordering needed. The
+// warps' partial rows are summed in shared memory.
+template <int B, int R, int S, bool NORM, bool SWIGLU>
 __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps,
-                                               int cols, int n_sc, int gpr, int group,
+                                               int cols, int n_sc, int gpr, int group_shift,
                                                int accumulate) {
-    constexpr int CHUNKS = 8 / B, WORDS = B / 2;
+    constexpr int WORDS = B / 2, SPU = GtUnit<B>::SPU, CHUNKS = GtUnit<B>::CHUNKS;
+    constexpr int SC_CHUNKS = 8 / B;  // chunks per super-chunk
     constexpr int NT = SWIGLU ? 2 * R : R;  // tiles per block: gate tiles, then up tiles
+    using Slot = GtSlot<B, NT>;
     extern __shared__ __align__(16) uint32_t gt_planes[];
     __shared__ float red[GT_WARPS][NT][16];
     __shared__ float ss_red[GT_WARPS];
@@ -282,32 +328,45 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         sz[r] = it.scale_zero + (size_t)tile * gpr * 8 + gq;
     }
 
-    const int chunks_per_group = group / 32;
-    uint4 w[GT_U][NT];
-    uint2 szw[GT_U][NT];
-    auto fetch = [&](int sc0) {
+    // Layout of dynamic shared memory: the three x planes (over whole units), then the
+    // warps' rings; a lane's bytes of a slot are its 16·SPU B of each tile's codes, then its
+    // 8 B of each scale/zero.
+    const int n_units = (n_sc + SPU - 1) / SPU;
+    const int pcols = n_units * CHUNKS * 32;
+    const int pstride = pcols / 2 + 4;  // words; +4 puts the three planes on distinct banks
+    unsigned char* ring = reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
+                          (size_t)warp * S * Slot::BYTES;
+    const int codes_at = lane * 16, sz_at = Slot::CODE_BYTES + lane * 8;
+    // Unit `issue_u` of this warp into the next slot (its group: chunk >> group_shift); one
+    // commit group per call, empty past the row, so wait_group counts stay uniform. A 4-bit
+    // row of an odd number of super-chunks ends in a half unit: its missing half is zeros.
+    int issue_u = warp, issue_k = 0;
+    auto issue = [&]() {
+        if (issue_u < n_units) {
+            unsigned char* slot = ring + issue_k * Slot::BYTES;
+            const int gi = min((issue_u * CHUNKS) >> group_shift, gpr - 1);
 #pragma unroll
-        for (int j = 0; j < GT_U; ++j) {
-            const int sc = sc0 + GT_WARPS * j;
-            if (sc < n_sc) {
-                const int gi = min(sc * CHUNKS / chunks_per_group, gpr - 1);
+            for (int r = 0; r < NT; ++r) {
 #pragma unroll
-                for (int r = 0; r < NT; ++r) {
-                    w[j][r] = load_stream(codes[r] + (size_t)sc * 32);
-                    szw[j][r] = __ldg(sz[r] + (size_t)gi * 8);
+                for (int h = 0; h < SPU; ++h) {
+                    const int sc = issue_u * SPU + h;
+                    copy16_async(slot + codes_at + (r * SPU + h) * 32 * 16,
+                                 codes[r] + (size_t)min(sc, n_sc - 1) * 32, sc < n_sc ? 16 : 0);
                 }
+                copy8_async(slot + sz_at + r * 32 * 8, sz[r] + (size_t)gi * 8);
             }
         }
+        copy_async_commit();
+        issue_u += GT_WARPS;
+        issue_k = issue_k == S - 1 ? 0 : issue_k + 1;
     };
     // Weights are never written: their loads go out before x is read.
-    int sc0 = warp;
-    fetch(sc0);
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue();
     SFX_PDL_WAIT();
 
     const int t = blockIdx.y;
-    const int pcols = n_sc * CHUNKS * 32;
-    const int pstride = pcols / 2 + 4;  // words; +4 puts the three planes on distinct banks
-    float ss = stage_planes<NORM>(x + (size_t)t * cols, nw, gt_planes, cols, pcols, pstride);
+    float ss = stage_planes<NORM>(x + (size_t)t * cols, nw, gt_planes, cols, 0, pcols, pstride);
     if (NORM) {
         ss = warp_sum(ss);
         if (lane == 0) ss_red[warp] = ss;
@@ -321,76 +380,80 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         scale = 1.0f / sqrtf(total / (float)cols + eps);
     }
 
-    // Lanes 0..11 read the three x planes as B column gq; the others feed zero columns.
-    const uint32_t* bplane = gt_planes + min(gq, 2) * pstride + tq;
-    const bool bcol = gq < 3;
+    // Lanes 0..11 read the three x planes as B columns 0..2; the others read plane 2 again,
+    // and the output columns 3..7 they feed are dropped at the end (cheaper than zeroing B).
+    const uint32_t* bplane = gt_planes + min(gq, 2) * pstride + tq + warp * (CHUNKS * 16);
+    // Per tile: output columns 2t, 2t + 1 of rows g and g + 8 over the scaled units, and the
+    // unit's sums.
     float tot[NT][4], d[NT][4];
 #pragma unroll
     for (int r = 0; r < NT; ++r) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) tot[r][e] = d[r][e] = 0.0f;
     }
-    while (sc0 < n_sc) {
+    int read_k = 0;
+    for (int u = warp; u < n_units; u += GT_WARPS, bplane += GT_WARPS * CHUNKS * 16) {
+        copy_async_wait<S - 2>();  // this lane's copies of unit u have landed
+        const unsigned char* slot = ring + read_k * Slot::BYTES;
+        read_k = read_k == S - 1 ? 0 : read_k + 1;
+        uint4 w[NT][SPU];
+        uint2 szw[NT];
 #pragma unroll
-        for (int j = 0; j < GT_U; ++j) {
-            const int sc = sc0 + GT_WARPS * j;
-            if (sc < n_sc) {
+        for (int r = 0; r < NT; ++r) {
 #pragma unroll
-                for (int sub = 0; sub < CHUNKS; ++sub) {
-                    const int c = sc * CHUNKS + sub;
-                    const int gi = c / chunks_per_group;
-                    // A chunk of a later group than the super-chunk's first (groups narrower
-                    // than a super-chunk) reads its own scale/zero word.
-                    if (sub != 0 && (c % chunks_per_group) == 0) {
+            for (int h = 0; h < SPU; ++h) {
+                w[r][h] = *reinterpret_cast<const uint4*>(slot + codes_at + (r * SPU + h) * 512);
+            }
+            szw[r] = *reinterpret_cast<const uint2*>(slot + sz_at + r * 32 * 8);
+        }
+        issue();  // into the slot unit u − 8 left
+        uint32_t zz[NT][2];  // 128 + z of rows g and g + 8, in both halves
 #pragma unroll
-                        for (int r = 0; r < NT; ++r) {
-                            szw[j][r] = __ldg(sz[r] + (size_t)min(gi, gpr - 1) * 8);
-                        }
-                    }
+        for (int r = 0; r < NT; ++r) {
+            zz[r][0] = __byte_perm(szw[r].x, 0, 0x3232);
+            zz[r][1] = __byte_perm(szw[r].y, 0, 0x3232);
+            if (B == 2) zz[r][1] = zero_x4(zz[r][1]);
+        }
 #pragma unroll
-                    for (int ks = 0; ks < 2; ++ks) {
-                        const int k0 = c * 32 + ks * 16;
-                        const uint32_t b0 = bcol ? bplane[k0 / 2] : 0u;
-                        const uint32_t b1 = bcol ? bplane[k0 / 2 + 4] : 0u;
+        for (int sub = 0; sub < CHUNKS; ++sub) {
 #pragma unroll
-                        for (int r = 0; r < NT; ++r) {
-                            const uint32_t words[4] = {w[j][r].x, w[j][r].y, w[j][r].z,
-                                                       w[j][r].w};
-                            const uint32_t zz0 = __byte_perm(szw[j][r].x, 0, 0x3232);
-                            const uint32_t zz1 = __byte_perm(szw[j][r].y, 0, 0x3232);
-                            uint32_t a[4];
-                            unpack_a<B>(words + sub * WORDS, ks, zz0, zz1, a);
-                            mma_bf16(d[r], a, b0, b1);
-                        }
-                    }
-                    // Close the group's partial sum at its end or the super-chunk's.
-                    if (sub == CHUNKS - 1 || (c + 1) % chunks_per_group == 0) {
+            for (int ks = 0; ks < 2; ++ks) {
+                const int k0 = sub * 32 + ks * 16;  // column in the unit
+                const uint32_t b0 = bplane[k0 / 2];
+                const uint32_t b1 = bplane[k0 / 2 + 4];
 #pragma unroll
-                        for (int r = 0; r < NT; ++r) {
-                            const float s0 = __half2float(
-                                __ushort_as_half((unsigned short)(szw[j][r].x & 0xffff)));
-                            const float s1 = __half2float(
-                                __ushort_as_half((unsigned short)(szw[j][r].y & 0xffff)));
-                            tot[r][0] = fmaf(s0, d[r][0], tot[r][0]);
-                            tot[r][1] = fmaf(s0, d[r][1], tot[r][1]);
-                            tot[r][2] = fmaf(s1, d[r][2], tot[r][2]);
-                            tot[r][3] = fmaf(s1, d[r][3], tot[r][3]);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
-                        }
-                    }
+                for (int r = 0; r < NT; ++r) {
+                    const uint4& ws = w[r][sub / SC_CHUNKS];
+                    const uint32_t words[4] = {ws.x, ws.y, ws.z, ws.w};
+                    uint32_t a[4];
+                    unpack_a<B>(words + (sub % SC_CHUNKS) * WORDS, ks, zz[r][0], zz[r][1], a);
+                    mma_bf16(d[r], a, b0, b1);
                 }
             }
         }
-        sc0 += GT_WARPS * GT_U;
-        if (sc0 < n_sc) fetch(sc0);
+        // The unit's partial sums, scaled by its group's scales (a group of several units is
+        // summed in parts).
+#pragma unroll
+        for (int r = 0; r < NT; ++r) {
+            const float s0 = __half2float(__ushort_as_half((unsigned short)(szw[r].x & 0xffff)));
+            const float s1 = __half2float(__ushort_as_half((unsigned short)(szw[r].y & 0xffff))) *
+                             HiRowScale<B>::VALUE;
+            tot[r][0] = fmaf(s0, d[r][0], tot[r][0]);
+            tot[r][1] = fmaf(s0, d[r][1], tot[r][1]);
+            tot[r][2] = fmaf(s1, d[r][2], tot[r][2]);
+            tot[r][3] = fmaf(s1, d[r][3], tot[r][3]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+        }
     }
+    copy_async_wait<0>();  // nothing left in flight when the block exits
 
-    // Rows g and g + 8 of each tile: the three x columns (and zero ones) summed over the t
-    // lanes, then over the warps' column slices.
+    // Rows g and g + 8 of each tile: the three x columns (lane t holds columns 2t, 2t + 1;
+    // columns 3..7 are dropped) summed over the t lanes, then over the warps' column slices.
 #pragma unroll
     for (int r = 0; r < NT; ++r) {
-        float lo = tot[r][0] + tot[r][1], hi = tot[r][2] + tot[r][3];
+        float lo = tq == 0 ? tot[r][0] + tot[r][1] : tq == 1 ? tot[r][0] : 0.0f;
+        float hi = tq == 0 ? tot[r][2] + tot[r][3] : tq == 1 ? tot[r][2] : 0.0f;
         lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 1);
         lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 2);
         hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 1);
@@ -424,42 +487,50 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #define SFX_GT_BODY(...) __trap();
 #endif
 
+// Entry points `gt_{matvec,matvec_norm,swiglu,swiglu_norm}_b{B}_r{R}_s{S}`: R tiles per
+// block (SwiGLU: R gate and R up tiles), S ring slots per warp.
 // `_norm`: x is the raw residual stream and nw the RMSNorm weight.
-#define SFX_GT_MATVEC(B, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
-        gt_matvec_b##B##_r##R(const GtGroup g, const float* x, int cols, int n_sc, int gpr,   \
-                              int group, int accumulate) {                                    \
-        SFX_GT_BODY(gt_matvec_body<B, R, false, false>(g, x, nullptr, 0.0f, cols, n_sc, gpr, \
-                                                       group, accumulate);)                   \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
-        gt_matvec_norm_b##B##_r##R(const GtGroup g, const float* x, const float* nw,          \
-                                   float eps, int cols, int n_sc, int gpr, int group) {       \
-        SFX_GT_BODY(gt_matvec_body<B, R, true, false>(g, x, nw, eps, cols, n_sc, gpr, group, \
-                                                      0);)                                    \
+#define SFX_GT_MATVEC(B, R, S)                                                            \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
+        gt_matvec_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
+                                     int gpr, int group_shift, int accumulate) {          \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false>(g, x, nullptr, 0.0f, cols, n_sc,    \
+                                                          gpr, group_shift, accumulate);) \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
+        gt_matvec_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw,   \
+                                          float eps, int cols, int n_sc, int gpr,         \
+                                          int group_shift) {                              \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, false>(g, x, nw, eps, cols, n_sc, gpr,  \
+                                                         group_shift, 0);)                \
     }
 
-#define SFX_GT_SWIGLU(B, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
-        gt_swiglu_b##B##_r##R(const GtGroup g, const float* x, int cols, int n_sc, int gpr,   \
-                              int group) {                                                    \
-        SFX_GT_BODY(gt_matvec_body<B, R, false, true>(g, x, nullptr, 0.0f, cols, n_sc, gpr,  \
-                                                      group, 0);)                             \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                               \
-        gt_swiglu_norm_b##B##_r##R(const GtGroup g, const float* x, const float* nw,          \
-                                   float eps, int cols, int n_sc, int gpr, int group) {       \
-        SFX_GT_BODY(gt_matvec_body<B, R, true, true>(g, x, nw, eps, cols, n_sc, gpr, group,  \
-                                                     0);)                                     \
+#define SFX_GT_SWIGLU(B, R, S)                                                            \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
+        gt_swiglu_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
+                                     int gpr, int group_shift) {                          \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, true>(g, x, nullptr, 0.0f, cols, n_sc, \
+                                                         gpr, group_shift, 0);)           \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
+        gt_swiglu_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw,   \
+                                          float eps, int cols, int n_sc, int gpr,         \
+                                          int group_shift) {                              \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, true>(g, x, nw, eps, cols, n_sc, gpr,   \
+                                                        group_shift, 0);)                 \
     }
 
-SFX_GT_MATVEC(2, 1)
-SFX_GT_MATVEC(2, 2)
-SFX_GT_MATVEC(2, 4)
-SFX_GT_SWIGLU(2, 1)
-SFX_GT_SWIGLU(2, 2)
-SFX_GT_MATVEC(4, 1)
-SFX_GT_MATVEC(4, 2)
-SFX_GT_MATVEC(4, 4)
-SFX_GT_SWIGLU(4, 1)
-SFX_GT_SWIGLU(4, 2)
+#define SFX_GT_WIDTH(B)                                                                   \
+    SFX_GT_MATVEC(B, 1, 3)                                                                \
+    SFX_GT_MATVEC(B, 1, 4)                                                                \
+    SFX_GT_MATVEC(B, 2, 3)                                                                \
+    SFX_GT_MATVEC(B, 2, 4)                                                                \
+    SFX_GT_MATVEC(B, 4, 3)                                                                \
+    SFX_GT_MATVEC(B, 4, 4)                                                                \
+    SFX_GT_SWIGLU(B, 1, 3)                                                                \
+    SFX_GT_SWIGLU(B, 1, 4)                                                                \
+    SFX_GT_SWIGLU(B, 2, 3)                                                                \
+    SFX_GT_SWIGLU(B, 2, 4)
+
+SFX_GT_WIDTH(2)
+SFX_GT_WIDTH(4)
