@@ -13,7 +13,7 @@
 #     all        one call for everything that needs the peer: prepare, the full conformance
 #                suite while llama.cpp builds (FALLBACK=dir: binaries benched instead if it
 #                fails), then quant and f16
-#     group      sfx only: group-code conformance, rtn2/3/4 bench, rows-per-thread sweep, and
+#     group      sfx only: group-code conformance, rtn2/3/4 bench, file-layout rows sweep, and
 #                an ncu profile of one rtn2 decode step (per-kernel time, bandwidth, stalls)
 #     plans      sfx only: the tile matvecs' conformance under forced plans (SFX_GT_PLAN, so
 #                every kernel variant runs), then per-kernel decode time of rtn2 and rtn4
@@ -78,9 +78,9 @@ case "$STAGE" in
       echo "SFX_GROUP_TILES=0 $q"
       SFX_GROUP_TILES=0 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q -p 0 -n 128 -r 3
     done > "$OUT/sfx_bench_group_rows_layout.md"
-    for r in 1 2 4; do
-      echo "SFX_GROUP_ROWS=$r"
-      SFX_GROUP_ROWS=$r "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 128 -r 3
+    for r in 1 2 4; do  # rows per thread of the file-layout kernels (the tile plans: stage plans)
+      echo "SFX_GROUP_TILES=0 SFX_GROUP_ROWS=$r"
+      SFX_GROUP_TILES=0 SFX_GROUP_ROWS=$r "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 128 -r 3
     done > "$OUT/sfx_bench_group_rows.md"
     cat "$OUT/sfx_bench_group.md" "$OUT/sfx_bench_group_rows_layout.md" "$OUT/sfx_bench_group_rows.md"
     # One decode step's kernels (graphs off: ncu replays each kernel; durations are the same).
@@ -90,7 +90,7 @@ case "$STAGE" in
       --csv "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant rtn2 -p 0 -n 8 -r 1 --graphs off \
       > "$OUT/ncu_rtn2_step.csv" 2> "$OUT/ncu_rtn2_step.err"
     python3 "$REPO/scripts/gpu/ncu_summary.py" "$OUT/ncu_rtn2_step.csv" > "$OUT/ncu_rtn2_step_summary.md"
-    for k in gt_swiglu_norm gt_matvec_norm 'gt_matvec_b2_r[124]$' attn_decode; do
+    for k in gt_swiglu_norm gt_matvec_norm 'gt_matvec_b2_r1_s3$' attn_decode; do
       ncu --clock-control none --kernel-name "regex:$k" --launch-skip 70 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis --section LaunchStats \

@@ -1,10 +1,11 @@
-//! Group-quantized projections (RTN / AWQ codes) on the CUDA backend. Codes, f16 scales and
-//! u8 zero points stay in device memory exactly as the `.sfx` file stores them (no
-//! re-layout, no dequantized copy), inside a [`CudaMatrix`], so every projection op of the
-//! backend takes them: decode runs the group matvecs of kernels/group.cu (q/k/v in one
-//! launch, gate/up with SwiGLU in one, the input RMSNorm folded in, the residual added in the
-//! epilogue; three instructions per weight); prefill dequantizes the matrix into a transient
-//! f32 panel (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 GEMM.
+//! Group-quantized projections (RTN / AWQ codes) on the CUDA backend, inside a
+//! [`CudaMatrix`] (no dequantized copy), so every projection op of the backend takes them
+//! (q/k/v in one launch, gate/up with SwiGLU in one, the input RMSNorm folded in, the
+//! residual added in the epilogue). 2- and 4-bit codes with groups of 2ⁿ · 128 columns are
+//! re-laid out at load into the tensor-core tile layout (kernels/group_mma.cu, docs/format.md
+//! "CUDA tile layout"); other widths and groups stay as the `.sfx` file stores them, for the
+//! CUDA-core kernels of kernels/group.cu. Prefill dequantizes the matrix into a transient f32
+//! panel (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 GEMM.
 
 use super::device::DeviceMem;
 use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef};

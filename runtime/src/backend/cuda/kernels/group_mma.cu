@@ -10,7 +10,7 @@
 // exact integers q − z. x enters as three bf16 columns of the B operand, x = x₀ + x₁ + x₂
 // (8 + 8 + 8 mantissa bits: f32 x exactly), so with exact integer weights and f32
 // accumulation the product is an f32 product, as on the CPU; the f16 scale multiplies each
-// group's f32 partial sum. Columns 3..7 of B are zero (one token per block).
+// group's f32 partial sum. Columns 3..7 of the output are dropped (one token per block).
 //
 // Fragment layouts (PTX ISA, m16n8k16 bf16): lane = 4·g + t. A (16×16, row): a0 = (g,
 // 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B (16×8, col): b0 = (k
