@@ -23,6 +23,7 @@
 #   SFX_ASSETS=dir with SmolLM2-135M-Instruct.Q4_1.gguf, wiki/ and brown/ (`make assets`)
 #   PEER=the llama.cpp kit (shared peers/llamacpp/prepare.sh; its device_bench.sh)
 #   OUT=where results go (default ./gpu-out)
+#   CASES=a test-name filter for the agreement stage (e.g. smollm2_sfx::rtn2)
 # The lent H200 takes at most 64 MiB per call, so the measured runs carried the GGUF in two
 # halves over consecutive calls; the stages are the commands those calls ran.
 set -u
@@ -44,7 +45,10 @@ case "$STAGE" in
   agreement)
     : "${SFX_ASSETS:?set SFX_ASSETS}"
     G="$SFX_ASSETS/SmolLM2-135M-Instruct.Q4_1.gguf"
-    SFX_REPO="$REPO" SFX_AGREEMENT_OUT="$OUT" SFX_CONVERT="$BIN/sfx-convert" "$BIN/cuda_agreement" 2>&1 | tail -12
+    # Each .sfx case converts SmolLM2 on the device first (~1-2 min with its refinement
+    # statistics): the log is kept as it goes, so a call's time limit loses no finished case.
+    SFX_REPO="$REPO" SFX_AGREEMENT_OUT="$OUT" SFX_CONVERT="$BIN/sfx-convert" "$BIN/cuda_agreement" ${CASES:-} 2>&1 \
+      | tee "$OUT/cuda_agreement.log" | tail -12
     "$BIN/sfx-run" "$G" --ppl wiki:2 --device cuda --kl-ref "$G" --kl-ref-device cpu --json > "$OUT/ppl_cuda_vs_cpu.json"
     ;;
   f16)
