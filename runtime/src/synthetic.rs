@@ -326,9 +326,11 @@ impl<B: ResidentKernels> Model<B> {
             });
         }
         let final_norm = vector("model.norm.weight", hidden, 0.1, 1.0)?;
-        let lm_head: Box<dyn Linear<B>> = match (c.tie_word_embeddings, head) {
-            (true, SyntheticWeights::Float) => Box::new(FloatLinear::new(b, embed.clone(), None)?),
-            (_, head) => linear_of(head, "lm_head.weight".into(), c.vocab_size, hidden, false)?,
+        // A tied head is float here (checked above).
+        let lm_head: Box<dyn Linear<B>> = if c.tie_word_embeddings {
+            Box::new(FloatLinear::new(b, embed.clone(), None)?)
+        } else {
+            linear_of(head, "lm_head.weight".into(), c.vocab_size, hidden, false)?
         };
         Model::assemble(backend, c, embed, layers, final_norm, lm_head, options)
     }
