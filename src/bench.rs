@@ -30,7 +30,8 @@ pub struct BenchArgs {
     pub weights: SyntheticWeights,
     /// The --quant name, for the model label.
     pub quant: String,
-    /// An untied head's format: float (`dtype`) or group codes (`--head`).
+    /// The head's format: float (`dtype`) or group codes (`--head`; a tied embedding is the
+    /// head's table).
     pub head: SyntheticWeights,
     pub kv: KvDtype,
     pub seed: u64,
@@ -56,13 +57,15 @@ pub fn parse_list(flag: &str, s: &str, allow_zero: bool) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-/// `--head`: bf16 / f32 (the float `dtype`) or group codes q2, q3, q4 (RTN, group 128).
+/// `--head`: bf16 / f32 (the float `dtype`) or group codes q2, q3, q4, q6, q8 (group 128).
 pub fn parse_head(s: &str) -> Result<SyntheticWeights> {
     match s {
         "float" | "bf16" | "f32" => Ok(SyntheticWeights::Float),
         _ => match s.strip_prefix('q').and_then(|b| b.parse::<u8>().ok()) {
-            Some(bits @ 2..=4) => Ok(SyntheticWeights::Group { bits, group: 128 }),
-            _ => bail!("--head {s:?}: expected bf16 (the --dtype), q2, q3 or q4"),
+            Some(bits) if sfx_formats::resident::SUPPORTED_BITS.contains(&bits) => {
+                Ok(SyntheticWeights::Group { bits, group: 128 })
+            }
+            _ => bail!("--head {s:?}: expected bf16 (the --dtype), q2, q3, q4, q6 or q8"),
         },
     }
 }

@@ -85,6 +85,104 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
     assert!((4.18..4.25).contains(&bpw), "bits per weight {bpw}");
 }
 
+/// `--head q8` on the tied SmolLM2: the embedding section becomes 8-bit codes (no second
+/// table), close to the float table, and the converted model equals an in-process RTN model
+/// whose float embedding is those codes dequantized — so the runtime's row gather from codes
+/// and its coded head agree with the float embedding and head paths on the same values.
+#[test]
+fn quantized_tied_head_is_one_table_serving_embedding_and_head() {
+    let path = out_dir().join("rtn4-head-q8.sfx");
+    let p = path.to_str().unwrap();
+    let g = gguf();
+    let args = [
+        "--quant",
+        "rtn4",
+        "--head",
+        "q8",
+        g.to_str().unwrap(),
+        "-o",
+        p,
+        "--calib-seqs",
+        "1",
+        "--calib-len",
+        "32",
+        "--heldout",
+        "none",
+    ];
+    convert(&args, 2);
+    let file = SfxFile::open(&path).unwrap();
+    file.verify().unwrap();
+    let name = "model.embed_tokens.weight";
+    let layout = file.section(name).unwrap().layout.clone();
+    assert!(
+        matches!(
+            layout,
+            Layout::PackedCodes {
+                bits: 8,
+                group: 128,
+                ..
+            }
+        ),
+        "{name}: {layout:?}"
+    );
+    assert!(
+        file.section("lm_head.weight").is_err(),
+        "a tied head has no second table"
+    );
+    assert_eq!(file.metadata().params["head"]["format"], "q8");
+    let (table, vocab, hidden) = dequantized(&file, name.trim_end_matches(".weight"));
+    let (ckpt, _) = float_model();
+    let float = ckpt.tensors.tensor(name).unwrap().to_f32_vec();
+    assert_eq!(table.len(), float.len());
+    let (num, den) = table
+        .iter()
+        .zip(&float)
+        .fold((0.0f64, 0.0f64), |(n, d), (a, b)| {
+            (n + f64::from(a - b).powi(2), d + f64::from(*b).powi(2))
+        });
+    let rel = (num / den).sqrt();
+    // 8 bits over a group's range: about (range/255)/√12 per weight, well under 1 % of the
+    // table's RMS for SmolLM2's embedding (its rows are near-Gaussian).
+    assert!(rel < 0.01, "8-bit table relative error {rel}");
+
+    let mut tensors = OwnedTensors::new();
+    for n in ckpt.tensors.tensor_names() {
+        let v = ckpt.tensors.tensor(&n).unwrap();
+        let values = if n == name {
+            table.clone()
+        } else {
+            v.to_f32_vec()
+        };
+        tensors.insert_f32(n.clone(), v.shape.to_vec(), &values);
+    }
+    let reference = Model::load_with(
+        CpuBackend::new(),
+        &ckpt.config,
+        &tensors,
+        &RtnFactory::new(4),
+        &opts(),
+    )
+    .unwrap();
+    let model = load_sfx_model(&file, &opts()).unwrap();
+    assert_eq!(model.config().vocab_size, vocab);
+    assert_eq!(model.config().hidden_size, hidden);
+    let ids = &wiki_tokens(24);
+    let (a, b) = (logits(&model, ids, None), logits(&reference, ids, None));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        diff <= 1e-3,
+        "q8-head .sfx vs float path on the same table: max |Δlogit| {diff}"
+    );
+    // One resident table: the 8-bit codes + scales + zeros, not a BF16 copy besides.
+    let embed_bytes = vocab * hidden + vocab * hidden.div_ceil(128) * 3;
+    let float_bytes = vocab * hidden * 2;
+    assert!(model.resident_bytes() + float_bytes / 2 < reference.resident_bytes());
+    assert!(model.embedding().resident_bytes() == embed_bytes);
+}
+
 /// `awq3 --fit --mlp both` (small AWQ grid, for time) with a held-out set, converted with 2
 /// and with 1 thread.
 fn awq3_pair() -> &'static (PathBuf, PathBuf) {
@@ -473,8 +571,12 @@ fn bad_options_are_named() {
     let g = g.to_str().unwrap();
     let o = out_dir().join("never.sfx");
     let o = o.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--quant", "awq5", g, "-o", o], "--quant"),
+        (
+            &["--quant", "rtn3", "--head", "q5", g, "-o", o],
+            "--head \"q5\"",
+        ),
         (&["--quant", "rtn3", "--k", "2000", g, "-o", o], "--k 2000"),
         (&["--quant", "rtn3", "--k", "1,2", g, "-o", o], "four"),
         (&["--quant", "rtn3", "--mlp", "rows", g, "-o", o], "--mlp"),

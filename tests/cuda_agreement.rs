@@ -4,8 +4,9 @@
 //! the converter's resident `.sfx` files (rtn2 and awq4: the tensor-core tile kernels; rtn3
 //! and awq3: the CUDA-core ones; refinement off) on both backends: the same codes through the
 //! CUDA group kernels and the CPU ones, mean KL over a wiki window and greedy continuations
-//! (a divergence reports the CPU's top-2 logit gap there, to tell near-ties from errors). On a machine without a GPU every case is reported as ignored, by
-//! name.
+//! (a divergence reports the CPU's top-2 logit gap there, to tell near-ties from errors), also
+//! with quantized heads (`--head q8`, `--head q4`: the tied embedding gathered from codes). On
+//! a machine without a GPU every case is reported as ignored, by name.
 
 mod common;
 
@@ -229,16 +230,16 @@ fn wiki2() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Converts SmolLM2 to `quant` (no fit; AWQ on a small search grid) with this build's
-/// `sfx-convert` (`$SFX_CONVERT` when the test binary runs on another machine).
-fn converted(quant: &str) -> Result<std::path::PathBuf, Failed> {
+/// Converts SmolLM2 to `quant` with `--head head` (no fit; AWQ on a small search grid) with
+/// this build's `sfx-convert` (`$SFX_CONVERT` when the test binary runs on another machine).
+fn converted(quant: &str, head: &str) -> Result<std::path::PathBuf, Failed> {
     let dir = std::env::temp_dir().join("sfx_cuda_agreement");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let out = dir.join(format!("{quant}.sfx"));
+    let out = dir.join(format!("{quant}-head-{head}.sfx"));
     let convert =
         std::env::var_os("SFX_CONVERT").unwrap_or_else(|| env!("CARGO_BIN_EXE_sfx-convert").into());
     let status = std::process::Command::new(convert)
-        .args(["--quant", quant, "--awq-grid", "5,5"])
+        .args(["--quant", quant, "--head", head, "--awq-grid", "5,5"])
         .arg(common::gguf())
         .arg("-o")
         .arg(&out)
@@ -254,8 +255,8 @@ fn converted(quant: &str) -> Result<std::path::PathBuf, Failed> {
 /// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill:
 /// the CUDA GEMM takes TF32 panels), the same over the first 128 fed one at a time (decode
 /// only: the group matvec), and greedy continuations.
-fn sfx_agreement(quant: &'static str) -> Result<(), Failed> {
-    let path = converted(quant)?;
+fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> {
+    let path = converted(quant, head)?;
     let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
     let options = ModelOptions::default();
     let cpu = load_sfx_model_on(CpuBackend::new(), &file, &options).map_err(|e| e.to_string())?;
@@ -299,8 +300,8 @@ fn sfx_agreement(quant: &'static str) -> Result<(), Failed> {
         prompts += 1;
     }
     report(
-        &format!("sfx_{quant}"),
-        serde_json::json!({"quant": quant, "positions": ids.len(), "mean_kl_cpu_cuda": kl,
+        &format!("sfx_{quant}_head_{head}"),
+        serde_json::json!({"quant": quant, "head": head, "positions": ids.len(), "mean_kl_cpu_cuda": kl,
         "max_abs_logit_diff": max_abs, "decode_positions": dec_ids.len(),
         "decode_mean_kl_cpu_cuda": decode_kl, "decode_max_abs_logit_diff": decode_max_abs,
         "greedy_prompts": prompts, "greedy_identical": prompts - differ.len(),
@@ -330,10 +331,24 @@ fn main() {
         Trial::test("cuda::smollm2::greedy_continuations", greedy_continuations)
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3")).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3")).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2_sfx::rtn2", || sfx_agreement("rtn2")).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2_sfx::awq4", || sfx_agreement("awq4")).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3", "bf16"))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3", "bf16"))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::rtn2", || sfx_agreement("rtn2", "bf16"))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::awq4", || sfx_agreement("awq4", "bf16"))
+            .with_ignored_flag(!gpu),
+        // Coded heads: the tied embedding gathered from 8-bit file-layout codes (CUDA-core
+        // head matvec) and from 4-bit tile-layout codes (tensor-core head matvec).
+        Trial::test("cuda::smollm2_sfx::rtn3_head_q8", || {
+            sfx_agreement("rtn3", "q8")
+        })
+        .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::awq4_head_q4", || {
+            sfx_agreement("awq4", "q4")
+        })
+        .with_ignored_flag(!gpu),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::model::{rope_cos_sin, Model, ModelOptions};
 use crate::resident::ResidentKernels;
 use half::{bf16, f16};
-use sfx_formats::resident::GroupQuantized;
+use sfx_formats::resident::{GroupQuantized, SUPPORTED_BITS};
 use sfx_formats::{DType, TensorView};
 
 /// One op with the shape it runs at.
@@ -127,6 +127,15 @@ pub enum Op {
         cols: usize,
         bias: bool,
         acc: bool,
+    },
+    /// Rows of a group-coded table by token id (a tied embedding of a quantized head) through
+    /// [`crate::linear::Linear::gather_rows`].
+    GroupEmbedding {
+        bits: u8,
+        group: usize,
+        vocab: usize,
+        cols: usize,
+        n: usize,
     },
     /// Up to three group-coded projections of one input (q/k/v) as the graph runs them on
     /// the backend: one fused launch (`norm`: the input RMSNorm folded in) where the
@@ -552,7 +561,7 @@ pub fn cases() -> Vec<Case> {
     // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
     // prefill (m > 4: an f32 panel the device GEMM multiplies in TF32, 10-bit mantissas on
     // both operands: relative error ~2⁻¹¹ per product).
-    for bits in [2u8, 3, 4] {
+    for bits in SUPPORTED_BITS {
         for (m, rows, cols, group, bias, acc) in [
             (1, 4096, 4096, 128, false, false),
             (1, 1536, 576, 128, true, false),
@@ -583,9 +592,29 @@ pub fn cases() -> Vec<Case> {
             );
         }
     }
+    // Embedding rows from group codes at every width (2 and 4 bits: the tile layout on
+    // CUDA, a 576-column row ending in a half super-chunk at 2 bits): the first and last ids
+    // of the table and random ones; the gather is exact (the same f32 products as the CPU).
+    for bits in SUPPORTED_BITS {
+        for (vocab, cols, group, n) in [(5003, 576, 128, 7), (300, 4096, 128, 3), (77, 64, 32, 5)] {
+            add(
+                "group_embedding",
+                format!("q{bits}g{group} {vocab}×{cols} n{n}"),
+                Op::GroupEmbedding {
+                    bits,
+                    group,
+                    vocab,
+                    cols,
+                    n,
+                },
+                0.0,
+                0.0,
+            );
+        }
+    }
     // The fused decode paths over group codes: q/k/v shapes of SmolLM2 and Llama-3.1-8B (and
     // an odd one), gate/up of both, with and without the norm folded in.
-    for bits in [2u8, 3, 4] {
+    for bits in SUPPORTED_BITS {
         for norm in [false, true] {
             let tag = if norm { " +norm" } else { "" };
             for (m, cols, rows, bias) in [
@@ -713,6 +742,13 @@ fn group_shape(spec: &Op) -> Option<(u8, usize, usize, usize)> {
             rows,
             ..
         } => Some((bits, group, cols, rows.iter().sum())),
+        Op::GroupEmbedding {
+            bits,
+            group,
+            vocab,
+            cols,
+            ..
+        } => Some((bits, group, cols, vocab)),
         _ => None,
     }
 }
@@ -807,6 +843,8 @@ struct Inputs {
     d: Vec<f32>,
     ids: Vec<u32>,
     bytes: Vec<u8>,
+    /// Token ids of cases whose `ids` hold something else (group zero points).
+    tokens: Vec<u32>,
 }
 
 fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
@@ -817,6 +855,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
         d: Vec::new(),
         ids: Vec::new(),
         bytes: Vec::new(),
+        tokens: Vec::new(),
     };
     match *spec {
         Op::Embedding { vocab, cols, n, .. } => {
@@ -912,6 +951,16 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.c = rng.vec(rows, 0.5);
             i.d = rng.vec(m * rows, 1.0);
         }
+        Op::GroupEmbedding { vocab, n, .. } => {
+            group_inputs(&mut i, spec, rng);
+            i.tokens = (0..n)
+                .map(|t| match t {
+                    0 => vocab - 1,
+                    1 => 0,
+                    _ => rng.below(vocab),
+                } as u32)
+                .collect();
+        }
         Op::GroupProjections { cols, .. } | Op::GroupSwiglu { cols, .. } => {
             group_inputs(&mut i, spec, rng);
             let total = group_shape(spec).map_or(0, |s| s.3);
@@ -928,6 +977,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
 fn group_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
     let m = match *spec {
         Op::GroupLinear { m, .. } | Op::GroupProjections { m, .. } | Op::GroupSwiglu { m, .. } => m,
+        Op::GroupEmbedding { .. } => 0,
         _ => 0,
     };
     let Some((bits, group, cols, rows)) = group_shape(spec) else {
@@ -1187,6 +1237,13 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 &mut scratch,
                 &mut out,
             )?;
+            download(b, &out)
+        }
+        Op::GroupEmbedding { vocab, cols, n, .. } => {
+            let q = group_codes(spec, x, 0, vocab)?;
+            let table = b.group_linear(q, None, "conformance group_embedding")?;
+            let mut out = poisoned(b, n * cols)?;
+            table.gather_rows(b, &index(b, &x.tokens)?, &mut out)?;
             download(b, &out)
         }
         Op::GroupLinear {
@@ -1570,6 +1627,13 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                 y[row_len + e] += acc * x.b[e] as f64;
             }
             y
+        }
+        Op::GroupEmbedding { vocab, cols, .. } => {
+            let w = group_codes(spec, x, 0, vocab).ok()?.dequantize();
+            x.tokens
+                .iter()
+                .flat_map(|&t| f(&w[t as usize * cols..][..cols]))
+                .collect()
         }
         Op::GroupLinear {
             m,

@@ -10,6 +10,7 @@
 use crate::backend::{Backend, MatmulOut, WeightPrecision};
 use crate::error::{Result, RuntimeError};
 use sfx_formats::{DType, TensorSource};
+use std::sync::Arc;
 
 /// `y[m, out] = x[m, in] · Wᵀ (+ b)` for m tokens.
 pub trait Linear<B: Backend>: Send + Sync {
@@ -38,6 +39,17 @@ pub trait Linear<B: Backend>: Send + Sync {
     /// `None` for formats the backend's matrix type does not hold, which run unfused.
     fn matrix_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
         None
+    }
+    /// `out[t, :] = Ŵ[tokens[t], :]`: the weight's rows as a lookup table — how a tied
+    /// embedding reads the head it shares (a quantized head keeps one table, not two).
+    /// `out` holds `tokens × in_dim` values; an id ≥ `out_dim` is
+    /// [`RuntimeError::TokenOutOfRange`]. Formats without a row gather say so.
+    fn gather_rows(&self, backend: &B, tokens: &B::Index, out: &mut B::Buffer) -> Result<()> {
+        let _ = (backend, tokens, out);
+        Err(RuntimeError::Unsupported(format!(
+            "{}: this weight format has no row gather (it cannot serve as an embedding)",
+            self.describe()
+        )))
     }
     /// Bytes this linear keeps resident on the device (weights, scales, bias), for the
     /// per-tier memory accounting of the evaluation protocol.
@@ -136,6 +148,9 @@ impl<B: Backend> Linear<B> for FloatLinear<B> {
     fn matrix_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
         Some((&self.weight, self.bias.as_ref()))
     }
+    fn gather_rows(&self, backend: &B, tokens: &B::Index, out: &mut B::Buffer) -> Result<()> {
+        backend.embedding(&self.weight, tokens, out)
+    }
     fn resident_bytes(&self) -> usize {
         let bias = if self.bias.is_some() {
             self.out_dim * 4
@@ -167,6 +182,8 @@ pub enum LinearRole {
     Up,
     Down,
     LmHead,
+    /// The token embedding table `[vocab, hidden]`, read by row gathers only.
+    Embedding,
 }
 
 impl LinearRole {
@@ -180,6 +197,7 @@ impl LinearRole {
             LinearRole::Up => "MLP up projection",
             LinearRole::Down => "MLP down projection",
             LinearRole::LmHead => "output head",
+            LinearRole::Embedding => "token embedding",
         }
     }
 }
@@ -206,19 +224,71 @@ pub trait LinearFactory<B: Backend> {
         spec: &LinearSpec<'_>,
     ) -> Result<Box<dyn Linear<B>>>;
 
-    /// The output head of a model with tied embeddings. The default shares the resident
-    /// embedding matrix (no second copy); a format that quantizes the head overrides this.
-    fn tied_lm_head(
+    /// The token embedding (`spec.role` is [`LinearRole::Embedding`], `[vocab, hidden]` as
+    /// `[out_dim, in_dim]`), read through [`Linear::gather_rows`]. The default is the float
+    /// table at `precision`; a format that stores the table quantized overrides this.
+    fn load_embedding(
         &self,
         backend: &B,
-        embedding: &B::Matrix,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+        precision: WeightPrecision,
+    ) -> Result<Arc<dyn Linear<B>>> {
+        Ok(Arc::new(FloatLinear::load(
+            backend, tensors, spec, precision,
+        )?))
+    }
+
+    /// The output head of a model with tied embeddings: the embedding itself (float or
+    /// quantized, one resident copy either way).
+    fn tied_lm_head(
+        &self,
+        _backend: &B,
+        embedding: &Arc<dyn Linear<B>>,
         _spec: &LinearSpec<'_>,
     ) -> Result<Box<dyn Linear<B>>> {
-        Ok(Box::new(FloatLinear::new(
-            backend,
-            embedding.clone(),
-            None,
-        )?))
+        Ok(Box::new(SharedLinear(embedding.clone())))
+    }
+}
+
+/// One resident linear serving two roles (a tied embedding and head): every call goes to
+/// the shared weight.
+pub struct SharedLinear<B: Backend>(pub Arc<dyn Linear<B>>);
+
+impl<B: Backend> Linear<B> for SharedLinear<B> {
+    fn in_dim(&self) -> usize {
+        self.0.in_dim()
+    }
+    fn out_dim(&self) -> usize {
+        self.0.out_dim()
+    }
+    fn has_bias(&self) -> bool {
+        self.0.has_bias()
+    }
+    fn forward(&self, backend: &B, x: &B::Buffer, m: usize, y: &mut B::Buffer) -> Result<()> {
+        self.0.forward(backend, x, m, y)
+    }
+    fn forward_add(
+        &self,
+        backend: &B,
+        x: &B::Buffer,
+        m: usize,
+        acc: &mut B::Buffer,
+        scratch: &mut B::Buffer,
+    ) -> Result<()> {
+        self.0.forward_add(backend, x, m, acc, scratch)
+    }
+    fn matrix_parts(&self) -> Option<(&B::Matrix, Option<&B::Buffer>)> {
+        self.0.matrix_parts()
+    }
+    fn gather_rows(&self, backend: &B, tokens: &B::Index, out: &mut B::Buffer) -> Result<()> {
+        self.0.gather_rows(backend, tokens, out)
+    }
+    fn resident_bytes(&self) -> usize {
+        self.0.resident_bytes()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
     }
 }
 

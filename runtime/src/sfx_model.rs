@@ -19,13 +19,14 @@ use crate::model::{Model, ModelOptions};
 use crate::resident::ResidentKernels;
 use half::f16;
 use sfx_formats::resident::{
-    GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme,
+    GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
 };
 use sfx_formats::sfx::{Layout, SectionView, SfxFile, MAGIC};
 use sfx_formats::{DType, FormatError, ModelConfig, TensorSource, TensorView};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Code packings this loader implements (`params["quant"]["packing"]`): group-wise integer
 /// codes, and trellis tiles (whose layout carries its own scheme).
@@ -255,16 +256,19 @@ impl TensorSource for SfxTensors<'_> {
         }
     }
 
+    /// Any section of that name, dense or coded (a quantized head exists even though
+    /// [`TensorSource::tensor`] cannot hand it out as floats).
     fn contains(&self, name: &str) -> bool {
-        self.dense.contains_key(name)
+        self.dense.contains_key(name) || self.file.section(name).is_ok()
     }
 }
 
 /// Builds projections from a container's resident sections: `P.weight` (packed codes
 /// `[out, in, bits, group]`), `P.weight.scales` (dense F16 `[out, groups]`), `P.weight.zeros`
 /// (bytes, `out × groups`) and, where the config has biases, `P.bias` (dense, through the
-/// tensor source). An untied head (`lm_head.weight`, dense) stays float at `head_precision`;
-/// a tied head shares the float embedding (the trait's default), as in [`crate::resident::RtnFactory`].
+/// tensor source). The embedding and an untied head (`lm_head.weight`) are either dense
+/// (float, the head at `head_precision`) or packed codes like a projection
+/// (`sfx-convert --head q4|q6|q8`); a tied head is the embedding (the trait's default).
 pub struct SfxLinearFactory<'f> {
     file: &'f SfxFile,
     pub head_precision: WeightPrecision,
@@ -305,14 +309,14 @@ impl<'f> SfxLinearFactory<'f> {
             ));
         };
         let (rows, cols) = config_dims(file, name, "codes", (rows, cols), spec)?;
-        // The CPU kernels exist for 2, 3 and 4 bits; the layout allows 1–8.
+        // The layout allows 1–8 bits; kernels exist for SUPPORTED_BITS.
         let bits = match u8::try_from(bits) {
-            Ok(b @ 2..=4) => b,
+            Ok(b) if SUPPORTED_BITS.contains(&b) => b,
             _ => {
                 return Err(section_err(
                     file,
                     name,
-                    format!("{bits}-bit codes (this runtime supports 2, 3 and 4)"),
+                    format!("{bits}-bit codes (this runtime supports {SUPPORTED_BITS:?})"),
                 ))
             }
         };
@@ -535,8 +539,8 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         tensors: &dyn TensorSource,
         spec: &LinearSpec<'_>,
     ) -> Result<Box<dyn Linear<B>>> {
-        if spec.role == LinearRole::LmHead {
-            // docs/format.md: the untied head is kept float (`lm_head.weight`, dense).
+        if spec.role == LinearRole::LmHead && !self.is_packed(spec.weight_name) {
+            // docs/format.md: a float head (`lm_head.weight`, dense).
             return Ok(Box::new(FloatLinear::load(
                 backend,
                 tensors,
@@ -563,5 +567,35 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)
+    }
+
+    fn load_embedding(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+        precision: WeightPrecision,
+    ) -> Result<Arc<dyn Linear<B>>> {
+        if !self.is_packed(spec.weight_name) {
+            return Ok(Arc::new(FloatLinear::load(
+                backend, tensors, spec, precision,
+            )?));
+        }
+        let q = self.group_quantized(spec)?;
+        Ok(Arc::from(backend.group_linear(
+            q,
+            None,
+            spec.weight_name,
+        )?))
+    }
+}
+
+impl SfxLinearFactory<'_> {
+    /// Whether section `name` holds packed codes (a quantized embedding or head).
+    fn is_packed(&self, name: &str) -> bool {
+        matches!(
+            self.file.section(name).map(|s| s.layout.clone()),
+            Ok(Layout::PackedCodes { .. })
+        )
     }
 }

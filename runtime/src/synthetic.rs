@@ -6,7 +6,7 @@
 
 use crate::backend::{synthetic_bits, synthetic_value};
 use crate::error::{Result, RuntimeError};
-use crate::linear::{FloatLinear, Linear};
+use crate::linear::{FloatLinear, Linear, SharedLinear};
 use crate::model::{DecoderLayer, Model, ModelOptions};
 use crate::resident::ResidentKernels;
 use half::f16;
@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::{DType, ModelConfig};
+use std::sync::Arc;
 
 /// Names accepted by [`preset`].
 pub const PRESETS: &[&str] = &[
@@ -214,9 +215,9 @@ impl<B: ResidentKernels> Model<B> {
         )
     }
 
-    /// [`Model::synthetic`] with the projections in `weights`' format and an untied head in
-    /// `head`'s (the embedding stays `dtype`; a tied head is the embedding, so it must stay
-    /// float).
+    /// [`Model::synthetic`] with the projections in `weights`' format and the head in
+    /// `head`'s. An untied model's embedding stays `dtype`; a tied one is the head's table
+    /// (quantized with it).
     pub fn synthetic_with(
         backend: B,
         config: &ModelConfig,
@@ -228,13 +229,6 @@ impl<B: ResidentKernels> Model<B> {
     ) -> Result<Self> {
         crate::model::validate_config(config)?;
         let c = config;
-        if c.tie_word_embeddings && head != SyntheticWeights::Float {
-            return Err(RuntimeError::Unsupported(
-                "this architecture ties its head to the embedding, which stays float in a \
-                 synthetic model: leave the head float"
-                    .into(),
-            ));
-        }
         let b = &backend;
         let matrix = |name: &str, rows: usize, cols: usize| {
             let scale = (3.0 / cols.max(1) as f32).sqrt();
@@ -266,13 +260,26 @@ impl<B: ResidentKernels> Model<B> {
             linear_of(weights, name, rows, cols, bias)
         };
         let hidden = c.hidden_size;
-        let embed = b.random_matrix(
-            c.vocab_size,
-            hidden,
-            dtype,
-            tensor_seed(seed, "model.embed_tokens.weight"),
-            1.0,
-        )?;
+        let embed_name = "model.embed_tokens.weight";
+        let embed: Arc<dyn Linear<B>> = if c.tie_word_embeddings && head != SyntheticWeights::Float
+        {
+            Arc::from(linear_of(
+                head,
+                embed_name.into(),
+                c.vocab_size,
+                hidden,
+                false,
+            )?)
+        } else {
+            let table = b.random_matrix(
+                c.vocab_size,
+                hidden,
+                dtype,
+                tensor_seed(seed, embed_name),
+                1.0,
+            )?;
+            Arc::new(FloatLinear::new(b, table, None)?)
+        };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -326,9 +333,8 @@ impl<B: ResidentKernels> Model<B> {
             });
         }
         let final_norm = vector("model.norm.weight", hidden, 0.1, 1.0)?;
-        // A tied head is float here (checked above).
         let lm_head: Box<dyn Linear<B>> = if c.tie_word_embeddings {
-            Box::new(FloatLinear::new(b, embed.clone(), None)?)
+            Box::new(SharedLinear(embed.clone()))
         } else {
             linear_of(head, "lm_head.weight".into(), c.vocab_size, hidden, false)?
         };

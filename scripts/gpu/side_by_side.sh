@@ -10,6 +10,9 @@
 #     agreement  SmolLM2 CUDA vs CPU (float, rtn3 and awq3 .sfx), wiki:2 PPL/KL through sfx-run
 #     f16        llama.cpp F16 vs sfx BF16 at depths 0, 4096, 32768 (step graphs on and off)
 #     quant      llama.cpp Q2_K / Q4_K_M / Q4_0 vs sfx rtn2 / rtn3 / rtn4 (BF16 and q4 heads)
+#     head       quantized heads: the head-ops conformance, SmolLM2 CUDA-vs-CPU agreement of
+#                coded-head .sfx files, and llama.cpp Q2_K / Q4_0 / Q4_K_M vs sfx rtn2 / rtn4
+#                with q4 / q6 / q8 heads (llama.cpp's own Q2_K keeps a Q6_K head)
 #     all        one call for everything that needs the peer: prepare, the full conformance
 #                suite while llama.cpp builds (FALLBACK=dir: binaries benched instead if it
 #                fails), then quant and f16
@@ -27,7 +30,7 @@
 # The lent H200 takes at most 64 MiB per call, so the measured runs carried the GGUF in two
 # halves over consecutive calls; the stages are the commands those calls ran.
 set -u
-STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, all, group or plans}"
+STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, head, all, group or plans}"
 BIN="${BIN:?set BIN}"; PEER="${PEER:?set PEER}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -121,6 +124,23 @@ case "$STAGE" in
         grep -E '^\| gt_' "$f.err" | awk -F'|' '{printf "  %s %s %s\n", $2, $3, $6}'
       done
     done
+    ;;
+  head)
+    for op in group_embedding group_linear; do
+      "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}.md" 2>&1
+      echo "$op: $(grep "cases on cuda" "$OUT/test_backend_${op}.md")"
+    done
+    : "${SFX_ASSETS:?set SFX_ASSETS}"
+    SFX_REPO="$REPO" SFX_AGREEMENT_OUT="$OUT" SFX_CONVERT="$BIN/sfx-convert" "$BIN/cuda_agreement" "${CASES:-_head_}" 2>&1 \
+      | tee "$OUT/cuda_agreement_head.log" | tail -6
+    while pgrep -f device_bench.sh >/dev/null; do sleep 5; done
+    QUANTS="q2_k q4_k_m q4_0" ARGS="$BENCH_ARGS -fa 1" DEADLINE=600 OUT="$OUT" bash "$PEER/device_bench.sh" >/dev/null
+    for q in rtn2 rtn4; do
+      for head in bf16 q4 q6 q8; do
+        "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "$q" --head $head $BENCH_ARGS
+      done
+    done > "$OUT/sfx_bench_heads.md"
+    cat "$OUT/llamacpp_bench.md" "$OUT/sfx_bench_heads.md"
     ;;
   all)
     bash "$0" prepare

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sfx_calibration::convert::{
-    convert, ConvertOptions, ConvertReport, LayerReport, MlpScheme, QuantSpec,
+    convert, ConvertOptions, ConvertReport, HeadFormat, LayerReport, MlpScheme, QuantSpec,
 };
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::resident::TrellisCode;
@@ -106,6 +106,13 @@ struct ConvertArgs {
     /// (docs/decisions.md, "YAQA Hessians").
     #[arg(long, default_value_t = 0)]
     yaqa_seqs: usize,
+    /// Output head and token embedding: bf16 (the float tables as the source stores them),
+    /// or group codes q4, q6, q8 (asymmetric, group 128; per group the clip ratio with the
+    /// least head-output error, weighted by the calibration inputs' E[x^2]). A tied embedding
+    /// is the head's table; an untied one is quantized at the same width. SmolLM2 KL vs bytes
+    /// of each choice: docs/results.md, "Quantized head".
+    #[arg(long, default_value = "bf16")]
+    head: String,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -356,6 +363,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             other => bail!("--refine-tier {other:?}: expected ram or ssd"),
         },
         yaqa_sequences: a.yaqa_seqs,
+        head: HeadFormat::parse(&a.head)?,
     };
     if a.calib_seqs == 0 || a.calib_len == 0 {
         bail!("--calib-seqs and --calib-len must be at least 1");
@@ -488,10 +496,14 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
 
 fn quant_name(o: &ConvertOptions) -> String {
     format!(
-        "{}{}{}",
+        "{}{}{}{}",
         o.quant.method_name(),
         o.quant.bits,
-        if o.fit { " --fit" } else { "" }
+        if o.fit { " --fit" } else { "" },
+        match o.head {
+            HeadFormat::Float => String::new(),
+            h => format!(" --head {}", h.name()),
+        }
     )
 }
 
@@ -541,6 +553,8 @@ fn print_report(
             "file_bytes": file_bytes,
             "bytes_by_tier": r.bytes_by_tier,
             "linear_bits_per_weight": r.linear_bits_per_weight,
+            "head": o.head.name(),
+            "head_bytes": r.head_bytes,
             "refine_bytes": r.refine_bytes,
             "refine_zstd3_bytes": r.refine_zstd_bytes,
             "calib_tokens": r.calib_tokens,
@@ -569,8 +583,11 @@ fn print_report(
         println!("  {tier:<8} {:>10.2} MiB", *bytes as f64 / (1 << 20) as f64);
     }
     println!(
-        "  resident linears: {:.3} bits/weight; refinement zstd-3 ratio {:.3}",
+        "  resident linears: {:.3} bits/weight; head/embedding ({}): {:.2} MiB; refinement \
+         zstd-3 ratio {:.3}",
         r.linear_bits_per_weight,
+        o.head.name(),
+        r.head_bytes as f64 / (1 << 20) as f64,
         r.refine_bytes as f64 / r.refine_zstd_bytes.max(1) as f64
     );
     if !totals.is_empty() {

@@ -46,6 +46,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a canonical text of the evaluation protocol (wiki, brown, austen/<novel>)
+    /// exactly as sfx-run scores it and sfx-convert calibrates on, so other tools (e.g.
+    /// llama-imatrix, llama-perplexity) can be given the same text.
+    Text {
+        /// wiki, brown or austen/<novel> (emma, mansfieldpark, prideprejudice,
+        /// sensesensibility, persuasion, northangerabbey).
+        name: String,
+    },
     /// Check a backend op by op: every op of the decoder graph at every shape family (odd
     /// sizes, every GQA ratio of the Llama/Qwen families, long contexts, BF16/F32 weights,
     /// F32/F16 KV) against a reference with a stated normalised-error bound. A GPU is compared
@@ -96,13 +104,14 @@ enum Command {
         /// Weight type of synthetic models: bf16 or f32.
         #[arg(long, default_value = "bf16")]
         dtype: String,
-        /// Resident format of a synthetic model's projections (embedding and head stay
-        /// --dtype): float (default), or group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have
-        /// the same layout and kernels), group 128.
+        /// Resident format of a synthetic model's projections (embedding and head: --head):
+        /// float (default), or group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have the same
+        /// layout and kernels), group 128.
         #[arg(long, default_value = "float", requires = "synthetic")]
         quant: String,
-        /// Format of a synthetic model's untied head: bf16 (its --dtype, default) or group
-        /// codes q2, q3, q4 (RTN, group 128; the final norm stays fused into it).
+        /// Format of a synthetic model's head: bf16 (its --dtype, default) or group codes
+        /// q2, q3, q4, q6, q8 (group 128; the final norm stays fused into it). A tied
+        /// embedding gathers its rows from the head's codes; an untied one stays --dtype.
         #[arg(long, default_value = "bf16", requires = "synthetic")]
         head: String,
         /// KV cache element type: f16 or f32.
@@ -128,6 +137,14 @@ fn main() -> Result<()> {
             tensors,
         } => inspect(&model, json, tensors),
         Command::Verify { file, json } => verify(&file, json),
+        Command::Text { name } => {
+            let assets = sfx_formats::corpus::assets_dir();
+            let text = sfx_formats::corpus::load_named_text(&assets, &name)
+                .with_context(|| format!("text {name:?}"))?;
+            use std::io::Write;
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            Ok(())
+        }
         Command::TestBackend {
             device,
             op,

@@ -8,7 +8,7 @@ use crate::refine::bundles::build_bundles;
 use crate::refine::{fit_refinement, quantize_columns_4bit, RefinementColumns};
 use crate::stats::{mask_top_k, RefinementStats};
 use faer::{Accum, MatMut, MatRef, Par};
-use sfx_formats::sfx::{Layout, Tier};
+use sfx_formats::sfx::Layout;
 use sfx_formats::{FormatError, TensorSource};
 use sfx_runtime::model::DecoderLayer;
 use sfx_runtime::{
@@ -426,27 +426,7 @@ impl LayerContext<'_> {
                 let (rows, cols) = (proj.rows as u64, proj.cols as u64);
                 let name = &proj.prefix;
                 match proj.quantized()? {
-                    ResidentWeight::Group(q) => {
-                        let groups = q.groups_per_row() as u64;
-                        let layout = Layout::PackedCodes {
-                            rows,
-                            cols,
-                            bits: q.bits() as u64,
-                            group: q.group_size() as u64,
-                        };
-                        sink.put(format!("{name}.weight"), Tier::Resident, layout, q.codes())?;
-                        sink.put_f16(
-                            format!("{name}.weight.scales"),
-                            vec![rows, groups],
-                            q.scales(),
-                        )?;
-                        sink.put(
-                            format!("{name}.weight.zeros"),
-                            Tier::Resident,
-                            Layout::Bytes,
-                            q.zeros(),
-                        )?;
-                    }
+                    ResidentWeight::Group(q) => sink.put_group(&format!("{name}.weight"), q)?,
                     ResidentWeight::Trellis(t) => sink.put_trellis(name, t)?,
                 }
                 code_bits += 8 * proj.quantized()?.size_in_bytes() as u64;

@@ -191,6 +191,37 @@ impl MlpScheme {
     }
 }
 
+/// How the output head and the token embedding are stored (`--head`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadFormat {
+    /// The float tables as the source stores them (BF16 from a GGUF).
+    Float,
+    /// Group codes of 4, 6 or 8 bits (group 128), head error weighted by its inputs'
+    /// second moments ([`crate::quant::TableQuant`]).
+    Group { bits: u8 },
+}
+
+impl HeadFormat {
+    pub fn parse(s: &str) -> Result<Self, ConvertError> {
+        match s {
+            "bf16" | "float" => Ok(Self::Float),
+            "q4" => Ok(Self::Group { bits: 4 }),
+            "q6" => Ok(Self::Group { bits: 6 }),
+            "q8" => Ok(Self::Group { bits: 8 }),
+            _ => Err(ConvertError::Options(format!(
+                "--head {s:?}: expected bf16 (the float table), q4, q6 or q8"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Self::Float => "bf16".into(),
+            Self::Group { bits } => format!("q{bits}"),
+        }
+    }
+}
+
 /// Everything that changes the converter's output bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertOptions {
@@ -207,6 +238,8 @@ pub struct ConvertOptions {
     /// YAQA: calibration sequences (from the start of the calibration set) whose sampled-label
     /// gradients build the Kronecker factors; 0 = all.
     pub yaqa_sequences: usize,
+    /// The output head and embedding tables.
+    pub head: HeadFormat,
 }
 
 impl ConvertOptions {
@@ -261,6 +294,8 @@ pub struct ConvertReport {
     /// Calibration sequences YAQA's Hessian sketch used (`None` for other methods).
     pub yaqa_sequences: Option<usize>,
     pub heldout_tokens: u64,
+    /// Bytes of the output head and embedding tables (one table when tied).
+    pub head_bytes: u64,
 }
 
 /// Section accounting shared by the pipeline's writers.
@@ -368,6 +403,33 @@ impl Sink<'_> {
         Ok(())
     }
 
+    /// A group-coded weight `name`: codes, `.scales`, `.zeros` (docs/format.md).
+    fn put_group(
+        &mut self,
+        name: &str,
+        q: &sfx_formats::resident::GroupQuantized,
+    ) -> Result<(), ConvertError> {
+        let (rows, cols) = (q.rows() as u64, q.cols() as u64);
+        let layout = Layout::PackedCodes {
+            rows,
+            cols,
+            bits: q.bits() as u64,
+            group: q.group_size() as u64,
+        };
+        self.put(name.to_string(), Tier::Resident, layout, q.codes())?;
+        self.put_f16(
+            format!("{name}.scales"),
+            vec![rows, q.groups_per_row() as u64],
+            q.scales(),
+        )?;
+        self.put(
+            format!("{name}.zeros"),
+            Tier::Resident,
+            Layout::Bytes,
+            q.zeros(),
+        )
+    }
+
     /// A float tensor copied in its source dtype.
     fn put_source(&mut self, tensors: &dyn TensorSource, name: &str) -> Result<(), ConvertError> {
         let view = tensors.tensor(name)?;
@@ -409,7 +471,10 @@ pub fn convert(
         refine_zstd_bytes: 0,
     };
 
-    sink.put_source(tensors, "model.embed_tokens.weight")?;
+    const EMBED: &str = "model.embed_tokens.weight";
+    if options.head == HeadFormat::Float {
+        sink.put_source(tensors, EMBED)?;
+    }
     let mut calib_h = calib
         .iter()
         .map(|s| runner.embed(tensors, s))
@@ -456,15 +521,45 @@ pub fn convert(
         report.layers.push(lr);
     }
 
+    let final_norm = layer::load_vector(tensors, "model.norm.weight", config.hidden_size)?;
     sink.put_f32(
         "model.norm.weight".into(),
         vec![config.hidden_size as u64],
-        &layer::load_vector(tensors, "model.norm.weight", config.hidden_size)?,
+        &final_norm,
     )?;
-    if !config.tie_word_embeddings {
-        sink.put_source(tensors, "lm_head.weight")?;
+    let before_head = sink.bytes_by_tier.get("resident").copied().unwrap_or(0);
+    match options.head {
+        HeadFormat::Float => {
+            if !config.tie_word_embeddings {
+                sink.put_source(tensors, "lm_head.weight")?;
+            }
+        }
+        HeadFormat::Group { bits } => {
+            let table = crate::quant::TableQuant::new(bits);
+            let importance = head_importance(&calib_h, &final_norm, config.rms_norm_eps);
+            let (vocab, hidden) = (config.vocab_size, config.hidden_size);
+            let head_name = if config.tie_word_embeddings {
+                EMBED
+            } else {
+                "lm_head.weight"
+            };
+            let w = tensors.tensor(head_name)?.to_f32_vec();
+            let q = table.quantize(head_name, &w, vocab, hidden, Some(&importance))?;
+            sink.put_group(head_name, &q)?;
+            if !config.tie_word_embeddings {
+                // The untied embedding is only gathered: its rows are inputs, so plain MSE.
+                let w = tensors.tensor(EMBED)?.to_f32_vec();
+                let q = table.quantize(EMBED, &w, vocab, hidden, None)?;
+                sink.put_group(EMBED, &q)?;
+            }
+        }
     }
 
+    report.head_bytes = sink.bytes_by_tier.get("resident").copied().unwrap_or(0) - before_head;
+    if options.head == HeadFormat::Float {
+        let embed = tensors.tensor(EMBED)?.data.len() as u64;
+        report.head_bytes += embed;
+    }
     report.linear_bits_per_weight = code_bits as f64 / weights.max(1) as f64;
     report.calib_tokens = calib.iter().map(|s| s.len() as u64).sum();
     report.yaqa_sequences = yaqa_sequences;
@@ -474,6 +569,30 @@ pub fn convert(
     report.refine_bytes = sink.refine_bytes;
     report.refine_zstd_bytes = sink.refine_zstd_bytes;
     Ok(report)
+}
+
+/// E[xᵢ²] of the head's input (RMSNorm of the final residual streams, `[tokens, hidden]`
+/// each), over every calibration token.
+fn head_importance(streams: &[Vec<f32>], norm: &[f32], eps: f64) -> Vec<f32> {
+    let hidden = norm.len();
+    let mut acc = vec![0.0f64; hidden];
+    let mut n = 0usize;
+    for h in streams {
+        for row in h.chunks_exact(hidden) {
+            let ms = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / hidden as f64;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for ((a, &v), &w) in acc.iter_mut().zip(row).zip(norm) {
+                let x = f64::from(v) * inv * f64::from(w);
+                *a += x * x;
+            }
+            n += 1;
+        }
+    }
+    acc.iter().map(|a| (a / n.max(1) as f64) as f32).collect()
 }
 
 fn params(
@@ -497,6 +616,19 @@ fn params(
             "packing": o.quant.packing(),
             "bits_per_weight": report.linear_bits_per_weight,
         }),
+    );
+    p.insert(
+        "head".into(),
+        match o.head {
+            HeadFormat::Float => json!({ "format": "float" }),
+            HeadFormat::Group { bits } => json!({
+                "format": o.head.name(),
+                "bits": bits,
+                "group": crate::quant::DEFAULT_GROUP_SIZE,
+                "packing": "group-asym-v1",
+                "grid": "clip-search-16-weighted-final-norm-e-x2",
+            }),
+        },
     );
     if let Some(n) = report.yaqa_sequences {
         let seed = crate::yaqa::SketchOptions::default().seed;

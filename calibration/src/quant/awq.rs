@@ -362,7 +362,7 @@ pub fn shrink_grid(values: &[f32], bits: u8, ratio: f32) -> (f16, u8) {
 }
 
 /// Quantize-dequantize of one value exactly as `GroupQuantized::quantize_with` + dequantize.
-fn fake_quant(w: f32, scale: f16, zero: u8, bits: u8) -> f32 {
+pub(crate) fn fake_quant(w: f32, scale: f16, zero: u8, bits: u8) -> f32 {
     let qmax = ((1u16 << bits) - 1) as f32;
     let s = scale.to_f32();
     let z = f32::from(zero);

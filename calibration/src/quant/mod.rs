@@ -10,11 +10,13 @@
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
 pub mod awq;
+pub mod head;
 pub mod qtip;
 pub mod rtn;
 pub mod yaqa;
 
 pub use awq::Awq;
+pub use head::TableQuant;
 pub use qtip::Qtip;
 pub use rtn::Rtn;
 pub use sfx_formats::resident::{

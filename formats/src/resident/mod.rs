@@ -30,6 +30,11 @@ pub use trellis::{
 /// Default quantization group (AWQ, RTN): 128 input channels.
 pub const DEFAULT_GROUP_SIZE: usize = 128;
 
+/// Code widths with kernels on every backend: 2–4 bits for the decoder's projections, 6 and
+/// 8 for the output head and embedding (`sfx-convert --head q6|q8`), where the extra bits are
+/// cheap next to what they buy (the head is one matrix but its errors reach every logit).
+pub const SUPPORTED_BITS: [u8; 5] = [2, 3, 4, 6, 8];
+
 /// Errors from building or validating a resident layout. Never a panic on bad dimensions.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ResidentError {
@@ -54,7 +59,7 @@ pub struct GroupQuantized {
 }
 
 impl GroupQuantized {
-    /// Wraps already-packed parts, validating every size (bits ∈ {2, 3, 4}, group a non-zero
+    /// Wraps already-packed parts, validating every size (bits in [`SUPPORTED_BITS`], group a non-zero
     /// multiple of 8, byte and group counts without overflow, zero points within the code
     /// range, finite non-negative scales).
     pub fn from_parts(
@@ -110,8 +115,8 @@ impl GroupQuantized {
         rows: usize,
         cols: usize,
     ) -> Result<(usize, usize), ResidentError> {
-        if !matches!(bits, 2..=4) {
-            return invalid(format!("{bits} bits per code (supported: 2, 3, 4)"));
+        if !SUPPORTED_BITS.contains(&bits) {
+            return invalid(format!("{bits} bits per code (supported: 2, 3, 4, 6, 8)"));
         }
         if group_size == 0 || !group_size.is_multiple_of(8) {
             return invalid(format!(
@@ -270,7 +275,7 @@ pub fn get_code(stream: &[u8], i: usize, bits: u8) -> u8 {
     let (byte, shift) = (bit / 8, bit % 8);
     let lo = u16::from(stream[byte]);
     let hi = stream.get(byte + 1).map_or(0, |&b| u16::from(b));
-    (((lo | (hi << 8)) >> shift) & ((1 << bits) - 1)) as u8
+    (((lo | (hi << 8)) >> shift) & ((1u16 << bits) - 1)) as u8
 }
 
 /// Stores code `i` (its low `bits` bits) into a zero-initialised little-endian bit stream.
@@ -278,7 +283,8 @@ pub fn get_code(stream: &[u8], i: usize, bits: u8) -> u8 {
 pub fn put_code(stream: &mut [u8], i: usize, bits: u8, q: u8) {
     let bit = i * bits as usize;
     let (byte, shift) = (bit / 8, bit % 8);
-    let v = u16::from(q & ((1 << bits) - 1)) << shift;
+    let mask = (1u16 << bits) - 1;
+    let v = (u16::from(q) & mask) << shift;
     stream[byte] |= v as u8;
     if v >> 8 != 0 {
         stream[byte + 1] |= (v >> 8) as u8;
@@ -318,16 +324,25 @@ mod tests {
 
     #[test]
     fn bit_stream_round_trips_for_all_widths() {
-        for bits in 2..=4u8 {
+        for bits in SUPPORTED_BITS {
             let n = 37;
+            let code = |i: usize| ((i * 37 + 11) % (1usize << bits)) as u8;
             let mut s = vec![0u8; (n * bits as usize).div_ceil(8)];
             for i in 0..n {
-                put_code(&mut s, i, bits, (i * 5 % (1 << bits)) as u8);
+                put_code(&mut s, i, bits, code(i));
             }
             for i in 0..n {
-                assert_eq!(get_code(&s, i, bits), (i * 5 % (1 << bits)) as u8);
+                assert_eq!(get_code(&s, i, bits), code(i), "{bits} bits, code {i}");
             }
         }
+        // 8-bit: one byte per code; 6-bit: code 1 starts at bit 6 of byte 0.
+        let mut s = vec![0u8; 2];
+        put_code(&mut s, 0, 8, 0xC5);
+        put_code(&mut s, 1, 8, 0x3A);
+        assert_eq!(s, [0xC5, 0x3A]);
+        let mut s = vec![0u8; 2];
+        put_code(&mut s, 1, 6, 0b10_1101);
+        assert_eq!(s, [0b0100_0000, 0b0000_1011]);
         // 4-bit: even column in the low nibble.
         let mut s = vec![0u8; 1];
         put_code(&mut s, 0, 4, 0x3);

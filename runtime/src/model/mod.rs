@@ -25,7 +25,7 @@ use crate::observe::ActivationObserver;
 use crate::refine::Refiner;
 use sfx_formats::{ModelConfig, TensorSource};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Load- and run-time options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +109,8 @@ const POOL_SIZES: usize = 4;
 pub struct Model<B: Backend = CpuBackend> {
     config: ModelConfig,
     backend: B,
-    embed: B::Matrix,
+    /// The token table, read by row gathers; a tied head is the same linear.
+    embed: Arc<dyn Linear<B>>,
     layers: Vec<DecoderLayer<B>>,
     final_norm: B::Buffer,
     lm_head: Box<dyn Linear<B>>,
@@ -135,8 +136,8 @@ impl<B: Backend> Model<B> {
         Self::load_with(backend, config, tensors, &factory, options)
     }
 
-    /// Loads with every projection (and an untied output head) built by `factory`; the
-    /// embedding stays a float table stored per `options.precision`.
+    /// Loads with every projection, the embedding and an untied output head built by
+    /// `factory` (a float factory keeps the embedding at `options.precision`).
     pub fn load_with(
         backend: B,
         config: &ModelConfig,
@@ -152,9 +153,19 @@ impl<B: Backend> Model<B> {
         }
         let c = config;
         let embed_name = "model.embed_tokens.weight";
-        let view = require(tensors, embed_name, "token embedding")?;
-        check_shape(embed_name, view.shape, &[c.vocab_size, c.hidden_size])?;
-        let embed = backend.upload_matrix(embed_name, &view, options.precision)?;
+        let embed = factory.load_embedding(
+            &backend,
+            tensors,
+            &LinearSpec {
+                layer: None,
+                role: LinearRole::Embedding,
+                weight_name: embed_name,
+                bias_name: None,
+                out_dim: c.vocab_size,
+                in_dim: c.hidden_size,
+            },
+            options.precision,
+        )?;
 
         let layers = (0..c.num_hidden_layers)
             .map(|i| DecoderLayer::load(&backend, c, tensors, factory, i))
@@ -192,7 +203,7 @@ impl<B: Backend> Model<B> {
     pub(crate) fn assemble(
         backend: B,
         c: &ModelConfig,
-        embed: B::Matrix,
+        embed: Arc<dyn Linear<B>>,
         layers: Vec<DecoderLayer<B>>,
         final_norm: B::Buffer,
         lm_head: Box<dyn Linear<B>>,
@@ -238,11 +249,14 @@ impl<B: Backend> Model<B> {
         &*self.lm_head
     }
 
+    pub fn embedding(&self) -> &dyn Linear<B> {
+        &*self.embed
+    }
+
     /// Bytes of weights resident on the device. A tied head shares the embedding and is
     /// counted once.
     pub fn resident_bytes(&self) -> usize {
-        let (rows, cols) = self.backend.matrix_dims(&self.embed);
-        let embed = rows * cols * self.backend.matrix_dtype(&self.embed).size_in_bytes();
+        let embed = self.embed.resident_bytes();
         let layers: usize = self
             .layers
             .iter()
@@ -572,7 +586,7 @@ impl<B: Backend> Model<B> {
             scratch,
             heads,
         } = bufs;
-        b.embedding(&self.embed, tokens, h)?;
+        self.embed.gather_rows(b, tokens, h)?;
         if let Some(r) = refiner.as_deref_mut() {
             r.begin_chunk(n);
             r.at_stream(b, 0, h)?;

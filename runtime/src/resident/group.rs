@@ -14,7 +14,7 @@
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::multiversioned;
-use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
+use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, SimdLevel};
 use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
@@ -77,6 +77,8 @@ impl GroupQuantLinear {
                 group: gs,
             };
             match w.bits() {
+                8 => rows_b8(level, &args, yb),
+                6 => rows_b6(level, &args, yb),
                 4 => rows_b4(level, &args, yb),
                 3 => rows_b3(level, &args, yb),
                 _ => rows_b2(level, &args, yb),
@@ -145,6 +147,27 @@ impl Linear<CpuBackend> for GroupQuantLinear {
         }
         Ok(())
     }
+    fn gather_rows(
+        &self,
+        _backend: &CpuBackend,
+        tokens: &CpuIndex,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (rows, cols) = (self.weight.rows(), self.weight.cols());
+        let tokens = &tokens.0[..];
+        check_len("embedding", "output", out.len(), tokens.len() * cols)?;
+        if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
+            return Err(RuntimeError::TokenOutOfRange {
+                token: tokens[index],
+                index,
+                vocab: rows,
+            });
+        }
+        for (&t, row) in tokens.iter().zip(out.as_mut_slice().chunks_exact_mut(cols)) {
+            dequantize_row_fast(&self.weight, t as usize, row);
+        }
+        Ok(())
+    }
     fn resident_bytes(&self) -> usize {
         self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| 4 * b.len())
     }
@@ -174,24 +197,35 @@ struct Rows<'a> {
     group: usize,
 }
 
-/// 8 codes of `B` bits from `B` little-endian bytes (8·B ≤ 32 bits).
+/// 8 codes of `B` bits from `B` little-endian bytes (a u32 up to 4 bits, where LLVM keeps
+/// the lanes 32-bit wide; a u64 above).
 #[inline(always)]
 fn unpack8<const B: usize>(p: &[u8]) -> [f32; 8] {
-    let mut v = 0u32;
-    for (k, &b) in p[..B].iter().enumerate() {
-        v |= u32::from(b) << (8 * k);
+    let mask = (1u64 << B) - 1;
+    if B <= 4 {
+        let mut v = 0u32;
+        for (k, &b) in p[..B].iter().enumerate() {
+            v |= u32::from(b) << (8 * k);
+        }
+        std::array::from_fn(|j| ((v >> (B * j)) & mask as u32) as f32)
+    } else {
+        let mut v = 0u64;
+        for (k, &b) in p[..B].iter().enumerate() {
+            v |= u64::from(b) << (8 * k);
+        }
+        std::array::from_fn(|j| ((v >> (B * j)) & mask) as f32)
     }
-    let mask = (1u32 << B) - 1;
-    std::array::from_fn(|j| ((v >> (B * j)) & mask) as f32)
 }
 
 /// Codes per block of the planar fast path: 16 lanes × (8 / bits) codes from 16 bytes at
-/// 2 and 4 bits (64, 32 codes); 16 lanes × 8 codes from 48 bytes (3 bytes a lane) at 3 bits.
+/// 2, 4 and 8 bits (64, 32, 16 codes); 16 lanes × 8 codes from 48 bytes (3 bytes a lane) at
+/// 3 bits. 6-bit codes have no planar form (a code straddles bytes); 0 sends whole groups
+/// through the 8-at-a-time loop.
 const fn block_codes(bits: usize) -> usize {
-    if bits == 3 {
-        128
-    } else {
-        128 / bits
+    match bits {
+        3 => 128,
+        2 | 4 | 8 => 128 / bits,
+        _ => 0,
     }
 }
 
@@ -204,6 +238,9 @@ const fn block_codes(bits: usize) -> usize {
 fn plane_order(x: &[f32], group: usize, bits: usize) -> Vec<f32> {
     let mut xp = x.to_vec();
     let blk = block_codes(bits);
+    if blk == 0 {
+        return xp;
+    }
     let per = blk / 16;
     for (xg, pg) in x.chunks(group).zip(xp.chunks_mut(group)) {
         for (xb, pb) in xg.chunks_exact(blk).zip(pg.chunks_exact_mut(blk)) {
@@ -257,11 +294,11 @@ fn rows_generic<const B: usize>(a: &Rows<'_>, y: &mut [f32]) {
             let z = f32::from(a.zeros[r * gpr + g]);
             let rest = {
                 let xpg = &a.xp[g * a.group..g * a.group + xg.len()];
-                let nb = xg.len() / blk;
+                let nb = xg.len().checked_div(blk).unwrap_or(0);
                 let mut acc = [0.0f32; 16];
                 for (by, xb) in bytes[..nb * block_bytes]
-                    .chunks_exact(block_bytes)
-                    .zip(xpg.chunks_exact(blk))
+                    .chunks_exact(block_bytes.max(1))
+                    .zip(xpg.chunks_exact(blk.max(1)))
                 {
                     if B == 3 {
                         // Lane k = bytes 3k..3k+3 = codes 8k..8k+7.
@@ -281,7 +318,8 @@ fn rows_generic<const B: usize>(a: &Rows<'_>, y: &mut [f32]) {
                         for j in 0..blk / 16 {
                             let xj = &xb[16 * j..16 * j + 16];
                             for k in 0..16 {
-                                acc[k] += f32::from((by[k] >> (B * j)) & mask as u8) * xj[k];
+                                acc[k] +=
+                                    f32::from(((u32::from(by[k]) >> (B * j)) & mask) as u8) * xj[k];
                             }
                         }
                     }
@@ -313,10 +351,20 @@ fn rows_3(a: &Rows<'_>, y: &mut [f32]) {
 fn rows_2(a: &Rows<'_>, y: &mut [f32]) {
     rows_generic::<2>(a, y)
 }
+#[inline(always)]
+fn rows_6(a: &Rows<'_>, y: &mut [f32]) {
+    rows_generic::<6>(a, y)
+}
+#[inline(always)]
+fn rows_8(a: &Rows<'_>, y: &mut [f32]) {
+    rows_generic::<8>(a, y)
+}
 
 multiversioned! { fn rows_b4(a: &Rows<'_>, y: &mut [f32]) = rows_4; }
 multiversioned! { fn rows_b3(a: &Rows<'_>, y: &mut [f32]) = rows_3; }
 multiversioned! { fn rows_b2(a: &Rows<'_>, y: &mut [f32]) = rows_2; }
+multiversioned! { fn rows_b6(a: &Rows<'_>, y: &mut [f32]) = rows_6; }
+multiversioned! { fn rows_b8(a: &Rows<'_>, y: &mut [f32]) = rows_8; }
 
 /// Dequantizes row `r` with the 8-at-a-time unpack (prefill panels).
 fn dequantize_row_fast(w: &GroupQuantized, r: usize, out: &mut [f32]) {
@@ -344,6 +392,8 @@ fn dequantize_row_fast(w: &GroupQuantized, r: usize, out: &mut [f32]) {
         }
     }
     match w.bits() {
+        8 => go::<8>(w, r, out),
+        6 => go::<6>(w, r, out),
         4 => go::<4>(w, r, out),
         3 => go::<3>(w, r, out),
         _ => go::<2>(w, r, out),
@@ -426,7 +476,7 @@ mod tests {
         ] {
             let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
             let bias: Vec<f32> = (0..rows).map(|_| lcg(&mut seed)).collect();
-            for bits in 2..=4u8 {
+            for bits in sfx_formats::resident::SUPPORTED_BITS {
                 let q = GroupQuantized::quantize_with(&w, rows, cols, bits, group, minmax_grid)
                     .unwrap();
                 let deq = q.dequantize();
@@ -473,5 +523,46 @@ mod tests {
             .forward(&b, &CpuBuffer(vec![0.0; 8]), 2, &mut y)
             .is_err());
         assert!(lin.describe().starts_with("q4g8 8×2"));
+    }
+
+    /// The row gather (a tied embedding read from head codes) at every width, rows with a
+    /// tail group and a tail inside a group, against the format's own dequantization; ids
+    /// past the table are an error naming the token, not a panic.
+    #[test]
+    fn gathered_rows_are_the_dequantized_rows() {
+        let mut seed = 11u64;
+        for &(rows, cols, group) in &[(50, 576, 128), (9, 61, 16)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+            for bits in sfx_formats::resident::SUPPORTED_BITS {
+                let q = GroupQuantized::quantize_with(&w, rows, cols, bits, group, minmax_grid)
+                    .unwrap();
+                let deq = q.dequantize();
+                let lin = GroupQuantLinear::new(q, None).unwrap();
+                let b = CpuBackend::new();
+                let ids = [rows as u32 - 1, 0, 3, 3];
+                let mut out = CpuBuffer(vec![f32::NAN; ids.len() * cols]);
+                lin.gather_rows(&b, &CpuIndex(ids.to_vec()), &mut out)
+                    .unwrap();
+                for (t, &id) in ids.iter().enumerate() {
+                    let want = &deq[id as usize * cols..][..cols];
+                    let got = &out.0[t * cols..][..cols];
+                    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+                        assert!(
+                            (g - e).abs() <= 1e-6 * e.abs(),
+                            "{bits}b row {id} [{i}]: {g} vs {e}"
+                        );
+                    }
+                }
+                let mut two = CpuBuffer(vec![0.0; 2 * cols]);
+                let err = lin
+                    .gather_rows(&b, &CpuIndex(vec![0, rows as u32]), &mut two)
+                    .unwrap_err();
+                assert!(err.to_string().contains(&rows.to_string()), "{err}");
+                let mut short = CpuBuffer(vec![0.0; cols]);
+                assert!(lin
+                    .gather_rows(&b, &CpuIndex(vec![0, 1]), &mut short)
+                    .is_err());
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! panel (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 GEMM.
 
 use super::device::DeviceMem;
+use super::kernels::GROUP_BITS;
 use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef};
 use crate::backend::{Backend, MatmulOut};
 use crate::error::{check_len, Result, RuntimeError};
@@ -61,16 +62,17 @@ impl GroupCodes {
         usize::from(self.bits / 4)
     }
 
+    /// Index of the file-layout kernels' code width in [`GROUP_BITS`] (checked at upload).
     fn bits_index(&self) -> usize {
-        usize::from(self.bits - 2)
+        GROUP_BITS.iter().position(|&b| b == self.bits).unwrap_or(0)
     }
 
     /// Chunks a thread loads at once (`GqUnroll<B>::U`).
     fn unroll(&self) -> usize {
-        if self.bits == 2 {
-            4
-        } else {
-            2
+        match self.bits {
+            2 => 4,
+            6 | 8 => 1,
+            _ => 2,
         }
     }
 }
@@ -153,6 +155,12 @@ impl CudaBackend {
         what: &str,
     ) -> Result<CudaGroupLinear> {
         let (rows, cols, group) = (q.rows(), q.cols(), q.group_size());
+        if !GROUP_BITS.contains(&q.bits()) {
+            return Err(RuntimeError::Unsupported(format!(
+                "{what}: {}-bit codes have no CUDA kernels (widths: {GROUP_BITS:?})",
+                q.bits()
+            )));
+        }
         if !cols.is_multiple_of(CHUNK) || !group.is_multiple_of(CHUNK) {
             return Err(RuntimeError::Unsupported(format!(
                 "{what}: the CUDA group kernels need columns and group size in multiples of \
@@ -522,6 +530,69 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// `out[t, :] = Ŵ[tokens[t], :]` from a group-coded table (either layout).
+    pub(super) fn group_gather(
+        &self,
+        w: &MatrixData,
+        tokens: &super::CudaIndex,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let c = codes_of(w, "embedding")?;
+        let ntok = u32::try_from(tokens.len).map_err(|_| {
+            RuntimeError::Unsupported(format!("embedding: {} tokens in one call", tokens.len))
+        })?;
+        if ntok == 0 {
+            return Ok(());
+        }
+        let chunks = w.cols / CHUNK;
+        let rows = Arg::I32(i32_of("embedding", w.rows)?);
+        let cols = Arg::I32(i32_of("embedding", w.cols)?);
+        let gpr = Arg::I32(i32_of("embedding", w.cols.div_ceil(c.group))?);
+        let group = Arg::I32(i32_of("embedding", c.group)?);
+        match &c.layout {
+            CodeLayout::Rows { scales, zeros } => self.launch(
+                &self.k().group.gather_f32[c.bits_index()],
+                (blocks(chunks, 64), ntok, 1),
+                (64, 1, 1),
+                0,
+                &mut [
+                    Arg::Ptr(w.mem.ptr),
+                    Arg::Ptr(scales.ptr),
+                    Arg::Ptr(zeros.ptr),
+                    Arg::Ptr(tokens.mem.ptr),
+                    Arg::Ptr(out.mem.ptr),
+                    rows,
+                    cols,
+                    Arg::I32(i32_of("embedding", c.row_bytes)?),
+                    gpr,
+                    group,
+                ],
+            ),
+            CodeLayout::Tiles {
+                scale_zero,
+                super_chunks,
+            } => self.launch(
+                &self.k().group.tile.gather_f32[c.tile_index()],
+                (blocks(chunks * 4, 128), ntok, 1),
+                (128, 1, 1),
+                0,
+                &mut [
+                    Arg::Ptr(w.mem.ptr),
+                    Arg::Ptr(scale_zero.ptr),
+                    Arg::Ptr(tokens.mem.ptr),
+                    Arg::Ptr(out.mem.ptr),
+                    rows,
+                    cols,
+                    Arg::I32(i32_of("embedding", *super_chunks)?),
+                    gpr,
+                    group,
+                ],
+            ),
+        }
+    }
+}
+
 /// How one tile matvec launch cuts its work: `tiles` tiles per block (SwiGLU: that many gate
 /// and up tiles each) and `stages` ring slots per warp (stages − 1 super-chunks in flight
 /// ahead of the one being multiplied).
@@ -769,6 +840,14 @@ impl Linear<CudaBackend> for CudaGroupLinear {
     }
     fn matrix_parts(&self) -> Option<(&CudaMatrix, Option<&CudaBuffer>)> {
         Some((&self.weight, self.bias.as_ref()))
+    }
+    fn gather_rows(
+        &self,
+        backend: &CudaBackend,
+        tokens: &super::CudaIndex,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        backend.embedding(&self.weight, tokens, out)
     }
     fn resident_bytes(&self) -> usize {
         self.host_bytes + self.bias.as_ref().map_or(0, |b| 4 * b.len)

@@ -34,18 +34,23 @@ pub(crate) struct AttentionKernels {
     pub prefill: [Kernel; 3],
 }
 
-/// Group-quantized weights per code width (2, 3, 4 bits): the decode matvecs by rows per
-/// thread, and the f32 dequantization for prefill GEMMs.
+/// Code widths of the file-layout kernels, in the order of [`GroupKernels`]' tables.
+pub(crate) const GROUP_BITS: [u8; 5] = [2, 3, 4, 6, 8];
+
+/// Group-quantized weights per code width ([`GROUP_BITS`]): the decode matvecs by rows per
+/// thread, the f32 dequantization for prefill GEMMs, and the embedding row gather.
 pub(crate) struct GroupKernels {
-    /// `[bits − 2][R: 1, 2, 4]`: up to three projections of one x.
-    pub matvec: [[Kernel; 3]; 3],
+    /// `[width][R: 1, 2, 4]`: up to three projections of one x.
+    pub matvec: [[Kernel; 3]; 5],
     /// The same with the input RMSNorm fused.
-    pub matvec_norm: [[Kernel; 3]; 3],
-    /// `[bits − 2][R: 1, 2]`: gate and up with SwiGLU, R row pairs per thread.
-    pub swiglu: [[Kernel; 2]; 3],
-    pub swiglu_norm: [[Kernel; 2]; 3],
-    /// `[bits − 2]`: the f32 panel prefill's GEMM reads.
-    pub dequant_f32: [Kernel; 3],
+    pub matvec_norm: [[Kernel; 3]; 5],
+    /// `[width][R: 1, 2]`: gate and up with SwiGLU, R row pairs per thread.
+    pub swiglu: [[Kernel; 2]; 5],
+    pub swiglu_norm: [[Kernel; 2]; 5],
+    /// `[width]`: the f32 panel prefill's GEMM reads.
+    pub dequant_f32: [Kernel; 5],
+    /// `[width]`: rows of the table by token id (a tied embedding of coded head).
+    pub gather_f32: [Kernel; 5],
     /// The tensor-core kernels over the tile layout (group_mma.cu), `[0]` 2 bits, `[1]` 4.
     pub tile: TileKernels,
 }
@@ -58,6 +63,8 @@ pub(crate) struct TileKernels {
     pub matvec_norm: [[Kernel; 6]; 2],
     pub swiglu: [[Kernel; 4]; 2],
     pub swiglu_norm: [[Kernel; 4]; 2],
+    /// `[0]` 2 bits, `[1]` 4: rows of the table by token id.
+    pub gather_f32: [Kernel; 2],
     pub pack_codes: [Kernel; 2],
     pub pack_scales: Kernel,
     pub dequant_f32: [Kernel; 2],
@@ -133,6 +140,8 @@ impl Kernels {
                     [$(gq.function(concat!($prefix, "_b2_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b3_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b4_r", $r))?),+],
+                    [$(gq.function(concat!($prefix, "_b6_r", $r))?),+],
+                    [$(gq.function(concat!($prefix, "_b8_r", $r))?),+],
                 ]
             };
         }
@@ -247,6 +256,15 @@ impl Kernels {
                     gq.function("group_dequant_f32_b2")?,
                     gq.function("group_dequant_f32_b3")?,
                     gq.function("group_dequant_f32_b4")?,
+                    gq.function("group_dequant_f32_b6")?,
+                    gq.function("group_dequant_f32_b8")?,
+                ],
+                gather_f32: [
+                    gq.function("group_gather_f32_b2")?,
+                    gq.function("group_gather_f32_b3")?,
+                    gq.function("group_gather_f32_b4")?,
+                    gq.function("group_gather_f32_b6")?,
+                    gq.function("group_gather_f32_b8")?,
                 ],
                 tile: TileKernels {
                     matvec: gt_family!(
@@ -267,6 +285,10 @@ impl Kernels {
                     dequant_f32: [
                         gt.function("gt_dequant_f32_b2")?,
                         gt.function("gt_dequant_f32_b4")?,
+                    ],
+                    gather_f32: [
+                        gt.function("gt_gather_f32_b2")?,
+                        gt.function("gt_gather_f32_b4")?,
                     ],
                 },
             },

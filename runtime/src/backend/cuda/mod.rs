@@ -916,13 +916,11 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let cols = table.inner.cols;
         check_len("embedding", "output", out.len, tokens.len * cols)?;
-        if table.inner.group.is_some() {
-            return Err(RuntimeError::Unsupported(
-                "embedding: a group-coded table has no CUDA gather kernel yet".into(),
-            ));
-        }
         if cols == 0 || tokens.len == 0 {
             return Ok(());
+        }
+        if table.inner.group.is_some() {
+            return self.group_gather(&table.inner, tokens, out);
         }
         let kernel = if table.inner.dtype == DType::BF16 {
             &self.k().embedding_bf16

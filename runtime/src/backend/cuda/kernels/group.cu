@@ -25,8 +25,8 @@
 #define GQ_PAD(c) ((c) + ((c) >> 5) * 4)
 #define GQ_MAX_ITEMS 3
 
-// Code word loads: one 8- or 16-byte load at 2 and 4 bits, three 4-byte loads at 3 bits
-// (a 12-byte chunk is only 4-byte aligned).
+// Code word loads: one 8- or 16-byte load at 2 and 4 bits, two 16-byte loads at 8 bits,
+// B 4-byte loads at 3 and 6 bits (12- and 24-byte chunks are only 4-byte aligned).
 template <int B>
 __device__ __forceinline__ void load_codes(const uint8_t* p, uint32_t (&w)[B]) {
     if constexpr (B == 2) {
@@ -42,6 +42,15 @@ __device__ __forceinline__ void load_codes(const uint8_t* p, uint32_t (&w)[B]) {
         w[1] = v.y;
         w[2] = v.z;
         w[3] = v.w;
+    } else if constexpr (B == 8) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4 v = load_stream(reinterpret_cast<const uint4*>(p) + h);
+            w[4 * h] = v.x;
+            w[4 * h + 1] = v.y;
+            w[4 * h + 2] = v.z;
+            w[4 * h + 3] = v.w;
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < B; ++i) {
@@ -109,7 +118,8 @@ struct GqGroup {
 // ran at a quarter of the bandwidth whatever the width.
 template <int B>
 struct GqUnroll {
-    static constexpr int U = B == 2 ? 4 : 2;
+    // 6 and 8 bits (head codes): one chunk is already 24–32 bytes a row.
+    static constexpr int U = B == 2 ? 4 : (B >= 6 ? 1 : 2);
 };
 
 template <int B, int R, bool NORM, bool SWIGLU>
@@ -297,6 +307,29 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
 // Dequantizes one 32-column chunk per thread to f32 (prefill: the TF32 GEMM reads the panel;
 // a BF16 panel measured mean KL 2.3e-4 against the CPU on SmolLM2 rtn3, over the 1e-4 bound).
 template <int B>
+__device__ __forceinline__ void group_dequant_chunk(const uint8_t* __restrict__ codes,
+                                                    const __half* __restrict__ scales,
+                                                    const uint8_t* __restrict__ zeros,
+                                                    float* __restrict__ dst, int r, int c,
+                                                    int row_bytes, int gpr, int group) {
+    uint32_t w[B];
+    load_codes<B>(codes + (size_t)r * row_bytes + (size_t)c * (GQ_CHUNK * B / 8), w);
+    const int g = c * GQ_CHUNK / group;
+    const float s = __half2float(scales[(size_t)r * gpr + g]);
+    const float z = (float)zeros[(size_t)r * gpr + g];
+    constexpr float TWO_B = (float)(1 << B);
+    float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll
+    for (int k = 0; k < GQ_CHUNK; k += 4) {
+        // (f − 1)·2^B is the code q exactly.
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = ((code_f<B>(w, k + e) - 1.0f) * TWO_B - z) * s;
+        d4[k / 4] = make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+template <int B>
 __device__ void group_dequant_body(const uint8_t* __restrict__ codes,
                                    const __half* __restrict__ scales,
                                    const uint8_t* __restrict__ zeros,
@@ -306,21 +339,31 @@ __device__ void group_dequant_body(const uint8_t* __restrict__ codes,
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * chunks) return;
     const int r = (int)(i / chunks), c = (int)(i % chunks);
-    uint32_t w[B];
-    load_codes<B>(codes + (size_t)r * row_bytes + (size_t)c * (GQ_CHUNK * B / 8), w);
-    const int g = c * GQ_CHUNK / group;
-    const float s = __half2float(scales[(size_t)r * gpr + g]);
-    const float z = (float)zeros[(size_t)r * gpr + g];
-    constexpr float TWO_B = (float)(1 << B);
-    float4* dst = reinterpret_cast<float4*>(out + (size_t)r * cols + (size_t)c * GQ_CHUNK);
+    group_dequant_chunk<B>(codes, scales, zeros, out + (size_t)r * cols + (size_t)c * GQ_CHUNK,
+                           r, c, row_bytes, gpr, group);
+}
+
+// Embedding lookup from a coded table (a tied embedding reads the head's codes): one thread
+// per (token, 32-column chunk); an id past the table yields zeros rather than faulting (the
+// host checks ids before they reach the device).
+template <int B>
+__device__ void group_gather_body(const uint8_t* __restrict__ codes,
+                                  const __half* __restrict__ scales,
+                                  const uint8_t* __restrict__ zeros,
+                                  const uint32_t* __restrict__ tokens, float* __restrict__ out,
+                                  int rows, int cols, int row_bytes, int gpr, int group) {
+    SFX_PDL_TRIGGER();
+    const int chunks = cols / GQ_CHUNK;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= chunks) return;
+    float* dst = out + (size_t)t * cols + (size_t)c * GQ_CHUNK;
+    const uint32_t r = tokens[t];
+    if (r >= (uint32_t)rows) {
 #pragma unroll
-    for (int k = 0; k < GQ_CHUNK; k += 4) {
-        // (f − 1)·2^B is the code q exactly.
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = ((code_f<B>(w, k + e) - 1.0f) * TWO_B - z) * s;
-        dst[k / 4] = make_float4(v[0], v[1], v[2], v[3]);
+        for (int k = 0; k < GQ_CHUNK; ++k) dst[k] = 0.0f;
+        return;
     }
+    group_dequant_chunk<B>(codes, scales, zeros, dst, (int)r, c, row_bytes, gpr, group);
 }
 
 // `_norm`: x is the raw residual stream and nw the RMSNorm weight.
@@ -358,6 +401,13 @@ __device__ void group_dequant_body(const uint8_t* __restrict__ codes,
         const uint8_t* codes, const __half* scales, const uint8_t* zeros,                     \
         float* out, int rows, int cols, int row_bytes, int gpr, int group) {          \
         group_dequant_body<B>(codes, scales, zeros, out, rows, cols, row_bytes, gpr, group);  \
+    }                                                                                         \
+    extern "C" __global__ void group_gather_f32_b##B(                                        \
+        const uint8_t* codes, const __half* scales, const uint8_t* zeros,                     \
+        const uint32_t* tokens, float* out, int rows, int cols, int row_bytes, int gpr,       \
+        int group) {                                                                          \
+        group_gather_body<B>(codes, scales, zeros, tokens, out, rows, cols, row_bytes, gpr,   \
+                             group);                                                          \
     }
 
 SFX_GQ_MATVEC(2, 1)
@@ -375,6 +425,18 @@ SFX_GQ_MATVEC(4, 2)
 SFX_GQ_MATVEC(4, 4)
 SFX_GQ_SWIGLU(4, 1)
 SFX_GQ_SWIGLU(4, 2)
+SFX_GQ_MATVEC(6, 1)
+SFX_GQ_MATVEC(6, 2)
+SFX_GQ_MATVEC(6, 4)
+SFX_GQ_SWIGLU(6, 1)
+SFX_GQ_SWIGLU(6, 2)
+SFX_GQ_MATVEC(8, 1)
+SFX_GQ_MATVEC(8, 2)
+SFX_GQ_MATVEC(8, 4)
+SFX_GQ_SWIGLU(8, 1)
+SFX_GQ_SWIGLU(8, 2)
 SFX_GROUP_DEQUANT(2)
 SFX_GROUP_DEQUANT(3)
 SFX_GROUP_DEQUANT(4)
+SFX_GROUP_DEQUANT(6)
+SFX_GROUP_DEQUANT(8)

@@ -157,6 +157,66 @@ extern "C" __global__ void gt_dequant_f32_b4(const uint32_t* codes, const uint2*
     tile_dequant_body<4>(codes, sz, out, rows, cols, n_sc, gpr, group);
 }
 
+// Embedding lookup from tile-layout codes (a tied embedding reads the head's codes): one
+// thread per (token, chunk, t): lane 4·(r mod 8) + t holds row r's pairs in its registers
+// a ≡ ⌊(r mod 16) / 8⌋ (mod 2), eight columns per thread. An id past the table yields zeros.
+template <int B>
+__device__ void tile_gather_body(const uint32_t* __restrict__ codes,
+                                 const uint2* __restrict__ sz,
+                                 const uint32_t* __restrict__ tokens, float* __restrict__ out,
+                                 int rows, int cols, int n_sc, int gpr, int group) {
+    SFX_PDL_TRIGGER();
+    constexpr int CHUNKS = 8 / B, WORDS = B / 2, PER_WORD = 16 / B;
+    constexpr uint32_t MASK = (1u << B) - 1;
+    const int chunks = cols / 32;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, tok = blockIdx.y;
+    if (i >= chunks * 4) return;
+    const int c = i >> 2, t = i & 3;
+    const uint32_t r = tokens[tok];
+    float* dst = out + (size_t)tok * cols + c * 32;
+    if (r >= (uint32_t)rows) {
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks)
+                *reinterpret_cast<float2*>(dst + ks * 16 + 2 * t + a * 8) = make_float2(0.f, 0.f);
+        return;
+    }
+    const int tile = (int)(r >> 4), g = (int)(r & 7), hi = (int)((r >> 3) & 1);
+    const int lane = 4 * g + t;
+    const int sc = c / CHUNKS, sub = c % CHUNKS;
+    const uint32_t* src = codes + (((size_t)tile * n_sc + sc) * 32 + lane) * 4 + sub * WORDS;
+    uint32_t w[WORDS];
+#pragma unroll
+    for (int k = 0; k < WORDS; ++k) w[k] = src[k];
+    const uint2 szw = sz[((size_t)tile * gpr + (c * 32) / group) * 8 + g];
+    const uint32_t word = hi ? szw.y : szw.x;
+    const float s = __half2float(__ushort_as_half((unsigned short)(word & 0xffff)));
+    const float z = (float)((word >> 16) & 0x7f);
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        const int ks = p >> 2, a = p & 3;
+        if ((a & 1) != hi) continue;
+        const int j = p % PER_WORD;
+        const uint32_t v = w[p / PER_WORD];
+        const float lo = (float)((v >> (B * j)) & MASK), hv = (float)((v >> (16 + B * j)) & MASK);
+        *reinterpret_cast<float2*>(dst + ks * 16 + 2 * t + (a >> 1) * 8) =
+            make_float2((lo - z) * s, (hv - z) * s);
+    }
+}
+
+extern "C" __global__ void gt_gather_f32_b2(const uint32_t* codes, const uint2* sz,
+                                            const uint32_t* tokens, float* out, int rows,
+                                            int cols, int n_sc, int gpr, int group) {
+    tile_gather_body<2>(codes, sz, tokens, out, rows, cols, n_sc, gpr, group);
+}
+
+extern "C" __global__ void gt_gather_f32_b4(const uint32_t* codes, const uint2* sz,
+                                            const uint32_t* tokens, float* out, int rows,
+                                            int cols, int n_sc, int gpr, int group) {
+    tile_gather_body<4>(codes, sz, tokens, out, rows, cols, n_sc, gpr, group);
+}
+
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
