@@ -28,7 +28,7 @@ $RUN "$GGUF" $EVAL --kv 2/1 --no-base --kv-fraction 1/32,1/16 >"$OUT/kv_21_fract
 HF="$OUT/smol-bf16"
 SFX="$OUT/rtn3-fit.sfx"
 [ -d "$HF" ] || ./target/release/sfx-convert import-gguf "$GGUF" -o "$HF" >/dev/null
-[ -f "$SFX" ] || ./target/release/sfx-convert --quant rtn3 --fit "$HF" -o "$SFX" --json >"$OUT/convert_rtn3.json"
+[ -f "$SFX" ] || ./target/release/sfx-convert --quant rtn3 --head bf16 --fit "$HF" -o "$SFX" --json >"$OUT/convert_rtn3.json"
 $RUN "$SFX" $EVAL --kv f16,2/2 --kl-ref "$GGUF" >"$OUT/kv_with_weights.json"
 $RUN "$SFX" $EVAL --kv f16,2/2 --kl-ref "$GGUF" --no-refine >"$OUT/kv_with_weights_base.json"
 echo "results in $OUT/"

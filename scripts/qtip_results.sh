@@ -42,7 +42,7 @@ PY
 
 for q in $QUANTS; do
   echo "== $q: convert ($(date +%T))"
-  run_timed "$OUT/$q-convert.err" "$SFX_BIN/sfx-convert" --quant "$q" --fit "$SRC" \
+  run_timed "$OUT/$q-convert.err" "$SFX_BIN/sfx-convert" --quant "$q" --head bf16 --fit "$SRC" \
     -o "$SFX_DIR/$q-fit.sfx" --json ${EXTRA:-} >"$OUT/$q-convert.json"
   grep -E "Maximum resident|Elapsed" "$OUT/$q-convert.err" || true
   echo "== $q: evaluate $EVAL ($(date +%T))"

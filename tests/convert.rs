@@ -45,6 +45,8 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
     let args = [
         "--quant",
         "rtn4",
+        "--head",
+        "bf16",
         g.to_str().unwrap(),
         "-o",
         p,
@@ -85,7 +87,7 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
     assert!((4.18..4.25).contains(&bpw), "bits per weight {bpw}");
 }
 
-/// `--head q8` on the tied SmolLM2: the embedding section becomes 8-bit codes (no second
+/// The default head (`q8`) on the tied SmolLM2: the embedding section becomes 8-bit codes (no second
 /// table), close to the float table, and the converted model equals an in-process RTN model
 /// whose float embedding is those codes dequantized — so the runtime's row gather from codes
 /// and its coded head agree with the float embedding and head paths on the same values.
@@ -97,8 +99,6 @@ fn quantized_tied_head_is_one_table_serving_embedding_and_head() {
     let args = [
         "--quant",
         "rtn4",
-        "--head",
-        "q8",
         g.to_str().unwrap(),
         "-o",
         p,
@@ -194,6 +194,8 @@ fn awq3_pair() -> &'static (PathBuf, PathBuf) {
             let args = [
                 "--quant",
                 "awq3",
+                "--head",
+                "bf16",
                 "--fit",
                 "--mlp",
                 "both",
@@ -353,6 +355,8 @@ fn awq3_plain() -> &'static PathBuf {
         let args = [
             "--quant",
             "awq3",
+            "--head",
+            "bf16",
             "--mlp",
             "both",
             "--awq-grid",
@@ -522,6 +526,8 @@ fn killed_conversion_leaves_the_output_path_untouched() {
         .args([
             "--quant",
             "rtn3",
+            "--head",
+            "bf16",
             g.to_str().unwrap(),
             "-o",
             out.to_str().unwrap(),

@@ -31,6 +31,8 @@ fn convert(name: &str, extra: &[&str]) -> PathBuf {
     let mut args = vec![
         "--quant",
         "rtn3",
+        "--head",
+        "bf16",
         g.to_str().unwrap(),
         "-o",
         path.to_str().unwrap(),
