@@ -37,29 +37,33 @@ fn convert(args: &[&str], threads: usize) -> String {
     stderr
 }
 
-#[test]
-fn rtn4_container_runs_exactly_like_in_process_rtn() {
-    let path = out_dir().join("rtn4.sfx");
-    let p = path.to_str().unwrap();
+/// `rtn4` with one 32-token calibration sequence and no held-out text (the resident codes
+/// do not depend on calibration) plus `extra` flags, written to `name`, opened and verified.
+fn quick_rtn4(name: &str, extra: &[&str]) -> SfxFile {
+    let path = out_dir().join(name);
     let g = gguf();
-    let args = [
-        "--quant",
-        "rtn4",
-        "--head",
-        "bf16",
+    let mut args = vec!["--quant", "rtn4"];
+    args.extend_from_slice(extra);
+    args.extend([
         g.to_str().unwrap(),
         "-o",
-        p,
+        path.to_str().unwrap(),
         "--calib-seqs",
         "1",
         "--calib-len",
         "32",
         "--heldout",
         "none",
-    ];
+    ]);
     convert(&args, 2);
     let file = SfxFile::open(&path).unwrap();
     file.verify().unwrap();
+    file
+}
+
+#[test]
+fn rtn4_container_runs_exactly_like_in_process_rtn() {
+    let file = quick_rtn4("rtn4.sfx", &["--head", "bf16"]);
     let sfx_model = load_sfx_model(&file, &opts()).unwrap();
     let (ckpt, _) = float_model();
     let rtn = Model::load_with(
@@ -93,25 +97,7 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
 /// and its coded head agree with the float embedding and head paths on the same values.
 #[test]
 fn quantized_tied_head_is_one_table_serving_embedding_and_head() {
-    let path = out_dir().join("rtn4-head-q8.sfx");
-    let p = path.to_str().unwrap();
-    let g = gguf();
-    let args = [
-        "--quant",
-        "rtn4",
-        g.to_str().unwrap(),
-        "-o",
-        p,
-        "--calib-seqs",
-        "1",
-        "--calib-len",
-        "32",
-        "--heldout",
-        "none",
-    ];
-    convert(&args, 2);
-    let file = SfxFile::open(&path).unwrap();
-    file.verify().unwrap();
+    let file = quick_rtn4("rtn4-head-q8.sfx", &[]);
     let name = "model.embed_tokens.weight";
     let layout = file.section(name).unwrap().layout.clone();
     assert!(

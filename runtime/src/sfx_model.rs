@@ -550,10 +550,8 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         }
         let bias = load_bias(tensors, spec)?;
         let trellis = matches!(
-            self.file
-                .section(spec.weight_name)
-                .map(|s| s.layout.clone()),
-            Ok(Layout::TrellisTiles { .. })
+            self.section_layout(spec.weight_name),
+            Some(Layout::TrellisTiles { .. })
         );
         let what = format!(
             "{}{}",
@@ -591,11 +589,13 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
 }
 
 impl SfxLinearFactory<'_> {
+    /// The layout of section `name`, if the file has that section.
+    fn section_layout(&self, name: &str) -> Option<&Layout> {
+        self.file.section(name).ok().map(|s| s.layout)
+    }
+
     /// Whether section `name` holds packed codes (a quantized embedding or head).
     fn is_packed(&self, name: &str) -> bool {
-        matches!(
-            self.file.section(name).map(|s| s.layout.clone()),
-            Ok(Layout::PackedCodes { .. })
-        )
+        matches!(self.section_layout(name), Some(Layout::PackedCodes { .. }))
     }
 }

@@ -109,20 +109,15 @@ fn best_grid(vals: &[f32], c: Option<&[f32]>, bits: u8) -> (f16, u8) {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
     /// Heavy-tailed rows (cubed uniforms): the clip search must never be worse than min/max
     /// RTN in the weighted error it minimises, and strictly better somewhere at 4 bits.
     #[test]
     fn clip_search_never_loses_to_minmax() {
         let (rows, cols) = (24, 320);
-        let mut seed = 7;
-        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed).powi(3)).collect();
+        let w: Vec<f32> = crate::test_util::lcg_vec(rows * cols, 7)
+            .iter()
+            .map(|v| v.powi(3))
+            .collect();
         let c: Vec<f32> = (0..cols).map(|i| 0.1 + (i % 7) as f32).collect();
         for bits in [4u8, 6, 8] {
             let t = TableQuant::new(bits);
