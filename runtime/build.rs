@@ -19,6 +19,7 @@ const KERNELS: &[&str] = &[
     "gemm",
     "group",
     "group_mma",
+    "trellis",
 ];
 
 fn main() {

@@ -4,6 +4,7 @@
 use crate::device::{with_backend, DeviceChoice, OnBackend};
 use anyhow::{bail, Context, Result};
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::DType;
 use sfx_runtime::backend::KvDtype;
@@ -57,36 +58,51 @@ pub fn parse_list(flag: &str, s: &str, allow_zero: bool) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-/// `--head`: bf16 / f32 (the float `dtype`) or group codes q2, q3, q4, q6, q8 (group 128).
-pub fn parse_head(s: &str) -> Result<SyntheticWeights> {
+/// `--head`: bf16 / f32 (the float `dtype`) or group codes q2, q3, q4, q6, q8 (group 128);
+/// `auto` is what `sfx-convert` writes by default for `weights` (q8 beside coded projections,
+/// the float `dtype` beside float ones).
+pub fn parse_head(s: &str, weights: SyntheticWeights) -> Result<SyntheticWeights> {
     match s {
+        "auto" if weights == SyntheticWeights::Float => Ok(SyntheticWeights::Float),
+        "auto" => Ok(SyntheticWeights::Group {
+            bits: 8,
+            group: 128,
+        }),
         "float" | "bf16" | "f32" => Ok(SyntheticWeights::Float),
         _ => match s.strip_prefix('q').and_then(|b| b.parse::<u8>().ok()) {
             Some(bits) if sfx_formats::resident::SUPPORTED_BITS.contains(&bits) => {
                 Ok(SyntheticWeights::Group { bits, group: 128 })
             }
-            _ => bail!("--head {s:?}: expected bf16 (the --dtype), q2, q3, q4, q6 or q8"),
+            _ => bail!("--head {s:?}: expected auto, bf16 (the --dtype), q2, q3, q4, q6 or q8"),
         },
     }
 }
 
-/// `--quant`: float, or group codes rtnN / awqN (N = 2, 3, 4; group 128).
-pub fn parse_quant(s: &str) -> Result<SyntheticWeights> {
+/// `--quant`: float, group codes rtnN / awqN (group 128), or trellis tiles qtipN / yaqaN
+/// with `code` (`--trellis-code`: hyb, 1mad, 3inst); N = 2, 3, 4.
+pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     if s == "float" {
         return Ok(SyntheticWeights::Float);
     }
-    let bits = s
-        .strip_prefix("rtn")
-        .or_else(|| s.strip_prefix("awq"))
-        .and_then(|b| b.parse::<u8>().ok())
-        .filter(|b| (2..=4).contains(b));
-    match bits {
-        Some(bits) => Ok(SyntheticWeights::Group { bits, group: 128 }),
-        None => bail!(
-            "--quant {s:?}: expected float, rtn2, rtn3, rtn4, awq2, awq3 or awq4 (trellis \
-             formats have no CUDA kernel yet)"
-        ),
+    let bits = |prefixes: [&str; 2]| {
+        prefixes
+            .iter()
+            .find_map(|p| s.strip_prefix(p))
+            .and_then(|b| b.parse::<u8>().ok())
+            .filter(|b| (2..=4).contains(b))
+    };
+    if let Some(bits) = bits(["rtn", "awq"]) {
+        return Ok(SyntheticWeights::Group { bits, group: 128 });
     }
+    if let Some(k) = bits(["qtip", "yaqa"]) {
+        let code = TrellisCode::parse(code)
+            .with_context(|| format!("--trellis-code {code:?}: expected hyb, 1mad or 3inst"))?;
+        return Ok(SyntheticWeights::Trellis { code, k });
+    }
+    bail!(
+        "--quant {s:?}: expected float, rtn2, rtn3, rtn4, awq2, awq3, awq4, qtip2, qtip3, qtip4, \
+         yaqa2, yaqa3 or yaqa4"
+    )
 }
 
 struct Task<'a>(&'a BenchArgs);
@@ -150,13 +166,16 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
                 _ => "BF16",
             };
             let head = match a.head {
-                SyntheticWeights::Float => dt.to_string(),
                 SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
+                _ => dt.to_string(),
             };
             let label = match a.weights {
                 SyntheticWeights::Float if a.head == SyntheticWeights::Float => dt.to_string(),
                 SyntheticWeights::Float => format!("{dt}, {head} head"),
                 SyntheticWeights::Group { .. } => format!("{} g128, {head} head", a.quant),
+                SyntheticWeights::Trellis { code, .. } => {
+                    format!("{} {}, {head} head", a.quant, code.name())
+                }
             };
             (
                 m,

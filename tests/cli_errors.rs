@@ -266,6 +266,41 @@ fn bad_device_and_bench_arguments_are_named() {
     assert_clean_failure(code, &err, "--quant \"rtn7\"");
     let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--head", "q9"]);
     assert_clean_failure(code, &err, "--head \"q9\"");
+    let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--quant", "qtip5"]);
+    assert_clean_failure(code, &err, "--quant \"qtip5\"");
+    let (code, err) = run(
+        SFX,
+        &[
+            "bench",
+            "--synthetic",
+            "tiny-qwen3",
+            "--quant",
+            "qtip2",
+            "--trellis-code",
+            "2mad",
+        ],
+    );
+    assert_clean_failure(code, &err, "--trellis-code \"2mad\"");
+    // tiny's 72-wide hidden state is no multiple of the 16×16 trellis tile: named at build.
+    let (code, err) = run(
+        SFX,
+        &[
+            "bench",
+            "--synthetic",
+            "tiny",
+            "--quant",
+            "qtip2",
+            "--device",
+            "cpu",
+            "-p",
+            "4",
+            "-n",
+            "1",
+            "-r",
+            "1",
+        ],
+    );
+    assert_clean_failure(code, &err, "16×16 tile");
     let (code, err) = run(
         SFX,
         &["test-backend", "--device", "cpu", "--op", "no_such_op"],

@@ -5,8 +5,9 @@
 //! and awq3: the CUDA-core ones; refinement off) on both backends: the same codes through the
 //! CUDA group kernels and the CPU ones, mean KL over a wiki window and greedy continuations
 //! (a divergence reports the CPU's top-2 logit gap there, to tell near-ties from errors), also
-//! with quantized heads (`--head q8`, `--head q4`: the tied embedding gathered from codes). On
-//! a machine without a GPU every case is reported as ignored, by name.
+//! with quantized heads (`--head q8`, `--head q4`: the tied embedding gathered from codes), and
+//! the trellis files (qtip2, yaqa2: the CUDA trellis kernels against the CPU's). On a machine
+//! without a GPU every case is reported as ignored, by name.
 
 mod common;
 
@@ -232,7 +233,16 @@ fn wiki2() -> Result<(), Failed> {
 
 /// Converts SmolLM2 to `quant` with `--head head` (no fit; AWQ on a small search grid) with
 /// this build's `sfx-convert` (`$SFX_CONVERT` when the test binary runs on another machine).
+/// `$SFX_AGREEMENT_SFX=dir` supplies files converted elsewhere as `dir/{quant}-head-{head}.sfx`
+/// (a trellis conversion takes ~25 min on 2 cores; the file is the same either way:
+/// conversions are deterministic).
 fn converted(quant: &str, head: &str) -> Result<std::path::PathBuf, Failed> {
+    if let Some(dir) = std::env::var_os("SFX_AGREEMENT_SFX") {
+        let p = std::path::Path::new(&dir).join(format!("{quant}-head-{head}.sfx"));
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
     let dir = std::env::temp_dir().join("sfx_cuda_agreement");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let out = dir.join(format!("{quant}-head-{head}.sfx"));
@@ -267,7 +277,8 @@ fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> 
     )
     .map_err(|e| e.to_string())?;
     let vocab = cpu.config().vocab_size;
-    let ids = common::wiki_tokens(1024);
+    let tokenizer = sfx_runtime::sfx_model::sfx_tokenizer_json(&file).ok_or("no tokenizer")?;
+    let ids = common::wiki_tokens_with(tokenizer, 1024);
     let a = all_logits(&cpu, &ids);
     let b = all_logits(&gpu, &ids);
     let kl = common::mean_kl(&a, &b, vocab);
@@ -349,6 +360,12 @@ fn main() {
             sfx_agreement("awq4", "q4")
         })
         .with_ignored_flag(!gpu),
+        // Trellis tiles (HYB, K = 2, row-major) with the default q8 head: QTIP's LDLQ and
+        // YAQA's two-sided LDLQ roundings of the same format.
+        Trial::test("cuda::smollm2_sfx::qtip2", || sfx_agreement("qtip2", "q8"))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2_sfx::yaqa2", || sfx_agreement("yaqa2", "q8"))
+            .with_ignored_flag(!gpu),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

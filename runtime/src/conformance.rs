@@ -15,9 +15,16 @@ use crate::backend::{
 };
 use crate::error::Result;
 use crate::model::{rope_cos_sin, Model, ModelOptions};
+use crate::resident::dequantize_trellis;
+use crate::resident::hadamard::stored_factor;
+use crate::resident::trellis::code_table;
 use crate::resident::ResidentKernels;
+use crate::synthetic::SyntheticWeights;
 use half::{bf16, f16};
-use sfx_formats::resident::{GroupQuantized, SUPPORTED_BITS};
+use sfx_formats::resident::{
+    GroupQuantized, TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
+    SUPPORTED_BITS,
+};
 use sfx_formats::{DType, TensorView};
 
 /// One op with the shape it runs at.
@@ -117,11 +124,10 @@ pub enum Op {
         rows: usize,
         cols: usize,
     },
-    /// A group-quantized projection (resident format group-asym-v1: RTN / AWQ codes) through
-    /// the backend's [`ResidentKernels::group_linear`]; `acc` runs `forward_add`.
-    GroupLinear {
-        bits: u8,
-        group: usize,
+    /// A coded projection (group codes: RTN / AWQ; trellis tiles: QTIP / YAQA) through the
+    /// backend's [`ResidentKernels`]; `acc` runs `forward_add`.
+    CodedLinear {
+        format: Coded,
         m: usize,
         rows: usize,
         cols: usize,
@@ -137,23 +143,21 @@ pub enum Op {
         cols: usize,
         n: usize,
     },
-    /// Up to three group-coded projections of one input (q/k/v) as the graph runs them on
-    /// the backend: one fused launch (`norm`: the input RMSNorm folded in) where the
-    /// backend's matrix type holds group codes, else the norm and one projection at a time.
-    GroupProjections {
-        bits: u8,
-        group: usize,
+    /// Up to three coded projections of one input (q/k/v) as the graph runs them on the
+    /// backend: fused launches (`norm`: the input RMSNorm folded in) where the backend's
+    /// matrix type holds the codes, else the norm and one projection at a time.
+    CodedProjections {
+        format: Coded,
         m: usize,
         cols: usize,
         rows: [usize; 3],
         bias: bool,
         norm: bool,
     },
-    /// Group-coded gate and up with SwiGLU (`norm`: the MLP's RMSNorm folded in), as the
-    /// graph runs them on the backend.
-    GroupSwiglu {
-        bits: u8,
-        group: usize,
+    /// Coded gate and up with SwiGLU (`norm`: the MLP's RMSNorm folded in), as the graph runs
+    /// them on the backend.
+    CodedSwiglu {
+        format: Coded,
         m: usize,
         rows: usize,
         cols: usize,
@@ -165,7 +169,31 @@ pub enum Op {
         preset: &'static str,
         steps: usize,
         graphs: bool,
+        weights: SyntheticWeights,
     },
+}
+
+/// The resident format of a coded case.
+#[derive(Debug, Clone, Copy)]
+pub enum Coded {
+    /// Group codes (RTN / AWQ): `bits` per weight, scale and zero point per `group` columns.
+    Group { bits: u8, group: usize },
+    /// Trellis tiles (QTIP / YAQA) of `k` bits per weight.
+    Trellis {
+        code: TrellisCode,
+        k: u8,
+        order: TileOrder,
+    },
+}
+
+impl Coded {
+    /// The format in a family name, e.g. `q4g128` or `hyb-q9 K2 mma`.
+    fn tag(&self) -> String {
+        match *self {
+            Coded::Group { bits, group } => format!("q{bits}g{group}"),
+            Coded::Trellis { code, k, order } => format!("{} K{k} {}", code.name(), order.name()),
+        }
+    }
 }
 
 /// A row of the table.
@@ -571,16 +599,17 @@ pub fn cases() -> Vec<Case> {
             (9, 96, 576, 128, true, false),
             (40, 256, 1024, 64, false, true),
         ] {
+            let format = Coded::Group { bits, group };
             add(
                 "group_linear",
                 format!(
-                    "q{bits}g{group} m{m} {rows}×{cols}{}{}",
+                    "{} m{m} {rows}×{cols}{}{}",
+                    format.tag(),
                     if bias { " +bias" } else { "" },
                     if acc { " +=" } else { "" }
                 ),
-                Op::GroupLinear {
-                    bits,
-                    group,
+                Op::CodedLinear {
+                    format,
                     m,
                     rows,
                     cols,
@@ -631,9 +660,8 @@ pub fn cases() -> Vec<Case> {
                         rows[2],
                         if bias { " +bias" } else { "" }
                     ),
-                    Op::GroupProjections {
-                        bits,
-                        group: 128,
+                    Op::CodedProjections {
+                        format: Coded::Group { bits, group: 128 },
                         m,
                         cols,
                         rows,
@@ -650,9 +678,8 @@ pub fn cases() -> Vec<Case> {
                 add(
                     "group_swiglu",
                     format!("q{bits}g{group} m{m} {cols}→{rows}{tag}"),
-                    Op::GroupSwiglu {
-                        bits,
-                        group,
+                    Op::CodedSwiglu {
+                        format: Coded::Group { bits, group },
                         m,
                         rows,
                         cols,
@@ -664,6 +691,7 @@ pub fn cases() -> Vec<Case> {
             }
         }
     }
+    trellis_cases(&mut add);
     for (preset, graphs) in [("tiny", true), ("tiny-qwen3", true), ("tiny", false)] {
         add(
             "model_decode",
@@ -675,8 +703,28 @@ pub fn cases() -> Vec<Case> {
                 preset,
                 steps: 12,
                 graphs,
+                weights: SyntheticWeights::Float,
             },
             1e-4,
+            1e-5,
+        );
+    }
+    // A whole trellis-coded model through the graph's fused paths (HYB K2, and 1MAD K3);
+    // its prefill multiplies TF32 panels on CUDA, hence the looser bound.
+    for (code, k) in [(TrellisCode::Hyb { q: 9 }, 2), (TrellisCode::OneMad, 3)] {
+        add(
+            "model_decode",
+            format!(
+                "tiny-qwen3 qtip{k} {} prefill 7 + 12 steps, graphs on",
+                code.name()
+            ),
+            Op::Decode {
+                preset: "tiny-qwen3",
+                steps: 12,
+                graphs: true,
+                weights: SyntheticWeights::Trellis { code, k },
+            },
+            3e-3,
             1e-5,
         );
     }
@@ -710,45 +758,25 @@ impl Rng {
 }
 
 /// The code width, group size, columns and total rows of a group-coded case.
-fn group_shape(spec: &Op) -> Option<(u8, usize, usize, usize)> {
+/// A coded case's format, columns and rows of all its matrices stacked.
+fn coded_shape(spec: &Op) -> Option<(Coded, usize, usize)> {
     match *spec {
-        Op::GroupLinear {
-            bits,
-            group,
-            rows,
-            cols,
-            ..
-        }
-        | Op::GroupSwiglu {
-            bits,
-            group,
-            rows,
-            cols,
-            ..
-        } => Some((
-            bits,
-            group,
-            cols,
-            if matches!(spec, Op::GroupSwiglu { .. }) {
-                2 * rows
-            } else {
-                rows
-            },
-        )),
-        Op::GroupProjections {
-            bits,
-            group,
-            cols,
-            rows,
-            ..
-        } => Some((bits, group, cols, rows.iter().sum())),
+        Op::CodedLinear {
+            format, rows, cols, ..
+        } => Some((format, cols, rows)),
+        Op::CodedSwiglu {
+            format, rows, cols, ..
+        } => Some((format, cols, 2 * rows)),
+        Op::CodedProjections {
+            format, cols, rows, ..
+        } => Some((format, cols, rows.iter().sum())),
         Op::GroupEmbedding {
             bits,
             group,
             vocab,
             cols,
             ..
-        } => Some((bits, group, cols, vocab)),
+        } => Some((Coded::Group { bits, group }, cols, vocab)),
         _ => None,
     }
 }
@@ -757,7 +785,7 @@ fn group_shape(spec: &Op) -> Option<(u8, usize, usize, usize)> {
 /// all its matrices, stacked by rows, in `bytes`; scales in `b` rounded to f16; zero points
 /// in `ids`).
 fn group_codes(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<GroupQuantized> {
-    let Some((bits, group, cols, _)) = group_shape(spec) else {
+    let Some((Coded::Group { bits, group }, cols, _)) = coded_shape(spec) else {
         return Err(crate::error::RuntimeError::Unsupported(
             "group_codes: not a group-coded case".into(),
         ));
@@ -779,6 +807,230 @@ fn group_codes(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<Group
             msg: e.to_string(),
         }
     })
+}
+
+/// Projection `proj` (rows `first..first + rows` of the stack) of a trellis-coded case: its
+/// tile streams from `bytes` (stacked by rows), output signs × scales from `b`, input signs
+/// from `ids` (`cols` per projection), the Gaussian HYB table and our transforms.
+fn trellis_weight(
+    spec: &Op,
+    x: &Inputs,
+    proj: usize,
+    first: usize,
+    rows: usize,
+) -> Result<TrellisQuantized> {
+    let err = |msg: String| crate::error::RuntimeError::Shape {
+        op: "trellis codes",
+        msg,
+    };
+    let Some((Coded::Trellis { code, k, order }, cols, _)) = coded_shape(spec) else {
+        return Err(err("not a trellis-coded case".into()));
+    };
+    let scheme = TrellisScheme {
+        code,
+        l: 16,
+        k,
+        order,
+    };
+    let row_bytes = cols / 16 * scheme.tile_bytes();
+    let tiles = x.bytes[first / 16 * row_bytes..(first + rows) / 16 * row_bytes].to_vec();
+    let su = x.ids[proj * cols..(proj + 1) * cols]
+        .iter()
+        .map(|&v| if v & 1 == 0 { f16::ONE } else { f16::NEG_ONE })
+        .collect();
+    TrellisQuantized::from_parts(TrellisParts {
+        scheme,
+        rows,
+        cols,
+        tiles,
+        su,
+        sv: x.b[first..first + rows].to_vec(),
+        tlut: code_table(code),
+        had_in: stored_factor(cols).map_err(err)?,
+        had_out: stored_factor(rows).map_err(err)?,
+    })
+    .map_err(|e| err(e.to_string()))
+}
+
+/// Projection `proj` (rows `first..first + rows`) of a coded case on backend `b`.
+fn coded_linear<B: ResidentKernels>(
+    b: &B,
+    spec: &Op,
+    x: &Inputs,
+    (proj, first, rows): (usize, usize, usize),
+    bias: Option<Vec<f32>>,
+) -> Result<Box<dyn crate::linear::Linear<B>>> {
+    match coded_shape(spec) {
+        Some((Coded::Trellis { .. }, ..)) => b.trellis_linear(
+            trellis_weight(spec, x, proj, first, rows)?,
+            bias,
+            "conformance trellis",
+        ),
+        _ => b.group_linear(
+            group_codes(spec, x, first, rows)?,
+            bias,
+            "conformance group",
+        ),
+    }
+}
+
+/// The dequantized weights of a coded case's projections (`rows` each, stacked), as the
+/// reference multiplies them.
+fn coded_dequant(spec: &Op, x: &Inputs, rows: &[usize]) -> Result<Vec<f32>> {
+    let total: usize = rows.iter().sum();
+    match coded_shape(spec) {
+        Some((Coded::Trellis { .. }, ..)) => {
+            let mut w = Vec::new();
+            let mut first = 0;
+            for (proj, &r) in rows.iter().enumerate() {
+                w.extend(dequantize_trellis(&trellis_weight(
+                    spec, x, proj, first, r,
+                )?)?);
+                first += r;
+            }
+            Ok(w)
+        }
+        _ => Ok(group_codes(spec, x, 0, total)?.dequantize()),
+    }
+}
+
+/// Trellis-coded projections (QTIP / YAQA tiles) on the same shape families as the group
+/// codes (rows multiples of 16; 576, 1536, 14336 take dense Hadamard factors): every code at
+/// every K in both tile orders on decode; the default format (HYB K2, row-major as
+/// `sfx-convert` writes it) and QTIP's checkpoints' format (HYB K2, mma order) on every shape,
+/// prefill included (TF32 GEMM on a decoded panel); the fused q/k/v and gate/up paths for
+/// one format per code.
+fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
+    const HYB: TrellisCode = TrellisCode::Hyb { q: 9 };
+    let decode = [
+        (1, 1536, 576, true, false),
+        (3, 96, 1536, false, true),
+        (1, 304, 14336, false, true),
+        (2, 48, 64, true, true),
+    ];
+    let shapes_all = [
+        (1, 4096, 4096, false, false),
+        (1, 1536, 576, true, false),
+        (3, 96, 1536, false, true),
+        (1, 304, 14336, false, true),
+        (2, 48, 64, true, true),
+        (9, 96, 576, true, false),
+        (40, 256, 1024, false, true),
+    ];
+    let mut i = 0;
+    for code in [HYB, TrellisCode::OneMad, TrellisCode::ThreeInst] {
+        for k in 2..=4u8 {
+            for order in [TileOrder::RowMajor, TileOrder::Mma] {
+                let format = Coded::Trellis { code, k, order };
+                let full = code == HYB && k == 2;
+                let shapes: Vec<_> = if full {
+                    shapes_all.to_vec()
+                } else {
+                    vec![decode[i % decode.len()]]
+                };
+                i += 1;
+                for (m, rows, cols, bias, acc) in shapes {
+                    add(
+                        "trellis_linear",
+                        format!(
+                            "{} m{m} {rows}×{cols}{}{}",
+                            format.tag(),
+                            if bias { " +bias" } else { "" },
+                            if acc { " +=" } else { "" }
+                        ),
+                        Op::CodedLinear {
+                            format,
+                            m,
+                            rows,
+                            cols,
+                            bias,
+                            acc,
+                        },
+                        if m <= 4 { 1e-5 } else { 1e-3 },
+                        1e-5,
+                    );
+                }
+            }
+        }
+    }
+    let fused = [
+        Coded::Trellis {
+            code: HYB,
+            k: 2,
+            order: TileOrder::RowMajor,
+        },
+        Coded::Trellis {
+            code: HYB,
+            k: 2,
+            order: TileOrder::Mma,
+        },
+        Coded::Trellis {
+            code: TrellisCode::OneMad,
+            k: 2,
+            order: TileOrder::RowMajor,
+        },
+        Coded::Trellis {
+            code: TrellisCode::ThreeInst,
+            k: 3,
+            order: TileOrder::RowMajor,
+        },
+    ];
+    // The Llama-3.1-8B shapes (4096 → 4096/1024/1024, 4096 → 14336) for the default format only:
+    // their f64 references dominate the suite's CPU time.
+    for (fi, format) in fused.into_iter().enumerate() {
+        let large = fi == 0;
+        for norm in [false, true] {
+            let tag = if norm { " +norm" } else { "" };
+            for (m, cols, rows, bias) in [
+                (1, 576, [576, 192, 192], false),
+                (1, 4096, [4096, 1024, 1024], true),
+                (3, 1536, [1536, 256, 96], true),
+            ] {
+                if cols == 4096 && !large {
+                    continue;
+                }
+                add(
+                    "trellis_projections",
+                    format!(
+                        "{} m{m} {cols}→{},{},{}{}{tag}",
+                        format.tag(),
+                        rows[0],
+                        rows[1],
+                        rows[2],
+                        if bias { " +bias" } else { "" }
+                    ),
+                    Op::CodedProjections {
+                        format,
+                        m,
+                        cols,
+                        rows,
+                        bias,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+            for (m, rows, cols) in [(1, 1536, 576), (1, 14336, 4096), (2, 144, 64)] {
+                if rows == 14336 && !large {
+                    continue;
+                }
+                add(
+                    "trellis_swiglu",
+                    format!("{} m{m} {cols}→{rows}{tag}", format.tag()),
+                    Op::CodedSwiglu {
+                        format,
+                        m,
+                        rows,
+                        cols,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+        }
+    }
 }
 
 /// Values as a matrix of `dtype` stores them (BF16 rounding applied).
@@ -946,13 +1198,13 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.c = rng.vec(2 * row_len, 1.0);
         }
         Op::Random { .. } => i.ids = vec![rng.next() as u32, rng.next() as u32],
-        Op::GroupLinear { m, rows, .. } => {
-            group_inputs(&mut i, spec, rng);
+        Op::CodedLinear { m, rows, .. } => {
+            coded_inputs(&mut i, spec, rng);
             i.c = rng.vec(rows, 0.5);
             i.d = rng.vec(m * rows, 1.0);
         }
         Op::GroupEmbedding { vocab, n, .. } => {
-            group_inputs(&mut i, spec, rng);
+            coded_inputs(&mut i, spec, rng);
             i.tokens = (0..n)
                 .map(|t| match t {
                     0 => vocab - 1,
@@ -961,9 +1213,9 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
                 } as u32)
                 .collect();
         }
-        Op::GroupProjections { cols, .. } | Op::GroupSwiglu { cols, .. } => {
-            group_inputs(&mut i, spec, rng);
-            let total = group_shape(spec).map_or(0, |s| s.3);
+        Op::CodedProjections { cols, .. } | Op::CodedSwiglu { cols, .. } => {
+            coded_inputs(&mut i, spec, rng);
+            let total = coded_shape(spec).map_or(0, |s| s.2);
             i.c = rng.vec(total, 0.5);
             i.d = rng.norm_weights(cols);
         }
@@ -972,31 +1224,49 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
     i
 }
 
-/// x (`a`, m rows), random codes (`bytes`), scales (`b`) and zero points (`ids`) of a
-/// group-coded case.
-fn group_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
+/// x (`a`, m rows) and random codes (`bytes`) of a coded case; group codes take scales
+/// (`b`) and zero points (`ids`), trellis tiles output signs × scales (`b`) and input signs
+/// (`ids`, per projection).
+fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
     let m = match *spec {
-        Op::GroupLinear { m, .. } | Op::GroupProjections { m, .. } | Op::GroupSwiglu { m, .. } => m,
-        Op::GroupEmbedding { .. } => 0,
+        Op::CodedLinear { m, .. } | Op::CodedProjections { m, .. } | Op::CodedSwiglu { m, .. } => m,
         _ => 0,
     };
-    let Some((bits, group, cols, rows)) = group_shape(spec) else {
+    let Some((format, cols, rows)) = coded_shape(spec) else {
         return;
     };
-    let groups = rows * cols.div_ceil(group);
     i.a = rng.vec(m * cols, 1.0);
-    i.bytes = (0..rows * (cols * usize::from(bits)).div_ceil(8))
-        .map(|_| rng.next() as u8)
-        .collect();
-    // Scales give the dequantized weights variance ≈ 1/cols (as the float cases).
-    let levels = f32::from(1u16 << bits);
-    let unit = (12.0 / ((levels * levels - 1.0) * cols as f32)).sqrt();
-    i.b = rng
-        .vec(groups, 0.5)
-        .iter()
-        .map(|u| unit * (1.0 + u))
-        .collect();
-    i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
+    match format {
+        Coded::Group { bits, group } => {
+            let groups = rows * cols.div_ceil(group);
+            i.bytes = (0..rows * (cols * usize::from(bits)).div_ceil(8))
+                .map(|_| rng.next() as u8)
+                .collect();
+            // Scales give the dequantized weights variance ≈ 1/cols (as the float cases).
+            let levels = f32::from(1u16 << bits);
+            let unit = (12.0 / ((levels * levels - 1.0) * cols as f32)).sqrt();
+            i.b = rng
+                .vec(groups, 0.5)
+                .iter()
+                .map(|u| unit * (1.0 + u))
+                .collect();
+            i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
+        }
+        Coded::Trellis { k, .. } => {
+            i.bytes = (0..rows / 16 * cols / 16 * 32 * usize::from(k))
+                .map(|_| rng.next() as u8)
+                .collect();
+            // The codes' values are ≈ N(0, 1) and the transforms orthonormal: weights of
+            // variance ≈ 1/cols, with random output signs.
+            let unit = 1.0 / (cols as f32).sqrt();
+            i.b = rng
+                .vec(rows, 1.0)
+                .iter()
+                .map(|u| unit * (0.5 + u))
+                .collect();
+            i.ids = (0..3 * cols).map(|_| rng.next() as u32).collect();
+        }
+    }
 }
 
 /// Host `[total, kv_heads·d]` rows → a `[kv_heads, capacity, d]` store image.
@@ -1246,12 +1516,11 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             table.gather_rows(b, &index(b, &x.tokens)?, &mut out)?;
             download(b, &out)
         }
-        Op::GroupLinear {
+        Op::CodedLinear {
             m, rows, bias, acc, ..
         } => {
-            let q = group_codes(spec, x, 0, rows)?;
             let bias = bias.then(|| x.c.clone());
-            let linear = b.group_linear(q, bias, "conformance group_linear")?;
+            let linear = coded_linear(b, spec, x, (0, 0, rows), bias)?;
             let xb = b.upload(&x.a)?;
             if acc {
                 let mut y = b.upload(&x.d)?;
@@ -1264,7 +1533,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 download(b, &y)
             }
         }
-        Op::GroupProjections {
+        Op::CodedProjections {
             m,
             cols,
             rows,
@@ -1274,10 +1543,9 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
         } => {
             let mut linears = Vec::new();
             let mut off = 0;
-            for &r in &rows {
-                let q = group_codes(spec, x, off, r)?;
+            for (proj, &r) in rows.iter().enumerate() {
                 let bi = bias.then(|| x.c[off..off + r].to_vec());
-                linears.push(b.group_linear(q, bi, "conformance group_projections")?);
+                linears.push(coded_linear(b, spec, x, (proj, off, r), bi)?);
                 off += r;
             }
             let xb = b.upload(&x.a)?;
@@ -1319,15 +1587,15 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             }
             Ok(all)
         }
-        Op::GroupSwiglu {
+        Op::CodedSwiglu {
             m,
             rows,
             cols,
             norm,
             ..
         } => {
-            let wg = b.group_linear(group_codes(spec, x, 0, rows)?, None, "conformance gate")?;
-            let wu = b.group_linear(group_codes(spec, x, rows, rows)?, None, "conformance up")?;
+            let wg = coded_linear(b, spec, x, (0, 0, rows), None)?;
+            let wu = coded_linear(b, spec, x, (1, rows, rows), None)?;
             let xb = b.upload(&x.a)?;
             let nw = b.upload(&x.d)?;
             let mut normed = poisoned(b, m * cols)?;
@@ -1405,6 +1673,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             preset,
             steps,
             graphs,
+            weights,
         } => {
             let config = crate::synthetic::preset(preset)?;
             let options = ModelOptions {
@@ -1412,7 +1681,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 ..ModelOptions::default()
             };
             // One backend value per model: models own theirs.
-            let model = Model::synthetic(b.clone(), &config, DType::F32, 11, &options)?;
+            let model = synthetic_model(b.clone(), &config, weights, &options)?;
             let vocab = config.vocab_size as u32;
             let mut cache = model.new_cache(7 + steps)?;
             let prompt: Vec<u32> = x.ids[..7].iter().map(|t| t % vocab).collect();
@@ -1635,7 +1904,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                 .flat_map(|&t| f(&w[t as usize * cols..][..cols]))
                 .collect()
         }
-        Op::GroupLinear {
+        Op::CodedLinear {
             m,
             rows,
             cols,
@@ -1643,10 +1912,10 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             acc,
             ..
         } => {
-            let w = group_codes(spec, x, 0, rows).ok()?.dequantize();
+            let w = coded_dequant(spec, x, &[rows]).ok()?;
             naive_xwt(&w, x, m, rows, cols, bias, acc)
         }
-        Op::GroupProjections {
+        Op::CodedProjections {
             m,
             cols,
             rows,
@@ -1654,18 +1923,17 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             norm,
             ..
         } => {
-            let total = rows.iter().sum();
-            let w = group_codes(spec, x, 0, total).ok()?.dequantize();
+            let w = coded_dequant(spec, x, &rows).ok()?;
             stacked_reference(&w, &normed_input(x, norm), x, m, cols, &rows, bias)
         }
-        Op::GroupSwiglu {
+        Op::CodedSwiglu {
             m,
             rows,
             cols,
             norm,
             ..
         } => {
-            let w = group_codes(spec, x, 0, 2 * rows).ok()?.dequantize();
+            let w = coded_dequant(spec, x, &[rows, rows]).ok()?;
             swiglu_reference(&w, &normed_input(x, norm), m, rows, cols)
         }
         Op::Random { dtype, rows, cols } => {
@@ -1796,19 +2064,42 @@ fn naive_rope(x: &[f32], n: usize, heads: usize, head_dim: usize, first: usize) 
     out
 }
 
+/// The synthetic model of a decode case (F32 float parts, seed 11).
+fn synthetic_model<B: ResidentKernels>(
+    b: B,
+    config: &sfx_formats::ModelConfig,
+    weights: SyntheticWeights,
+    options: &ModelOptions,
+) -> Result<Model<B>> {
+    Model::synthetic_with(
+        b,
+        config,
+        DType::F32,
+        weights,
+        SyntheticWeights::Float,
+        11,
+        options,
+    )
+}
+
 /// The CPU reference of a decode run: the same tokens in one prefill with logits at every
 /// position, so the decode path (matvec, split-K attention, step graphs) is checked against
 /// the prefill path (GEMM, flash-style attention).
 fn decode_as_prefill(spec: &Op, x: &Inputs) -> Result<Vec<f64>> {
-    let Op::Decode { preset, steps, .. } = *spec else {
+    let Op::Decode {
+        preset,
+        steps,
+        weights,
+        ..
+    } = *spec
+    else {
         return Err(crate::RuntimeError::Unsupported("not a decode case".into()));
     };
     let config = crate::synthetic::preset(preset)?;
-    let model = Model::synthetic(
+    let model = synthetic_model(
         CpuBackend::new(),
         &config,
-        DType::F32,
-        11,
+        weights,
         &ModelOptions::default(),
     )?;
     let vocab = config.vocab_size as u32;

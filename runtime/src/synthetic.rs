@@ -8,11 +8,15 @@ use crate::backend::{synthetic_bits, synthetic_value};
 use crate::error::{Result, RuntimeError};
 use crate::linear::{FloatLinear, Linear, SharedLinear};
 use crate::model::{DecoderLayer, Model, ModelOptions};
+use crate::resident::hadamard::stored_factor;
+use crate::resident::trellis::code_table;
 use crate::resident::ResidentKernels;
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
-use sfx_formats::resident::GroupQuantized;
+use sfx_formats::resident::{
+    GroupQuantized, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
+};
 use sfx_formats::{DType, ModelConfig};
 use std::sync::Arc;
 
@@ -154,18 +158,7 @@ pub fn group_codes(
     group: usize,
 ) -> Result<GroupQuantized> {
     let row_bytes = (cols * bits as usize).div_ceil(8);
-    let mut codes = vec![0u8; rows * row_bytes];
-    // 8 bytes per draw, 1 MiB blocks in parallel (an 8B model has ~2 GB of codes).
-    const BLOCK_WORDS: usize = 1 << 17;
-    codes
-        .par_chunks_mut(8 * BLOCK_WORDS)
-        .enumerate()
-        .for_each(|(block, chunk)| {
-            for (i, word) in chunk.chunks_mut(8).enumerate() {
-                let v = synthetic_bits(seed, (block * BLOCK_WORDS + i) as u64).to_le_bytes();
-                word.copy_from_slice(&v[..word.len()]);
-            }
-        });
+    let codes = random_bytes(seed, rows * row_bytes);
     let groups = rows * cols.div_ceil(group);
     let levels = f32::from(1u16 << bits);
     let unit = (12.0 / ((levels * levels - 1.0) * cols.max(1) as f32)).sqrt();
@@ -184,6 +177,70 @@ pub fn group_codes(
     })
 }
 
+/// `n` random bytes from `seed`, 1 MiB blocks in parallel (an 8B model has ~2 GB of codes).
+fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    const BLOCK_WORDS: usize = 1 << 17;
+    out.par_chunks_mut(8 * BLOCK_WORDS)
+        .enumerate()
+        .for_each(|(block, chunk)| {
+            for (i, word) in chunk.chunks_mut(8).enumerate() {
+                let v = synthetic_bits(seed, (block * BLOCK_WORDS + i) as u64).to_le_bytes();
+                word.copy_from_slice(&v[..word.len()]);
+            }
+        });
+    out
+}
+
+/// Random trellis tiles (format trellis-v1, row-major tiles as `sfx-convert` writes them) for
+/// a `rows × cols` projection: random streams (every bit string is a valid tail-biting
+/// stream), random input signs, output signs with the scale that gives the weights variance ≈
+/// 1/cols (the codes' values are ≈ N(0, 1) and the transforms are orthonormal), the Gaussian
+/// HYB table, and our Hadamard factors of both sizes. The kernels do exactly the work of a
+/// converted model.
+pub fn trellis_codes(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    code: TrellisCode,
+    k: u8,
+) -> Result<TrellisQuantized> {
+    let err = |msg: String| RuntimeError::Shape {
+        op: "synthetic trellis codes",
+        msg,
+    };
+    let scheme = TrellisScheme::qtip(code, k);
+    let len = TrellisQuantized::tile_stream_len(&scheme, rows, cols)
+        .ok_or_else(|| err(format!("[{rows}, {cols}] overflows")))?;
+    let tiles = random_bytes(seed, len);
+    let sign = |s: u64, i: usize| synthetic_bits(s, i as u64) & 1 == 0;
+    let su = (0..cols)
+        .map(|i| {
+            if sign(seed ^ 0x5151, i) {
+                f16::ONE
+            } else {
+                f16::NEG_ONE
+            }
+        })
+        .collect();
+    let unit = 1.0 / (cols.max(1) as f32).sqrt();
+    let sv = (0..rows)
+        .map(|i| if sign(seed ^ 0x5252, i) { unit } else { -unit })
+        .collect();
+    TrellisQuantized::from_parts(TrellisParts {
+        scheme,
+        rows,
+        cols,
+        tiles,
+        su,
+        sv,
+        tlut: code_table(code),
+        had_in: stored_factor(cols).map_err(err)?,
+        had_out: stored_factor(rows).map_err(err)?,
+    })
+    .map_err(|e| err(e.to_string()))
+}
+
 /// What the projections of a synthetic model are (embedding, head and norms stay float).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SyntheticWeights {
@@ -191,6 +248,8 @@ pub enum SyntheticWeights {
     Float,
     /// Group-quantized codes of `bits` bits in groups of `group` columns (RTN / AWQ layout).
     Group { bits: u8, group: usize },
+    /// Trellis tiles of `k` bits per weight with `code` (QTIP / YAQA layout).
+    Trellis { code: TrellisCode, k: u8 },
 }
 
 impl<B: ResidentKernels> Model<B> {
@@ -253,6 +312,10 @@ impl<B: ResidentKernels> Model<B> {
                 SyntheticWeights::Group { bits, group } => {
                     let q = group_codes(tensor_seed(seed, &name), rows, cols, bits, group)?;
                     b.group_linear(q, bias, &name)
+                }
+                SyntheticWeights::Trellis { code, k } => {
+                    let q = trellis_codes(tensor_seed(seed, &name), rows, cols, code, k)?;
+                    b.trellis_linear(q, bias, &name)
                 }
             }
         };
@@ -368,6 +431,32 @@ mod tests {
         let w = a.dequantize();
         let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
         assert!((0.5..2.0).contains(&(var * 576.0)), "{var}");
+    }
+
+    #[test]
+    fn synthetic_trellis_codes_are_valid_and_scaled() {
+        let a = trellis_codes(3, 32, 576, TrellisCode::Hyb { q: 9 }, 2).unwrap();
+        assert_eq!(
+            a,
+            trellis_codes(3, 32, 576, TrellisCode::Hyb { q: 9 }, 2).unwrap()
+        );
+        assert_ne!(
+            a.tiles(),
+            trellis_codes(4, 32, 576, TrellisCode::Hyb { q: 9 }, 2)
+                .unwrap()
+                .tiles()
+        );
+        // Weights of variance ≈ 1/cols, as the float synthetic weights, for every code.
+        for code in [
+            TrellisCode::Hyb { q: 9 },
+            TrellisCode::OneMad,
+            TrellisCode::ThreeInst,
+        ] {
+            let q = trellis_codes(5, 32, 576, code, 3).unwrap();
+            let w = crate::resident::dequantize_trellis(&q).unwrap();
+            let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
+            assert!((0.5..2.0).contains(&(var * 576.0)), "{code:?}: {var}");
+        }
     }
 
     #[test]

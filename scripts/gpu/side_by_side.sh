@@ -21,6 +21,11 @@
 #     plans      sfx only: the tile matvecs' conformance under forced plans (SFX_GT_PLAN, so
 #                every kernel variant runs), then per-kernel decode time of rtn2 and rtn4
 #                under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and tg128 (graphs on)
+#     trellis    sfx only: the trellis (QTIP/YAQA) conformance ops and the whole-model decode
+#                cases (OPS=… to choose), tg128/pp512 of trellis formats on the 8B shape beside
+#                rtn2 (FORMATS="qtip2:hyb qtip2:1mad …"), per-kernel decode times of qtip2, the
+#                tile-rows knob (SFX_TR_ROWS) and an ncu profile of one layer's four matvecs
+#     trellis_peer  prepare + trellis + llama.cpp Q2_K / Q4_K_M / Q4_0 in the same call
 #   BIN=dir with sfx, sfx-run, sfx-convert, cuda_agreement (release builds with kernels:
 #       `make build-gpu`, `cargo test --release --test cuda_agreement --no-run`)
 #   SFX_ASSETS=dir with SmolLM2-135M-Instruct.Q4_1.gguf, wiki/ and brown/ (`make assets`)
@@ -30,7 +35,7 @@
 # The lent H200 takes at most 64 MiB per call, so the measured runs carried the GGUF in two
 # halves over consecutive calls; the stages are the commands those calls ran.
 set -u
-STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, head, all, group or plans}"
+STAGE="${1:?stage: prepare, conformance, agreement, f16, quant, head, all, group, plans, trellis or trellis_peer}"
 BIN="${BIN:?set BIN}"; PEER="${PEER:?set PEER}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -39,7 +44,7 @@ case "$STAGE" in
   prepare)
     # llama-bench builds (~3.5 min) and the GGUFs are written while other stages run; no
     # benchmark starts (DEADLINE=0), so nothing competes with a timed run.
-    setsid bash -c "QUANTS='f16 q2_k q4_k_m q4_0' DEADLINE=0 OUT=/tmp/peerprep bash '$PEER/device_bench.sh'" \
+    setsid bash -c "QUANTS='${PEER_QUANTS:-f16 q2_k q4_k_m q4_0}' DEADLINE=0 OUT=/tmp/peerprep bash '$PEER/device_bench.sh'" \
       >/tmp/peerprep.log 2>&1 </dev/null &
     ;;
   conformance)
@@ -141,6 +146,39 @@ case "$STAGE" in
       done
     done > "$OUT/sfx_bench_heads.md"
     cat "$OUT/llamacpp_bench.md" "$OUT/sfx_bench_heads.md"
+    ;;
+  trellis)
+    for op in ${OPS:-trellis_linear trellis_projections trellis_swiglu model_decode}; do
+      "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_$op.md" 2>&1
+      echo "$op: $(grep "cases on cuda" "$OUT/test_backend_$op.md")"
+      grep -E '^\| ' "$OUT/test_backend_$op.md" | grep -v -E '\| ok \||^\| op|^\| ---' | head -12
+    done
+    for f in ${FORMATS:-qtip2:hyb qtip2:1mad qtip2:3inst qtip3:hyb qtip4:hyb rtn2:hyb}; do
+      timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "${f%%:*}" --trellis-code "${f##*:}" $BENCH_ARGS 2>&1 | grep -E 'synthetic|rror'
+    done | tee "$OUT/sfx_bench_trellis.md"
+    SFX_PROFILE_KERNELS=1 timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant qtip2 -p 0 -n 16 -r 1 --graphs off \
+      > "$OUT/profile_qtip2.md" 2> "$OUT/profile_qtip2.err"
+    grep -E '^\| ' "$OUT/profile_qtip2.err" | head -24
+    SFX_TR_ROWS=2 timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant qtip2 -p 0 -n 128 -r 2 2>&1 | grep -E 'synthetic|rror' | sed 's/^/SFX_TR_ROWS=2 /'
+    # One layer's four matvecs (q/k/v, o, gate/up, down) under ncu: what bounds them.
+    timeout 240 ncu --clock-control none --kernel-name regex:tr_matvec --launch-skip 40 --launch-count 4 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section LaunchStats --section MemoryWorkloadAnalysis \
+      "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant qtip2 -p 0 -n 4 -r 1 --graphs off \
+      > "$OUT/ncu_trellis_matvec.txt" 2>&1
+    grep -E 'tr_matvec|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Block Limit' "$OUT/ncu_trellis_matvec.txt" | head -60
+    ;;
+  trellis_peer)
+    # One call: llama.cpp builds in the background while the trellis stage runs, then its
+    # Q2_K / Q4_K_M / Q4_0 rows and ours (rtn2, rtn4 beside the trellis formats) side by side.
+    PEER_QUANTS="q2_k q4_k_m q4_0" bash "$0" prepare
+    bash "$0" trellis
+    for q in rtn4; do
+      timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q $BENCH_ARGS 2>&1 | grep -E 'synthetic|rror'
+    done | tee -a "$OUT/sfx_bench_trellis.md"
+    while pgrep -f device_bench.sh >/dev/null; do sleep 5; done
+    QUANTS="q2_k q4_k_m q4_0" ARGS="$BENCH_ARGS -fa 1" DEADLINE=600 OUT="$OUT" bash "$PEER/device_bench.sh" >/dev/null
+    cat "$OUT/llamacpp_bench.md"
     ;;
   all)
     bash "$0" prepare

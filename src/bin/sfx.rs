@@ -105,14 +105,21 @@ enum Command {
         #[arg(long, default_value = "bf16")]
         dtype: String,
         /// Resident format of a synthetic model's projections (embedding and head: --head):
-        /// float (default), or group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have the same
-        /// layout and kernels), group 128.
+        /// float (default); group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have the same
+        /// layout and kernels), group 128; or trellis tiles qtip2, qtip3, qtip4 (YAQA's
+        /// yaqa2..yaqa4 have the same layout and kernels) with --trellis-code. Random codes
+        /// are valid codes: the kernels do a converted model's work.
         #[arg(long, default_value = "float", requires = "synthetic")]
         quant: String,
-        /// Format of a synthetic model's head: bf16 (its --dtype, default) or group codes
-        /// q2, q3, q4, q6, q8 (group 128; the final norm stays fused into it). A tied
-        /// embedding gathers its rows from the head's codes; an untied one stays --dtype.
-        #[arg(long, default_value = "bf16", requires = "synthetic")]
+        /// Trellis code of qtipN / yaqaN synthetic models: hyb (sfx-convert's default), 1mad
+        /// or 3inst.
+        #[arg(long, default_value = "hyb", requires = "synthetic")]
+        trellis_code: String,
+        /// Format of a synthetic model's head: auto (what sfx-convert writes: q8 beside coded
+        /// projections, --dtype beside float ones), bf16 (its --dtype) or group codes q2, q3,
+        /// q4, q6, q8 (group 128; the final norm stays fused into it). A tied embedding
+        /// gathers its rows from the head's codes; an untied one stays --dtype.
+        #[arg(long, default_value = "auto", requires = "synthetic")]
         head: String,
         /// KV cache element type: f16 or f32.
         #[arg(long, default_value = "f16")]
@@ -167,12 +174,14 @@ fn main() -> Result<()> {
             graphs,
             dtype,
             quant,
+            trellis_code,
             head,
             kv_type,
             seed,
             json,
         } => {
             use strataflux::bench::parse_list;
+            let weights = strataflux::bench::parse_quant(&quant, &trellis_code)?;
             let nonzero = |v: Vec<usize>| v.into_iter().filter(|&n| n > 0).collect::<Vec<_>>();
             strataflux::bench::run(strataflux::bench::BenchArgs {
                 model,
@@ -188,9 +197,9 @@ fn main() -> Result<()> {
                     "both" => vec![true, false],
                     other => bail!("--graphs {other:?}: expected on, off or both"),
                 },
-                weights: strataflux::bench::parse_quant(&quant)?,
+                weights,
                 quant,
-                head: strataflux::bench::parse_head(&head)?,
+                head: strataflux::bench::parse_head(&head, weights)?,
                 dtype: match dtype.as_str() {
                     "bf16" => sfx_formats::DType::BF16,
                     "f32" => sfx_formats::DType::F32,

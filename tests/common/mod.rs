@@ -59,9 +59,14 @@ pub fn float_model() -> &'static (Checkpoint, Model<CpuBackend>) {
 
 /// The first `n` tokens of the wiki text: held out from every calibration (Brown).
 pub fn wiki_tokens(n: usize) -> Vec<u32> {
-    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
     let (ckpt, _) = float_model();
-    let json = ckpt.tokenizer_json.as_ref().unwrap();
+    wiki_tokens_with(ckpt.tokenizer_json.as_ref().unwrap(), n)
+}
+
+/// The first `n` tokens of the wiki text under the tokenizer `json` (a converted file's own,
+/// so a test of `.sfx` files needs no source model).
+pub fn wiki_tokens_with(json: &str, n: usize) -> Vec<u32> {
+    let text = sfx_formats::corpus::wiki_text(&assets()).unwrap();
     let tok = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
     tok.encode(&text[..20000], false).unwrap().get_ids()[..n].to_vec()
 }

@@ -21,6 +21,14 @@ use std::cell::RefCell;
 use std::fmt;
 use thiserror::Error;
 
+/// The dense factor of our transform of order `n` as a container stores it (what a converted
+/// file or a synthetic trellis weight carries for `n`).
+pub fn stored_factor(n: usize) -> Result<sfx_formats::resident::SmallHadamard, String> {
+    let h = Hadamard::new(n).map_err(|e| format!("transform of order {n}: {e}"))?;
+    sfx_formats::resident::SmallHadamard::new(h.small_order(), h.small_factor())
+        .map_err(|e| e.to_string())
+}
+
 /// Largest dense factor built. The mixing pass costs `n·m` multiply-adds per vector and the
 /// matrix `m²` floats, so past this the rotation stops being cheap next to the matvec it
 /// protects; it also bounds the finite fields searched (q < 2048).

@@ -6,9 +6,11 @@
 //!   RTN / AWQ codes) — CPU decode matvec unpacking codes on the fly, dequantized-panel GEMM
 //!   for prefill, and [`RtnFactory`] quantizing every projection at load.
 //! - [`hadamard`], [`trellis`]: QTIP's rotations and bitshift-trellis codes / Viterbi.
-//!   On CUDA the same codes run through `backend::cuda::CudaGroupLinear`.
 //! - [`trellis_linear`]: trellis-coded weights (`TrellisQuantized`, QTIP / YAQA) — decode
 //!   matvec decoding tiles on the fly between the input and output Hadamard transforms.
+//!
+//! On CUDA both formats run through `backend::cuda::CudaResidentLinear` (the backend's own
+//! kernels over the same codes).
 
 pub mod group;
 pub mod hadamard;
@@ -23,7 +25,7 @@ pub use trellis_linear::{dequantize_trellis, TrellisLinear};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::linear::Linear;
 use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
 
@@ -67,12 +69,6 @@ impl ResidentKernels for CpuBackend {
     }
 }
 
-fn no_cuda_kernel(format: String, what: &str) -> RuntimeError {
-    RuntimeError::Unsupported(format!(
-        "{what}: resident format {format} has no CUDA kernel yet: use --device cpu"
-    ))
-}
-
 impl ResidentKernels for CudaBackend {
     fn group_linear(
         &self,
@@ -89,12 +85,13 @@ impl ResidentKernels for CudaBackend {
     fn trellis_linear(
         &self,
         q: TrellisQuantized,
-        _bias: Option<Vec<f32>>,
+        bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Box<dyn Linear<Self>>> {
-        Err(no_cuda_kernel(
-            format!("trellis-v1 ({})", q.scheme().name()),
+        Ok(Box::new(self.upload_trellis_linear(
+            &q,
+            bias.as_deref(),
             what,
-        ))
+        )?))
     }
 }

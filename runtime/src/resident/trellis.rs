@@ -101,6 +101,18 @@ pub fn code_hyb(x: u32, q: u32, tlut: &[[f32; 2]]) -> [f32; 2] {
 /// `{(±a_i, b_i)}`, is a k-means codebook of `2^(q+1)` points for N(0, I₂) (QTIP initialises
 /// its table from a k-means of a 2-D Gaussian; this is our construction of one). Deterministic:
 /// the samples are a stratified lattice through the inverse normal CDF, not random draws.
+/// The lookup table a file stores for `code` (`TrellisQuantized::tlut`): HYB's Gaussian table
+/// in f16 pairs, empty for the computed codes.
+pub fn code_table(code: sfx_formats::resident::TrellisCode) -> Vec<half::f16> {
+    match code {
+        sfx_formats::resident::TrellisCode::Hyb { q } => hyb_gaussian_tlut(u32::from(q))
+            .iter()
+            .flat_map(|p| [half::f16::from_f32(p[0]), half::f16::from_f32(p[1])])
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 pub fn hyb_gaussian_tlut(q: u32) -> Vec<[f32; 2]> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};

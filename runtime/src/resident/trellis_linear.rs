@@ -408,17 +408,18 @@ impl Linear<CpuBackend> for TrellisLinear {
     }
 }
 
+/// Random trellis weights for tests of this module and of the CUDA layout (any bytes are a
+/// valid tail-biting stream).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::Backend;
-    use crate::resident::trellis::{
-        decode_tile as reference_decode, hyb_gaussian_tlut, Code, TrellisSpec,
-    };
+pub(crate) mod test_weights {
+    use crate::resident::hadamard::stored_factor;
+    use crate::resident::trellis::code_table;
     use half::f16;
-    use sfx_formats::resident::{SmallHadamard, TrellisParts, TrellisScheme};
+    use sfx_formats::resident::{
+        TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
+    };
 
-    fn bytes(n: usize, seed: &mut u64) -> Vec<u8> {
+    pub(crate) fn bytes(n: usize, seed: &mut u64) -> Vec<u8> {
         (0..n)
             .map(|_| {
                 *seed = seed
@@ -429,12 +430,8 @@ mod tests {
             .collect()
     }
 
-    fn small_for(n: usize) -> SmallHadamard {
-        let h = Hadamard::new(n).unwrap();
-        SmallHadamard::new(h.small_order(), h.small_factor()).unwrap()
-    }
-
-    fn weight(
+    /// A `rows × cols` weight with random tiles, signs and scales.
+    pub(crate) fn weight(
         code: TrellisCode,
         k: u8,
         order: TileOrder,
@@ -452,13 +449,6 @@ mod tests {
             TrellisQuantized::tile_stream_len(&scheme, rows, cols).unwrap(),
             &mut seed,
         );
-        let tlut = match code {
-            TrellisCode::Hyb { q } => hyb_gaussian_tlut(u32::from(q))
-                .iter()
-                .flat_map(|p| [f16::from_f32(p[0]), f16::from_f32(p[1])])
-                .collect(),
-            _ => Vec::new(),
-        };
         let signs = bytes(rows + cols, &mut seed);
         TrellisQuantized::from_parts(TrellisParts {
             scheme,
@@ -473,12 +463,20 @@ mod tests {
                 .iter()
                 .map(|&b| (f32::from(b) - 128.0) / 300.0)
                 .collect(),
-            tlut,
-            had_in: small_for(cols),
-            had_out: small_for(rows),
+            tlut: code_table(code),
+            had_in: stored_factor(cols).unwrap(),
+            had_out: stored_factor(rows).unwrap(),
         })
         .unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_weights::{bytes, weight};
+    use super::*;
+    use crate::backend::Backend;
+    use crate::resident::trellis::{decode_tile as reference_decode, Code, TrellisSpec};
 
     fn runtime_code(w: &TrellisQuantized) -> Code {
         match w.scheme().code {

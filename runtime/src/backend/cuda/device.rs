@@ -146,6 +146,13 @@ impl Device {
         })
     }
 
+    /// A new allocation holding `bytes` (weights and tables at load).
+    pub fn upload_new(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceMem> {
+        let mem = self.alloc(bytes.len())?;
+        self.upload_bytes(mem.ptr, bytes)?;
+        Ok(mem)
+    }
+
     pub fn alloc_zeroed(self: &Arc<Self>, bytes: usize) -> Result<DeviceMem> {
         let m = self.alloc(bytes)?;
         // SAFETY: `m` holds at least `bytes` bytes.
@@ -474,6 +481,22 @@ impl Kernel {
             op: "configuring a kernel",
             msg: format!("{}: {}", self.name, describe(e)),
         })
+    }
+}
+
+impl Kernel {
+    /// Blocks of `threads` threads with `smem` bytes of dynamic shared memory that fit on one
+    /// SM at once (registers, shared memory, threads); 1 if the driver cannot say.
+    pub fn blocks_per_sm(&self, threads: usize, smem: usize) -> usize {
+        // SAFETY: valid function handle; the query reads only its attributes.
+        unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.func,
+                threads as std::ffi::c_int,
+                smem,
+            )
+        }
+        .map_or(1, |n| n.max(1) as usize)
     }
 }
 

@@ -9,10 +9,12 @@
 
 use super::device::DeviceMem;
 use super::kernels::GROUP_BITS;
-use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef};
-use crate::backend::{Backend, MatmulOut};
+use super::resident::CudaResidentLinear;
+use super::{
+    blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef,
+};
+use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
-use crate::linear::Linear;
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::DType;
 use std::sync::Arc;
@@ -119,13 +121,6 @@ pub(super) struct GtGroup {
 /// Rows per tile of the tile layout (one MMA's M).
 const TILE_ROWS: usize = 16;
 
-/// A group-quantized projection with an optional f32 bias, resident on a CUDA device.
-pub struct CudaGroupLinear {
-    weight: CudaMatrix,
-    bias: Option<CudaBuffer>,
-    host_bytes: usize,
-}
-
 /// Launch geometry of one group matvec: threads per row set and rows per thread.
 struct Schedule {
     tpr: usize,
@@ -139,9 +134,12 @@ impl Schedule {
 }
 
 fn codes_of<'a>(w: &'a MatrixData, op: &'static str) -> Result<&'a GroupCodes> {
-    w.group.as_ref().ok_or_else(|| {
-        RuntimeError::Unsupported(format!("{op}: a float matrix reached the group kernels"))
-    })
+    match &w.codes {
+        Codes::Group(c) => Ok(c),
+        _ => Err(RuntimeError::Unsupported(format!(
+            "{op}: a matrix of another format reached the group kernels"
+        ))),
+    }
 }
 
 impl CudaBackend {
@@ -153,7 +151,7 @@ impl CudaBackend {
         q: &GroupQuantized,
         bias: Option<&[f32]>,
         what: &str,
-    ) -> Result<CudaGroupLinear> {
+    ) -> Result<CudaResidentLinear> {
         let (rows, cols, group) = (q.rows(), q.cols(), q.group_size());
         if !GROUP_BITS.contains(&q.bits()) {
             return Err(RuntimeError::Unsupported(format!(
@@ -193,11 +191,7 @@ impl CudaBackend {
         if let Some(b) = bias {
             check_len("group_linear", "bias", b.len(), rows)?;
         }
-        let upload = |bytes: &[u8]| -> Result<DeviceMem> {
-            let mem = self.dev().alloc(bytes.len())?;
-            self.dev().upload_bytes(mem.ptr, bytes)?;
-            Ok(mem)
-        };
+        let upload = |bytes: &[u8]| self.dev().upload_new(bytes);
         let scale_bytes: Vec<u8> = q
             .scales()
             .iter()
@@ -217,18 +211,19 @@ impl CudaBackend {
             row_bytes: q.row_bytes(),
             layout,
         };
-        Ok(CudaGroupLinear {
+        Ok(CudaResidentLinear {
             weight: CudaMatrix {
                 inner: Arc::new(MatrixData {
                     mem,
                     rows,
                     cols,
                     dtype: DType::F32,
-                    group: Some(codes),
+                    codes: Codes::Group(codes),
                 }),
             },
             bias: bias.map(|b| self.upload(b)).transpose()?,
             host_bytes: q.size_in_bytes(),
+            format: format!("q{}g{group}", q.bits()),
         })
     }
 
@@ -799,67 +794,6 @@ fn tile_operand(w: &MatrixData, op: &'static str) -> Result<u64> {
         CodeLayout::Rows { .. } => Err(RuntimeError::Unsupported(format!(
             "{op}: file-layout codes mixed with tile-layout ones"
         ))),
-    }
-}
-
-impl CudaGroupLinear {
-    fn codes(&self) -> Option<&GroupCodes> {
-        self.weight.inner.group.as_ref()
-    }
-}
-
-impl Linear<CudaBackend> for CudaGroupLinear {
-    fn in_dim(&self) -> usize {
-        self.weight.inner.cols
-    }
-    fn out_dim(&self) -> usize {
-        self.weight.inner.rows
-    }
-    fn has_bias(&self) -> bool {
-        self.bias.is_some()
-    }
-    fn forward(
-        &self,
-        backend: &CudaBackend,
-        x: &CudaBuffer,
-        m: usize,
-        y: &mut CudaBuffer,
-    ) -> Result<()> {
-        backend.matmul_t(x, m, &self.weight, self.bias.as_ref(), y, MatmulOut::Store)
-    }
-    fn forward_add(
-        &self,
-        backend: &CudaBackend,
-        x: &CudaBuffer,
-        m: usize,
-        acc: &mut CudaBuffer,
-        _scratch: &mut CudaBuffer,
-    ) -> Result<()> {
-        let bias = self.bias.as_ref();
-        backend.matmul_t(x, m, &self.weight, bias, acc, MatmulOut::Accumulate)
-    }
-    fn matrix_parts(&self) -> Option<(&CudaMatrix, Option<&CudaBuffer>)> {
-        Some((&self.weight, self.bias.as_ref()))
-    }
-    fn gather_rows(
-        &self,
-        backend: &CudaBackend,
-        tokens: &super::CudaIndex,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
-        backend.embedding(&self.weight, tokens, out)
-    }
-    fn resident_bytes(&self) -> usize {
-        self.host_bytes + self.bias.as_ref().map_or(0, |b| 4 * b.len)
-    }
-    fn describe(&self) -> String {
-        let (bits, group) = self.codes().map_or((0, 0), |c| (c.bits, c.group));
-        format!(
-            "q{bits}g{group} {}×{} (cuda){}",
-            self.weight.inner.cols,
-            self.weight.inner.rows,
-            if self.bias.is_some() { " +bias" } else { "" }
-        )
     }
 }
 

@@ -70,6 +70,17 @@ pub(crate) struct TileKernels {
     pub dequant_f32: [Kernel; 2],
 }
 
+/// Trellis-coded weights (trellis.cu): matvecs by `[code: HYB, 1MAD, 3INST][K − 2][order:
+/// row-major, mma][tile rows per group − 1]`, the prefill dequantization by `[code][K − 2]
+/// [order]`, the input transform by `[norm fused][order]`, and the output transforms.
+pub(crate) struct TrellisKernels {
+    pub matvec: [[[[Kernel; 2]; 2]; 3]; 3],
+    pub dequant: [[[Kernel; 2]; 3]; 3],
+    pub prepare: [[Kernel; 2]; 2],
+    pub finish: Kernel,
+    pub finish_swiglu: Kernel,
+}
+
 pub(crate) struct Kernels {
     pub embedding_bf16: Kernel,
     pub embedding_f32: Kernel,
@@ -96,6 +107,7 @@ pub(crate) struct Kernels {
     pub gemm_bf16: Kernel,
     pub gemm_f32: Kernel,
     pub group: GroupKernels,
+    pub trellis: TrellisKernels,
 }
 
 impl Kernels {
@@ -125,6 +137,49 @@ impl Kernels {
         let am = find("attention_mma")?;
         let gq = find("group")?;
         let gt = find("group_mma")?;
+        let tr = find("trellis")?;
+        // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{R}, tr_dequant_{code}_k{K}_{…}.
+        macro_rules! tr_orders {
+            ($prefix:literal, $code:literal, $k:literal) => {
+                [
+                    [
+                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_r1"))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_r2"))?,
+                    ],
+                    [
+                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_r1"))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_r2"))?,
+                    ],
+                ]
+            };
+        }
+        macro_rules! tr_matvec {
+            ($code:literal) => {
+                [
+                    tr_orders!("tr_matvec_", $code, "2"),
+                    tr_orders!("tr_matvec_", $code, "3"),
+                    tr_orders!("tr_matvec_", $code, "4"),
+                ]
+            };
+        }
+        macro_rules! tr_dequant {
+            ($code:literal) => {
+                [
+                    [
+                        tr.function(concat!("tr_dequant_", $code, "_k2_rm"))?,
+                        tr.function(concat!("tr_dequant_", $code, "_k2_mma"))?,
+                    ],
+                    [
+                        tr.function(concat!("tr_dequant_", $code, "_k3_rm"))?,
+                        tr.function(concat!("tr_dequant_", $code, "_k3_mma"))?,
+                    ],
+                    [
+                        tr.function(concat!("tr_dequant_", $code, "_k4_rm"))?,
+                        tr.function(concat!("tr_dequant_", $code, "_k4_mma"))?,
+                    ],
+                ]
+            };
+        }
         // Group-code entry points are named by bits and rows per thread (kernels/group.cu).
         macro_rules! gt_family {
             ($prefix:literal, [$($r:literal),+]) => {
@@ -292,6 +347,26 @@ impl Kernels {
                     ],
                 },
             },
+            trellis: TrellisKernels {
+                matvec: [tr_matvec!("hyb"), tr_matvec!("1mad"), tr_matvec!("3inst")],
+                dequant: [
+                    tr_dequant!("hyb"),
+                    tr_dequant!("1mad"),
+                    tr_dequant!("3inst"),
+                ],
+                prepare: [
+                    [
+                        tr.function("tr_prepare_rm")?,
+                        tr.function("tr_prepare_mma")?,
+                    ],
+                    [
+                        tr.function("tr_prepare_norm_rm")?,
+                        tr.function("tr_prepare_norm_mma")?,
+                    ],
+                ],
+                finish: tr.function("tr_finish")?,
+                finish_swiglu: tr.function("tr_finish_swiglu")?,
+            },
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {
@@ -312,6 +387,9 @@ impl Kernels {
             .chain(k.group.tile.matvec_norm.iter().flatten())
             .chain(k.group.tile.swiglu.iter().flatten())
             .chain(k.group.tile.swiglu_norm.iter().flatten())
+            .chain(k.trellis.matvec.iter().flatten().flatten().flatten())
+            .chain(k.trellis.prepare.iter().flatten())
+            .chain([&k.trellis.finish, &k.trellis.finish_swiglu])
         {
             f.allow_shared(device.smem_optin)?;
         }

@@ -10,6 +10,9 @@ mod blas;
 mod device;
 mod group;
 mod kernels;
+mod resident;
+mod trellis;
+mod trellis_layout;
 
 use crate::backend::{
     AttentionShape, Backend, GroupItem, KvDtype, KvLayout, MatmulOut, RopeTable, WeightPrecision,
@@ -22,7 +25,7 @@ use sfx_formats::{DType, TensorView};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-pub use group::CudaGroupLinear;
+pub use resident::CudaResidentLinear;
 
 /// Up to this many token rows a projection runs as matrix–vector products (weights streamed
 /// once per row); beyond it, a GEMM.
@@ -54,23 +57,32 @@ pub struct CudaBuffer {
 }
 
 /// A resident weight matrix in device memory, shared by reference count: float weights
-/// (BF16 bits or F32), or group codes (RTN / AWQ), which every projection op of the backend
-/// takes too, so the graph's fused paths (q/k/v in one launch, gate/up with SwiGLU, norms
-/// folded in) serve both.
+/// (BF16 bits or F32), group codes (RTN / AWQ) or trellis tiles (QTIP / YAQA), which every
+/// projection op of the backend takes, so the graph's fused paths (q/k/v in one launch,
+/// gate/up with SwiGLU, norms folded in) serve every format.
 #[derive(Clone)]
 pub struct CudaMatrix {
     inner: Arc<MatrixData>,
 }
 
 struct MatrixData {
-    /// Float weights, or the group codes' bit streams.
+    /// Float weights, the group codes' bit streams, or the trellis tiles (unit layout).
     mem: DeviceMem,
     rows: usize,
     cols: usize,
-    /// The float weights' type; F32 for group codes (the precision their kernels compute in).
+    /// The float weights' type; F32 for coded weights (the precision their kernels compute in).
     dtype: DType,
-    /// Scales, zero points and code width of group codes; None for float weights.
-    group: Option<group::GroupCodes>,
+    codes: Codes,
+}
+
+/// What a resident matrix holds beside its main buffer.
+enum Codes {
+    /// Float weights (BF16 bits or F32).
+    Float,
+    /// Group codes (RTN / AWQ): code width, scales and zero points, layout.
+    Group(group::GroupCodes),
+    /// Trellis tiles (QTIP / YAQA): code, signs, transforms, table and decode scratch.
+    Trellis(trellis::TrellisCodes),
 }
 
 impl MatrixData {
@@ -78,9 +90,10 @@ impl MatrixData {
     fn same_format(&self, other: &MatrixData) -> bool {
         self.cols == other.cols
             && self.dtype == other.dtype
-            && match (&self.group, &other.group) {
-                (None, None) => true,
-                (Some(a), Some(b)) => a.same_format(b),
+            && match (&self.codes, &other.codes) {
+                (Codes::Float, Codes::Float) => true,
+                (Codes::Group(a), Codes::Group(b)) => a.same_format(b),
+                (Codes::Trellis(a), Codes::Trellis(b)) => a.same_format(b),
                 _ => false,
             }
     }
@@ -151,6 +164,9 @@ enum Arg {
     Group(MatvecGroup),
     GroupCodes(group::GqGroup),
     GroupTiles(group::GtGroup),
+    Trellis(trellis::TrGroup),
+    TrellisPrep(trellis::TrPrep),
+    TrellisFinish(trellis::TrFinish),
 }
 
 impl Arg {
@@ -162,6 +178,9 @@ impl Arg {
             Arg::Group(g) => g as *mut MatvecGroup as *mut c_void,
             Arg::GroupCodes(g) => g as *mut group::GqGroup as *mut c_void,
             Arg::GroupTiles(g) => g as *mut group::GtGroup as *mut c_void,
+            Arg::Trellis(g) => g as *mut trellis::TrGroup as *mut c_void,
+            Arg::TrellisPrep(g) => g as *mut trellis::TrPrep as *mut c_void,
+            Arg::TrellisFinish(g) => g as *mut trellis::TrFinish as *mut c_void,
         }
     }
 }
@@ -194,6 +213,8 @@ struct Inner {
     /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
     /// keeps the file layout and the CUDA-core kernels, for comparison).
     group_tiles: bool,
+    /// `SFX_TR_ROWS`: tile rows per row group of the trellis matvecs (1, 2), for tuning runs.
+    trellis_rows: Option<usize>,
 }
 
 /// Rows one argmax launch covers (its scratch is sized once, so a captured step never sees it
@@ -284,6 +305,10 @@ impl CudaBackend {
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2 | 4)),
                 tile_plan: group::TilePlan::from_env(),
+                trellis_rows: std::env::var("SFX_TR_ROWS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|r| matches!(r, 1 | 2)),
                 group_tiles: dev_has_mma
                     && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma
@@ -409,8 +434,10 @@ impl CudaBackend {
         let Some(first) = items.first() else {
             return Ok(());
         };
-        if first.0.inner.group.is_some() {
-            return self.group_matvec(x, m, items, accumulate, norm);
+        match first.0.inner.codes {
+            Codes::Float => {}
+            Codes::Group(_) => return self.group_matvec(x, m, items, accumulate, norm),
+            Codes::Trellis(_) => return self.trellis_matvec(x, m, items, accumulate, norm),
         }
         let (cols, dtype) = (first.0.inner.cols, first.0.inner.dtype);
         let elems = if dtype == DType::BF16 { 8 } else { 4 };
@@ -471,8 +498,10 @@ impl CudaBackend {
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
-        if g.group.is_some() {
-            return self.group_swiglu(x, m, g, u, gate, norm);
+        match g.codes {
+            Codes::Float => {}
+            Codes::Group(_) => return self.group_swiglu(x, m, g, u, gate, norm),
+            Codes::Trellis(_) => return self.trellis_swiglu(x, m, g, u, gate, norm),
         }
         let elems = if g.dtype == DType::BF16 { 8 } else { 4 };
         let vector = g.cols.is_multiple_of(elems);
@@ -801,7 +830,7 @@ impl Backend for CudaBackend {
                 } else {
                     DType::F32
                 },
-                group: None,
+                codes: Codes::Float,
             }),
         })
     }
@@ -848,7 +877,7 @@ impl Backend for CudaBackend {
                 rows,
                 cols,
                 dtype,
-                group: None,
+                codes: Codes::Float,
             }),
         })
     }
@@ -919,8 +948,16 @@ impl Backend for CudaBackend {
         if cols == 0 || tokens.len == 0 {
             return Ok(());
         }
-        if table.inner.group.is_some() {
-            return self.group_gather(&table.inner, tokens, out);
+        match table.inner.codes {
+            Codes::Float => {}
+            Codes::Group(_) => return self.group_gather(&table.inner, tokens, out),
+            Codes::Trellis(_) => {
+                return Err(RuntimeError::Unsupported(
+                    "embedding: trellis-coded tables have no row gather (the converter keeps \
+                     embeddings float or group-coded)"
+                        .into(),
+                ))
+            }
         }
         let kernel = if table.inner.dtype == DType::BF16 {
             &self.k().embedding_bf16
@@ -959,9 +996,10 @@ impl Backend for CudaBackend {
         if m <= MATVEC_MAX_TOKENS {
             self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None)
         } else {
-            match &w.inner.group {
-                Some(_) => self.group_gemm(x, m, &w.inner, bias, y, accumulate),
-                None => self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate),
+            match &w.inner.codes {
+                Codes::Group(_) => self.group_gemm(x, m, &w.inner, bias, y, accumulate),
+                Codes::Trellis(_) => self.trellis_gemm(x, m, &w.inner, bias, y, accumulate),
+                Codes::Float => self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate),
             }
         }
     }

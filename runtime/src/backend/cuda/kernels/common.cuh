@@ -128,3 +128,16 @@ __device__ __forceinline__ void projection_out(float* o, float total, float up_t
         *o = accumulate ? *o + v : v;
     }
 }
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+// D += A·B on tensor cores, f16 inputs and f32 accumulation (mma.sync m16n8k16, sm_80+):
+// fragment layouts in the PTX ISA; the callers' comments restate the ones they rely on.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif

@@ -1,0 +1,796 @@
+// Trellis-coded weights (QTIP / YAQA: bitshift trellis with 16-bit states over tail-biting
+// 16×16 tiles, HYB / 1MAD / 3INST codes, 2–4 bits per weight) on tensor cores. A projection is
+//   y = sv ⊙ H_outᵀ · (Ŵ · (H_in · (su ⊙ x)))
+// (docs/format.md, "Trellis-coded projections"), run as three launches per projection set:
+//   tr_prepare  x (RMS-normalised when the norm is fused), ⊙ su, the input transform H_in, then
+//               split into two f16 planes x'·σ = hi + lo (σ a power of two that puts the
+//               largest |x'| just under 2^14): 22 mantissa bits of x', enough that the tensor
+//               cores' f16 products match an f32 matvec as closely as the CPU's own rounding;
+//   tr_matvec   the tiles decoded straight into mma.sync A fragments (no dequantized copy);
+//   tr_finish   ÷σ, the output transform H_outᵀ, ⊙ sv (the code's scale folded in), + bias,
+//               then stored, added to the residual stream, or combined by SwiGLU.
+// A block of a transform holds one whole vector in shared memory: H_n = H_m ⊗ H_{2^k} is a
+// Walsh–Hadamard transform over each row of the [m, 2^k] view and a dense ±1 mix across rows.
+//
+// Decoding. Lane c of a warp owns bits [8Kc, 8Kc + 8K) of a tile's 256K-bit stream and takes
+// the next 16 bits from lane c + 1 by a shuffle (lane 31 from lane 0: the tail-biting wrap), so
+// its window holds the 16-bit states of trellis steps 4c..4c+3 (V = 2: HYB) or 8c..8c+7
+// (V = 1: 1MAD, 3INST) — sequence positions 8c..8c+7, four f16 pairs, one MMA's A registers:
+//   HYB:   h = s·(s + 1); pair = table[(h >> 6) mod 2^9], first value negated by bit 15 of h
+//          (only the low 16 bits of s matter, so s needs no mask). The table lies in shared
+//          memory with the sign folded in (row (h >> 6) mod 2^10 of a doubled table) and 32
+//          times over, copy = lane, so a warp's lookups never share a bank and a step is
+//          five instructions: shift, multiply-add, mask, address multiply-add, load.
+//   1MAD:  y = 34038481·s + 76625530 (mod 2^32); the byte sum of y (one dp4a) lands in the
+//          mantissa of 1024.0 and one f16x2 subtraction leaves the exact integers sum − 510;
+//          1/147.800537109375 is folded into sv on the host.
+//   3INST: y = 89226354·s + 64248484; m = (y & 0x8FFF8FFF) ^ 0x3B603B60 holds two f16 values
+//          whose sum is the weight: their halves form two A operands of two MMAs on the same x
+//          (each f16 exact, their f32 sum exact as on the CPU).
+// Where the positions land in the tile decides how a lane's pairs map to fragment registers:
+//   mma order (QTIP's kernel order): the pairs are A registers a0..a3 as they come; B holds
+//     x (hi, lo) in columns 0 and 1; output rows g and g + 8 are c0 + c1 and c2 + c3 of lane
+//     4g. The planes store each 16-column tile permuted (0 1 8 9 2 3 10 11 …) so lane t reads
+//     its four x values at 4t with one 8-byte load.
+//   row-major (what sfx-convert writes): lane c = 4g + t decodes half a row, row 2g + t/2,
+//     columns 8(t mod 2)..+7. Its pairs go to a0, a2, a1, a3; A row g then mixes two tile rows
+//     (lanes t < 2: row 2g, t ≥ 2: row 2g + 1), and A row g + 8 holds their other halves. B
+//     takes four x layouts L = 0..3 (top/bottom half × even/odd row), each as hi and lo
+//     columns 2L, 2L + 1, zero where a column's k belongs to the other row: then
+//     row 2g = D[g][L0] + D[g + 8][L2] and row 2g + 1 = D[g][L1] + D[g + 8][L3], which lane t
+//     of group g holds for L = t; one shuffle pairs them up.
+// Fragment layouts (PTX ISA, m16n8k16 f16): lane = 4·g + t. A: a0 = (g, 2t..2t+1), a1 =
+// (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B: b0 = (k 2t..2t+1, n g), b1 = (k
+// 2t+8.., n g). C: c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, ..).
+//
+// Code layout in memory (docs/format.md, "CUDA trellis layout"): a unit is 16 consecutive
+// column tiles (256 columns) of one tile row; for each (tile row, unit) lane c's K bytes of
+// each of the 16 tiles are concatenated into 16K bytes = K uint4, read as big-endian words,
+// and chunk i of all 32 lanes lies contiguous: uint4 ((tile_row · units + unit) · K + i)·32 + c.
+// Columns past the matrix are zero bytes (their x is zero).
+#include "common.cuh"
+
+#define TR_MAX_ITEMS 3
+#define TR_UNIT_TILES 16
+#define TR_HYB_Q 9
+// The HYB table in shared memory: 2^(Q+1) rows (the sign bit folded into the index: rows
+// 2^Q.. hold the pairs with the first value negated), 32 copies interleaved (copy = lane).
+#define TR_LUT_ROWS (2 << TR_HYB_Q)
+#define TR_LUT_WORDS (TR_LUT_ROWS * 32)
+// Planes of one item are 8 words apart in bank terms, so a warp's 8-byte B reads of the hi
+// and lo planes (4 words of offsets each) never share a bank.
+#define TR_PLANE_PAD_WORDS 8
+// Codes (the .sfx scheme byte): HYB, 1MAD, 3INST.
+#define TR_HYB 0
+#define TR_1MAD 1
+#define TR_3INST 2
+
+// Dynamic shared memory of every kernel here: floats for the transforms, words for the matvec.
+extern __shared__ __align__(16) float tr_smem[];
+extern __shared__ __align__(16) uint32_t tr_words[];
+
+// ---------------------------------------------------------------------------------------------
+// Transforms (any architecture). A vector of n = m·p values is read as the row-major [m, p]
+// view; H_n = H_m ⊗ H_p is a Walsh–Hadamard transform of every row (p a power of two) and a
+// dense ±1 mix of the rows at each column. Launches are cut into S column slices: every block
+// runs the (cheap) row transforms of the whole vector and the (costly, m² per column) mix only
+// for its columns, so a slice's outputs cost one block's row transforms plus 1/S of the mix.
+
+// Unnormalised FWHT of `chunks` contiguous chunks of 32·E values in shared memory, one warp per
+// chunk: E values per lane in registers (the first log2 E stages), then five shuffle stages.
+template <int E>
+__device__ __forceinline__ void warp_fwht_chunks(float* buf, int chunks) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int ch = threadIdx.x >> 5; ch < chunks; ch += warps) {
+        float* base = buf + ch * 32 * E + lane * E;
+        float v[E];
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = base[i];
+#pragma unroll
+        for (int h = 1; h < E; h <<= 1) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                if ((i & h) == 0) {
+                    const float a = v[i], b = v[i + h];
+                    v[i] = a + b;
+                    v[i + h] = a - b;
+                }
+            }
+        }
+#pragma unroll
+        for (int mask = 1; mask < 32; mask <<= 1) {
+            const bool upper = (lane & mask) != 0;
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                const float other = __shfl_xor_sync(SFX_FULL_MASK, v[i], mask);
+                v[i] = upper ? other - v[i] : v[i] + other;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < E; ++i) base[i] = v[i];
+    }
+}
+
+// Every row of length p (a power of two) of the [m, p] buffer: chunks of up to 512 by warps,
+// then the stages across chunks (rows longer than 512) and rows shorter than 32 by plain
+// butterflies. Ends with a barrier.
+__device__ void block_fwht_rows(float* buf, int m, int p) {
+    const int n = m * p;
+    int done = 1;  // butterfly span reached so far
+    if (p >= 512) {
+        warp_fwht_chunks<16>(buf, n / 512);
+        done = 512;
+    } else if (p == 256) {
+        warp_fwht_chunks<8>(buf, n / 256);
+        done = 256;
+    } else if (p == 128) {
+        warp_fwht_chunks<4>(buf, n / 128);
+        done = 128;
+    } else if (p == 64) {
+        warp_fwht_chunks<2>(buf, n / 64);
+        done = 64;
+    } else if (p == 32) {
+        warp_fwht_chunks<1>(buf, n / 32);
+        done = 32;
+    }
+    __syncthreads();
+    for (int h = done, lh = __ffs(done) - 1; h < p; h <<= 1, ++lh) {
+        for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+            const int j = ((i >> lh) << (lh + 1)) | (i & (h - 1));
+            const float a = buf[j], b = buf[j + h];
+            buf[j] = a + b;
+            buf[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+}
+
+// Column slice `s` of `slices` of the [m, p] view: the view columns it covers.
+__device__ __forceinline__ void slice_columns(int p, int s, int slices, int& c0, int& c1) {
+    const int w = (p + slices - 1) / slices;
+    c0 = min(s * w, p);
+    c1 = min(c0 + w, p);
+}
+
+// The mixed value at (row r, column c) of the row-transformed buffer: Σ_k H[r][k]·buf[k][c]
+// (or H[k][r] with `transpose`); the row value itself when m = 1.
+__device__ __forceinline__ float mixed(const float* buf, int m, int p, const float* __restrict__ hm,
+                                       bool transpose, int r, int c) {
+    if (m == 1) return buf[c];
+    float acc = 0.0f;
+    for (int k = 0; k < m; ++k) {
+        const float hv = __ldg(hm + (transpose ? k * m + r : r * m + k));
+        acc = fmaf(hv, buf[k * p + c], acc);
+    }
+    return acc;
+}
+
+struct TrPrepItem {
+    const float* su;  // [n] input signs
+    const float* hm;  // [m, m] ±1, null when m = 1
+    int m;
+    __half* planes;   // [tokens][2][pcols] hi, lo (decode), or null
+    float* sigma;     // [tokens] the planes' scale σ
+    float* out;       // [tokens][n] f32 x' (prefill), or null
+};
+
+struct TrPrep {
+    TrPrepItem item[TR_MAX_ITEMS];
+    int count;
+};
+
+// Storage position of column c (mod 16) in the mma-order planes: lane t reads columns 2t,
+// 2t + 1, 2t + 8, 2t + 9 as positions 4t..4t+3.
+__device__ __forceinline__ int mma_plane_position(int c) {
+    return (c & 1) | ((c >> 3) << 1) | (((c >> 1) & 3) << 2);
+}
+
+// grid (items, slices, tokens). x' = H_in · (su ⊙ x̂) / √n with x̂ = x, or RMSNorm(x)·w under
+// NORM; each block writes its slice. The planes' σ comes from ‖x'‖₂ = ‖x̂‖₂ (the transform is
+// orthonormal), a bound on every |x'_i| all blocks compute alike, so no block needs another's
+// values.
+template <bool NORM, bool MMA>
+__device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
+                                const float* __restrict__ nw, float eps, int n, int pcols,
+                                float inv_sqrt_n) {
+    SFX_PDL_TRIGGER();
+    __shared__ float red[32];
+    TrPrepItem it = pr.item[0];
+#pragma unroll
+    for (int k = 1; k < TR_MAX_ITEMS; ++k)
+        if ((int)blockIdx.x == k) it = pr.item[k];
+    const int t = blockIdx.z;
+    float* buf = tr_smem;
+    const float* xt = x + (size_t)t * n;
+    float ss = 0.0f, ss_hat = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xt[i];
+        if (NORM) {
+            ss = fmaf(v, v, ss);
+            v *= nw[i];
+        }
+        ss_hat = fmaf(v, v, ss_hat);
+        buf[i] = v * it.su[i];
+    }
+    float scale = inv_sqrt_n, inv_rms = 1.0f;
+    if (NORM) {
+        const float total = block_sum(ss, red);
+        inv_rms = 1.0f / sqrtf(total / (float)n + eps);
+        scale *= inv_rms;
+    }
+    const float norm2 = sqrtf(block_sum(ss_hat, red)) * inv_rms;
+    __syncthreads();
+    const int m = it.m, p = n / m;
+    block_fwht_rows(buf, m, p);
+    int c0, c1;
+    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
+    const int w = c1 - c0;
+    if (it.out) {
+        for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
+            const int r = i / w, c = c0 + i % w;
+            it.out[(size_t)t * n + r * p + c] = mixed(buf, m, p, it.hm, false, r, c) * scale;
+        }
+        return;
+    }
+    int e = 0;
+    frexpf(norm2 * 1.001f, &e);  // every |x'_i| ≤ ‖x'‖₂ < 2^e
+    const float sigma = (norm2 > 0.0f && isfinite(norm2)) ? ldexpf(1.0f, 14 - e) : 1.0f;
+    if (threadIdx.x == 0 && blockIdx.y == 0) it.sigma[t] = sigma;
+    __half* hi = it.planes + (size_t)t * 2 * pcols;
+    __half* lo = hi + pcols;
+    const float f = scale * sigma;
+    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
+        const int r = i / w, c = c0 + i % w;
+        const int col = r * p + c;
+        const float v = mixed(buf, m, p, it.hm, false, r, c) * f;
+        const int at = MMA ? (col & ~15) | mma_plane_position(col & 15) : col;
+        const __half h = __float2half_rn(v);
+        hi[at] = h;
+        lo[at] = __float2half_rn(v - __half2float(h));
+    }
+}
+
+extern "C" __global__ void tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols,
+                                         float inv_sqrt_n) {
+    tr_prepare_body<false, false>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
+}
+extern "C" __global__ void tr_prepare_mma(const TrPrep p, const float* x, int n, int pcols,
+                                          float inv_sqrt_n) {
+    tr_prepare_body<false, true>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
+}
+extern "C" __global__ void tr_prepare_norm_rm(const TrPrep p, const float* x, const float* nw,
+                                              float eps, int n, int pcols, float inv_sqrt_n) {
+    tr_prepare_body<true, false>(p, x, nw, eps, n, pcols, inv_sqrt_n);
+}
+extern "C" __global__ void tr_prepare_norm_mma(const TrPrep p, const float* x, const float* nw,
+                                               float eps, int n, int pcols, float inv_sqrt_n) {
+    tr_prepare_body<true, true>(p, x, nw, eps, n, pcols, inv_sqrt_n);
+}
+
+struct TrFinishItem {
+    const float* rot;    // [tokens][n] Ŵ·x'σ (decode) or Ŵ·x' (prefill)
+    const float* sigma;  // [tokens], null for 1
+    const float* sv;     // [n] output signs × weight scale × the code's value scale
+    const float* hm;     // [m, m] ±1, null when m = 1
+    const float* bias;   // [n] or null
+    float* y;            // [tokens][n]
+    int m;
+    int n;
+    float inv_sqrt_n;
+};
+
+struct TrFinish {
+    TrFinishItem item[TR_MAX_ITEMS];
+    int count;
+};
+
+// One item's rotated outputs of token t into `buf`, every row transformed.
+__device__ __forceinline__ void finish_rows(const TrFinishItem& it, int t, float* buf) {
+    const float* src = it.rot + (size_t)t * it.n;
+    for (int i = threadIdx.x; i < it.n; i += blockDim.x) buf[i] = src[i];
+    __syncthreads();
+    block_fwht_rows(buf, it.m, it.n / it.m);
+}
+
+// grid (items, slices, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's slice.
+extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
+    SFX_PDL_TRIGGER();
+    TrFinishItem it = f.item[0];
+#pragma unroll
+    for (int k = 1; k < TR_MAX_ITEMS; ++k)
+        if ((int)blockIdx.x == k) it = f.item[k];
+    const int t = blockIdx.z;
+    finish_rows(it, t, tr_smem);
+    const int m = it.m, p = it.n / m;
+    int c0, c1;
+    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
+    const int w = c1 - c0;
+    const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
+    float* y = it.y + (size_t)t * it.n;
+    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
+        const int r = i / w, c = c0 + i % w, o = r * p + c;
+        float v = mixed(tr_smem, m, p, it.hm, true, r, c) * scale * it.sv[o];
+        if (it.bias) v += it.bias[o];
+        y[o] = accumulate ? y[o] + v : v;
+    }
+}
+
+// grid (1, slices, tokens): item 0 the gate, item 1 the up projection; gate ← silu(g) · u.
+extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
+    SFX_PDL_TRIGGER();
+    const int t = blockIdx.z;
+    const TrFinishItem& g = f.item[0];
+    const TrFinishItem& u = f.item[1];
+    float* gb = tr_smem;
+    float* ub = tr_smem + g.n;
+    finish_rows(g, t, gb);
+    finish_rows(u, t, ub);
+    const int m = g.m, p = g.n / m;
+    int c0, c1;
+    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
+    const int w = c1 - c0;
+    const float gs = g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f);
+    const float us = u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f);
+    float* y = g.y + (size_t)t * g.n;
+    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
+        const int r = i / w, c = c0 + i % w, o = r * p + c;
+        const float gv = mixed(gb, m, p, g.hm, true, r, c) * gs * g.sv[o];
+        const float uv = mixed(ub, u.m, p, u.hm, true, r, c) * us * u.sv[o];
+        y[o] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding (shared by the matvec and the prefill dequantization).
+
+// Word j (compile-time) of a lane's unit string held in K uint4.
+template <int K>
+__device__ __forceinline__ uint32_t unit_word(const uint4 (&w)[K], int j) {
+    const uint4& v = w[j >> 2];
+    const int s = j & 3;
+    return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+}
+
+// This lane's 8K bits of tile t (compile-time) of the unit, right-aligned.
+template <int K>
+__device__ __forceinline__ uint32_t own_bits(const uint4 (&w)[K], int t) {
+    if (K == 4) return unit_word<K>(w, t);
+    if (K == 2) {
+        const uint32_t v = unit_word<K>(w, t >> 1);
+        return (t & 1) ? (v & 0xffffu) : (v >> 16);
+    }
+    // K = 3: 24 bits at bit 24t of the big-endian string.
+    const int bit = 24 * t, j = bit >> 5, o = bit & 31;
+    const uint32_t a = unit_word<K>(w, j);
+    const uint32_t b = (o > 8) ? unit_word<K>(w, j + 1) : 0u;
+    return __funnelshift_l(b, a, o) >> 8;
+}
+
+// The 16-bit state at bit offset `o` of the window own ‖ next16 (8K + 16 bits, MSB first), in
+// the low 16 bits (higher bits: garbage unless masked).
+template <int K>
+__device__ __forceinline__ uint32_t window_state(uint32_t lo, uint32_t hi, int o) {
+    const int sh = 8 * K - o;
+    return sh >= 32 ? (hi >> (sh - 32)) : __funnelshift_r(lo, hi, sh);
+}
+
+__device__ __forceinline__ uint32_t f16x2_sub(uint32_t a, uint32_t b) {
+    const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a),
+                              *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The four f16 pairs (sequence positions 8c + 2j, + 1 of the lane) of one tile: `own` this
+// lane's bits, `next` lane c + 1's; HYB reads copy `lane` of the replicated table at the start
+// of dynamic shared memory (`lane4`: that copy's shared address), and 3INST returns its second
+// halves in `b`.
+template <int CODE, int K>
+__device__ __forceinline__ void decode_pairs(uint32_t own, uint32_t next, uint32_t lane4,
+                                             uint32_t (&a)[4], uint32_t (&b)[4]) {
+    const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
+    const uint32_t hi = own >> 16;
+    if (CODE == TR_HYB) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t s = window_state<K>(lo, hi, 2 * K * i);
+            const uint32_t h = s * s + s;
+            // Row (h >> 6) mod 2^10 (sign included) of copy `lane`: shared address
+            // 2·(h & 0xffc0) + table + 4·lane, as one mask and one multiply-add (the compiler
+            // otherwise emits shift, OR and add).
+            const uint32_t hm = h & ((uint32_t)(TR_LUT_ROWS - 1) << 6);
+            uint32_t addr;
+            asm("mad.lo.u32 %0, %1, 2, %2;" : "=r"(addr) : "r"(hm), "r"(lane4));
+            asm("ld.shared.u32 %0, [%1];" : "=r"(a[i]) : "r"(addr));
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t s0 = window_state<K>(lo, hi, K * 2 * j) & 0xffffu;
+            const uint32_t s1 = window_state<K>(lo, hi, K * (2 * j + 1)) & 0xffffu;
+            if (CODE == TR_1MAD) {
+                const uint32_t y0 = s0 * 34038481u + 76625530u;
+                const uint32_t y1 = s1 * 34038481u + 76625530u;
+                const uint32_t c0 = __dp4a(y0, 0x01010101u, 0x6400u);
+                const uint32_t c1 = __dp4a(y1, 0x01010101u, 0x6400u);
+                a[j] = f16x2_sub(__byte_perm(c0, c1, 0x5410), 0x65FE65FEu);  // − 1534
+            } else {
+                const uint32_t m0 = ((s0 * 89226354u + 64248484u) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+                const uint32_t m1 = ((s1 * 89226354u + 64248484u) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+                a[j] = __byte_perm(m0, m1, 0x7632);
+                b[j] = __byte_perm(m0, m1, 0x5410);
+            }
+        }
+    }
+}
+
+// Tile position (row, column) of the lane's pair j, value v (0, 1).
+template <bool MMA>
+__device__ __forceinline__ void pair_position(int lane, int j, int v, int& row, int& col) {
+    if (MMA) {
+        const int s = 4 * lane + j;  // trellis step of the pair (V = 2 numbering)
+        row = 8 * (s & 1) + (s >> 4);
+        col = 8 * ((s >> 1) & 1) + 2 * ((s >> 2) & 3) + v;
+    } else {
+        const int p = 8 * lane + 2 * j + v;
+        row = p >> 4;
+        col = p & 15;
+    }
+}
+
+// Prefill: the decoded values Ŵ (as the MMA sees them: 1MAD's integers, without sv) as f32
+// rows. One warp per (tile row, unit).
+template <int CODE, int K, bool MMA>
+__device__ void tr_dequant_body(const uint4* __restrict__ codes, const uint32_t* __restrict__ lut,
+                                float* __restrict__ out, int rows, int cols, int n_units) {
+    const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    const int tiles = rows / 16, ctiles = cols / 16;
+    if (warp >= tiles * n_units) return;
+    const int tr = warp / n_units, u = warp % n_units;
+    uint4 w[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) w[i] = codes[((size_t)warp * K + i) * 32 + lane];
+#pragma unroll
+    for (int t = 0; t < TR_UNIT_TILES; ++t) {
+        const int tc = u * TR_UNIT_TILES + t;
+        const uint32_t own = own_bits<K>(w, t);
+        const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
+        if (tc >= ctiles) continue;
+        uint32_t a[4], b[4] = {0, 0, 0, 0};
+        if (CODE == TR_HYB) {
+            // The compact table (no lane copies): byte offset idx·128 → idx·4.
+            const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
+            const uint32_t hi = own >> 16;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t s = window_state<K>(lo, hi, 2 * K * i);
+                const uint32_t h = s * s + s;
+                a[i] = lut[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
+            }
+        } else {
+            decode_pairs<CODE, K>(own, next, 0u, a, b);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+                const uint16_t ha = (uint16_t)(v ? a[j] >> 16 : a[j] & 0xffffu);
+                float val = __half2float(__ushort_as_half(ha));
+                if (CODE == TR_3INST) {
+                    const uint16_t hb = (uint16_t)(v ? b[j] >> 16 : b[j] & 0xffffu);
+                    val += __half2float(__ushort_as_half(hb));
+                }
+                int row, col;
+                pair_position<MMA>(lane, j, v, row, col);
+                out[(size_t)(tr * 16 + row) * cols + tc * 16 + col] = val;
+            }
+        }
+    }
+}
+
+#define SFX_TR_DEQUANT(NAME, CODE, K, MMA)                                                   \
+    extern "C" __global__ void tr_dequant_##NAME##_k##K##_##MMA(                             \
+        const uint4* codes, const uint32_t* lut, float* out, int rows, int cols, int n_units) { \
+        tr_dequant_body<CODE, K, MMA##_ORDER>(codes, lut, out, rows, cols, n_units);          \
+    }
+#define rm_ORDER false
+#define mma_ORDER true
+
+#define SFX_TR_DEQUANT_CODE(NAME, CODE) \
+    SFX_TR_DEQUANT(NAME, CODE, 2, rm)   \
+    SFX_TR_DEQUANT(NAME, CODE, 3, rm)   \
+    SFX_TR_DEQUANT(NAME, CODE, 4, rm)   \
+    SFX_TR_DEQUANT(NAME, CODE, 2, mma)  \
+    SFX_TR_DEQUANT(NAME, CODE, 3, mma)  \
+    SFX_TR_DEQUANT(NAME, CODE, 4, mma)
+
+SFX_TR_DEQUANT_CODE(hyb, TR_HYB)
+SFX_TR_DEQUANT_CODE(1mad, TR_1MAD)
+SFX_TR_DEQUANT_CODE(3inst, TR_3INST)
+
+// ---------------------------------------------------------------------------------------------
+// The decode matvec (sm_80+: f16 m16n8k16 MMA).
+
+struct TrItem {
+    const uint4* codes;     // unit layout
+    const __half* planes;   // [tokens][2][pcols] from tr_prepare
+    float* y;               // [tokens][rows] raw sums Ŵ·x'σ
+    int rows;
+    int group_end;          // exclusive end of this item's row groups in the launch
+};
+
+struct TrGroup {
+    TrItem item[TR_MAX_ITEMS];
+    int count;
+};
+
+// Threads of a matvec block: 32 warps where the registers allow (one block per SM holds the
+// 64 KB table once for all of them), 16 for the wider codes and two-row groups.
+template <int K, int R>
+struct TrMvShape {
+    static constexpr int THREADS = (K == 2 && R == 1) ? 1024 : 512;
+    static constexpr int WARPS = THREADS / 32;
+};
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+
+// The launch's item of global row group `grp` (compile-time indices only) and the group's
+// index inside it.
+__device__ __forceinline__ int item_of(const TrGroup& g, int grp, int& local) {
+    int k = 0, start = 0;
+#pragma unroll
+    for (int i = 1; i < TR_MAX_ITEMS; ++i) {
+        if (i < g.count && grp >= g.item[i - 1].group_end) {
+            k = i;
+            start = g.item[i - 1].group_end;
+        }
+    }
+    local = grp - start;
+    return k;
+}
+
+__device__ __forceinline__ TrItem item_at(const TrGroup& g, int k) {
+    TrItem it = g.item[0];
+#pragma unroll
+    for (int i = 1; i < TR_MAX_ITEMS; ++i)
+        if (k == i) it = g.item[i];
+    return it;
+}
+
+
+// A block takes `gpb` consecutive row groups (R tile rows of one item each) and flattens their
+// (group, unit) pairs over its warps: warp w takes pairs w, w + WARPS, …, holding the next
+// pair's codes in registers while it decodes the current one (the decode is instruction-bound:
+// one pair of prefetch covers the memory latency). A warp's partial sums of a group go to
+// shared memory when it moves on (each warp touches a group once, in one run of pairs), and
+// the block sums them in warp order at the end: deterministic. The planes of the items the
+// block touches are staged once; HYB's table is copied 32 times over (copy = lane).
+template <int CODE, int K, bool MMA, int R>
+__device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t* __restrict__ lut,
+                                               int n_units, int gpb, int total_groups) {
+    constexpr int THREADS = TrMvShape<K, R>::THREADS, WARPS = TrMvShape<K, R>::WARPS;
+    SFX_PDL_TRIGGER();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int t = blockIdx.y;
+    const int pcols = n_units * TR_UNIT_TILES * 16;
+    const int plane_words = pcols / 2 + TR_PLANE_PAD_WORDS;
+    const int lut_words = CODE == TR_HYB ? TR_LUT_WORDS : 0;
+    uint32_t* planes = tr_words + lut_words;
+    float* red = reinterpret_cast<float*>(planes + g.count * 2 * plane_words);
+    const int gb0 = blockIdx.x * gpb;
+    const int gb1 = min(gb0 + gpb, total_groups);
+    if (gb0 >= gb1) return;
+    const int slots = gpb * R * 16;
+    const int npairs = (gb1 - gb0) * n_units;
+
+    // Where a group's codes start (its R tile rows at unit 0) and which item it belongs to;
+    // recomputed only when a warp moves to another group.
+    struct Locus {
+        const uint4* codes[R];
+        int item;
+    };
+    auto locate = [&](int gl, Locus& at) {
+        int local;
+        at.item = item_of(g, gb0 + gl, local);
+        const TrItem it = item_at(g, at.item);
+        const int tiles = it.rows >> 4;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int tr = min(local * R + r, tiles - 1);
+            at.codes[r] = it.codes + (size_t)tr * n_units * K * 32 + lane;
+        }
+    };
+    auto load_codes = [&](const Locus& at, int u, uint4 (&w)[R][K]) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < K; ++i) w[r][i] = load_stream(at.codes[r] + (u * K + i) * 32);
+    };
+    // Pairs advance by WARPS: unit and group follow without a division per pair.
+    int f = warp, gl = warp / n_units, u = warp - gl * n_units;
+    Locus cur{}, pre{};
+    int pre_gl = gl;
+    locate(gl, pre);
+    // Weights are never written: the first pair's codes go out before anything else.
+    uint4 wa[R][K], wb[R][K];
+    if (f < npairs) load_codes(pre, u, wa);
+
+    if (CODE == TR_HYB) {
+        // Row j of the doubled table: pair j mod 2^Q, first value negated from 2^Q on.
+        for (int i = threadIdx.x; i < TR_LUT_WORDS; i += THREADS) {
+            const int j = i >> 5;
+            tr_words[i] = lut[j & ((1 << TR_HYB_Q) - 1)] ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
+        }
+    }
+    for (int i = threadIdx.x; i < WARPS * slots; i += THREADS) red[i] = 0.0f;
+    SFX_PDL_WAIT();
+    {
+        int l0, l1;
+        const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
+        for (int k = k0; k <= k1; ++k) {
+            const TrItem it = item_at(g, k);
+            const uint4* src = reinterpret_cast<const uint4*>(it.planes + (size_t)t * 2 * pcols);
+            const int chunks = pcols / 8;  // 16-byte chunks per plane
+            for (int i = threadIdx.x; i < 2 * chunks; i += THREADS) {
+                const int s = i / chunks, c = i - s * chunks;
+                copy16_async(planes + (k * 2 + s) * plane_words + 4 * c, src + i, 16);
+            }
+        }
+        copy_async_commit();
+        copy_async_wait<0>();
+    }
+    __syncthreads();
+
+    // Shared address of this lane's table copy (the table starts the dynamic allocation).
+    const uint32_t lane4 =
+        static_cast<uint32_t>(__cvta_generic_to_shared(tr_words)) + 4u * (uint32_t)lane;
+    // This lane's B operand: plane, column offset inside a tile, and the zero mask of
+    // row-major layouts.
+    int bplane, boff;
+    uint32_t bmask;
+    if (MMA) {
+        bplane = gq & 1;
+        boff = 4 * tq;
+        bmask = ~0u;
+    } else {
+        const int L = lane >> 3;
+        bplane = (lane >> 2) & 1;
+        boff = 8 * (tq & 1) + 4 * (L >> 1);
+        bmask = ((tq >> 1) == (L & 1)) ? ~0u : 0u;
+    }
+
+    float d[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+    auto flush = [&](int at) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float* dst = red + warp * slots + (at * R + r) * 16;
+            if (MMA) {
+                if (tq == 0) {
+                    dst[gq] = d[r][0] + d[r][1];
+                    dst[gq + 8] = d[r][2] + d[r][3];
+                }
+            } else {
+                float v = tq < 2 ? d[r][0] + d[r][1] : d[r][2] + d[r][3];
+                v += __shfl_xor_sync(SFX_FULL_MASK, v, 2);
+                if (tq < 2) dst[2 * gq + tq] = v;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+        }
+    };
+    // One pair: decode its 16 tiles (codes `w`) against the planes of its item.
+    auto compute = [&](const uint4 (&w)[R][K]) {
+        const uint32_t* bsrc =
+            planes + (cur.item * 2 + bplane) * plane_words + u * TR_UNIT_TILES * 8 + boff / 2;
+#pragma unroll
+        for (int tt = 0; tt < TR_UNIT_TILES; ++tt) {
+            uint2 bv = *reinterpret_cast<const uint2*>(bsrc + tt * 8);
+            bv.x &= bmask;
+            bv.y &= bmask;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint32_t own = own_bits<K>(w[r], tt);
+                const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
+                uint32_t p[4], q[4];
+                decode_pairs<CODE, K>(own, next, lane4, p, q);
+                uint32_t a[4];
+                if (MMA) {
+                    a[0] = p[0]; a[1] = p[1]; a[2] = p[2]; a[3] = p[3];
+                } else {
+                    a[0] = p[0]; a[1] = p[2]; a[2] = p[1]; a[3] = p[3];
+                }
+                mma_f16(d[r], a, bv.x, bv.y);
+                if (CODE == TR_3INST) {
+                    if (MMA) {
+                        a[0] = q[0]; a[1] = q[1]; a[2] = q[2]; a[3] = q[3];
+                    } else {
+                        a[0] = q[0]; a[1] = q[2]; a[2] = q[1]; a[3] = q[3];
+                    }
+                    mma_f16(d[r], a, bv.x, bv.y);
+                }
+            }
+        }
+    };
+    // One step of the pair loop on codes `w`, prefetching the next pair into `nw`: false at
+    // the end.
+    cur = pre;
+    int cur_gl = gl;
+    auto step = [&](const uint4 (&w)[R][K], uint4 (&nw)[R][K]) -> bool {
+        int ng = gl, nu = u + WARPS;
+        while (nu >= n_units) {
+            nu -= n_units;
+            ++ng;
+        }
+        const bool more = f + WARPS < npairs;
+        if (more) {
+            if (ng != pre_gl) {
+                locate(ng, pre);
+                pre_gl = ng;
+            }
+            load_codes(pre, nu, nw);
+        }
+        if (gl != cur_gl) {
+            locate(gl, cur);
+            cur_gl = gl;
+        }
+        compute(w);
+        if (!more || ng != gl) flush(gl);
+        f += WARPS;
+        gl = ng;
+        u = nu;
+        return more;
+    };
+    // Two code buffers in turn (no register copies between pairs).
+    if (f < npairs) {
+        while (step(wa, wb) && step(wb, wa)) {
+        }
+    }
+    __syncthreads();
+
+    for (int s = threadIdx.x; s < (gb1 - gb0) * R * 16; s += THREADS) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) total += red[w * slots + s];
+        const int sgl = s / (R * 16), r = (s / 16) % R, row = s & 15;
+        int local;
+        const int k = item_of(g, gb0 + sgl, local);
+        const TrItem it = item_at(g, k);
+        const int tr = local * R + r;
+        if (tr < (it.rows >> 4)) it.y[(size_t)t * it.rows + tr * 16 + row] = total;
+    }
+}
+
+#define SFX_TR_MV_BODY(...) __VA_ARGS__
+#else
+// Older GPUs have no f16 m16n8k16 MMA: the entry points exist and trap; the backend refuses
+// trellis weights below compute capability 8.0.
+#define SFX_TR_MV_BODY(...) __trap();
+#endif
+
+// Entry points tr_matvec_{hyb,1mad,3inst}_k{K}_{rm,mma}_r{R}.
+#define SFX_TR_MATVEC(NAME, CODE, K, ORD, R)                                                  \
+    extern "C" __global__ void __launch_bounds__(TrMvShape<K, R>::THREADS, 1)                 \
+        tr_matvec_##NAME##_k##K##_##ORD##_r##R(const TrGroup g, const uint32_t* lut,            \
+                                               int n_units, int gpb, int total_groups) {      \
+        SFX_TR_MV_BODY(tr_matvec_body<CODE, K, ORD##_ORDER, R>(g, lut, n_units, gpb,         \
+                                                                total_groups);)               \
+    }
+
+#define SFX_TR_MATVEC_K(NAME, CODE, K) \
+    SFX_TR_MATVEC(NAME, CODE, K, rm, 1)  \
+    SFX_TR_MATVEC(NAME, CODE, K, rm, 2)  \
+    SFX_TR_MATVEC(NAME, CODE, K, mma, 1) \
+    SFX_TR_MATVEC(NAME, CODE, K, mma, 2)
+
+#define SFX_TR_MATVEC_CODE(NAME, CODE) \
+    SFX_TR_MATVEC_K(NAME, CODE, 2)     \
+    SFX_TR_MATVEC_K(NAME, CODE, 3)     \
+    SFX_TR_MATVEC_K(NAME, CODE, 4)
+
+SFX_TR_MATVEC_CODE(hyb, TR_HYB)
+SFX_TR_MATVEC_CODE(1mad, TR_1MAD)
+SFX_TR_MATVEC_CODE(3inst, TR_3INST)

@@ -1,0 +1,634 @@
+//! Trellis-coded projections (QTIP / YAQA tiles) on the CUDA backend, inside a [`CudaMatrix`]
+//! (no dequantized copy), so every projection op of the backend takes them: q/k/v share one
+//! launch of each stage, gate/up end in SwiGLU, the input RMSNorm folds into the input
+//! transform, the residual add into the output transform. Decode (m ≤ 4 tokens) runs three
+//! launches per projection set (kernels/trellis.cu): `tr_prepare` (norm, signs, H_in, f16
+//! planes), `tr_matvec` (tiles decoded into tensor-core fragments), `tr_finish` (H_outᵀ, signs
+//! and scale, bias, store / add / SwiGLU). Prefill decodes the tiles into a transient f32
+//! panel for the GEMM, between the same two transforms.
+
+use super::device::DeviceMem;
+use super::resident::CudaResidentLinear;
+use super::trellis_layout::{pack_units, units, UNIT_COLS};
+use super::{
+    blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef,
+    MATVEC_MAX_TOKENS,
+};
+use crate::backend::Backend;
+use crate::error::{check_len, Result, RuntimeError};
+use sfx_formats::resident::{SmallHadamard, TileOrder, TrellisCode, TrellisQuantized};
+use sfx_formats::DType;
+use std::sync::Arc;
+
+/// Projections one launch takes (`TR_MAX_ITEMS`).
+const MAX_ITEMS: usize = 3;
+/// Threads of a matvec block (`TrMvShape`): 32 warps for 2-bit codes in one-row groups, 16
+/// otherwise (the wider codes' registers).
+fn mv_threads(k: u8, r: usize) -> usize {
+    if k == 2 && r == 1 {
+        1024
+    } else {
+        512
+    }
+}
+/// HYB table rows the kernels take (`TR_HYB_Q`), and the table in shared memory: the rows
+/// twice (the second time with the sign flip folded in), 32 copies (`TR_LUT_WORDS`).
+const HYB_Q: u8 = 9;
+const LUT_BYTES: usize = (2 << HYB_Q) * 32 * 4;
+/// Padding between planes, in words (`TR_PLANE_PAD_WORDS`).
+const PLANE_PAD_WORDS: usize = 8;
+/// Threads of a transform block (one vector in shared memory).
+const TRANSFORM_THREADS: usize = 1024;
+/// 1MAD's values are integers on the device; this is the factor the CPU divides by.
+const ONE_MAD_SCALE: f32 = 4096.0 / 605_391.0;
+
+/// A dense ±1 Hadamard factor on the device (None for m = 1: a plain Walsh–Hadamard
+/// transform).
+struct DeviceFactor {
+    entries: Option<DeviceMem>,
+    m: usize,
+}
+
+impl DeviceFactor {
+    fn ptr(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |e| e.ptr)
+    }
+}
+
+/// What a trellis-coded [`CudaMatrix`] holds beside its packed tiles.
+pub(super) struct TrellisCodes {
+    code: TrellisCode,
+    k: u8,
+    order: TileOrder,
+    n_units: usize,
+    /// HYB's table as f16 pairs (low half the first value); None for computed codes.
+    lut: Option<DeviceMem>,
+    su: DeviceMem,
+    /// Output signs × weight scale × the code's value scale (1MAD computes integers).
+    sv: DeviceMem,
+    had_in: DeviceFactor,
+    had_out: DeviceFactor,
+    /// Decode scratch for up to `MATVEC_MAX_TOKENS` tokens: the input planes (hi, lo f16), their
+    /// scales σ, and the rotated outputs Ŵ·x'σ.
+    planes: DeviceMem,
+    sigma: DeviceMem,
+    rotated: DeviceMem,
+}
+
+impl TrellisCodes {
+    pub(super) fn same_format(&self, other: &TrellisCodes) -> bool {
+        self.code == other.code && self.k == other.k && self.order == other.order
+    }
+
+    fn code_index(&self) -> usize {
+        match self.code {
+            TrellisCode::Hyb { .. } => 0,
+            TrellisCode::OneMad => 1,
+            TrellisCode::ThreeInst => 2,
+        }
+    }
+
+    fn k_index(&self) -> usize {
+        usize::from(self.k) - 2
+    }
+
+    fn mma(&self) -> bool {
+        self.order == TileOrder::Mma
+    }
+
+    fn pcols(&self) -> usize {
+        self.n_units * UNIT_COLS
+    }
+
+    fn lut_ptr(&self) -> u64 {
+        self.lut.as_ref().map_or(0, |l| l.ptr)
+    }
+}
+
+/// The kernels' `TrItem` / `TrGroup` (kernels/trellis.cu), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrItem {
+    codes: u64,
+    planes: u64,
+    y: u64,
+    rows: i32,
+    group_end: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrGroup {
+    item: [TrItem; MAX_ITEMS],
+    count: i32,
+}
+
+/// The kernels' `TrPrepItem` / `TrPrep`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrPrepItem {
+    su: u64,
+    hm: u64,
+    m: i32,
+    planes: u64,
+    sigma: u64,
+    out: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrPrep {
+    item: [TrPrepItem; MAX_ITEMS],
+    count: i32,
+}
+
+/// The kernels' `TrFinishItem` / `TrFinish`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrFinishItem {
+    rot: u64,
+    sigma: u64,
+    sv: u64,
+    hm: u64,
+    bias: u64,
+    y: u64,
+    m: i32,
+    n: i32,
+    inv_sqrt_n: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct TrFinish {
+    item: [TrFinishItem; MAX_ITEMS],
+    count: i32,
+}
+
+fn trellis_of<'a>(w: &'a MatrixData, op: &'static str) -> Result<&'a TrellisCodes> {
+    match &w.codes {
+        Codes::Trellis(c) => Ok(c),
+        _ => Err(RuntimeError::Unsupported(format!(
+            "{op}: a matrix of another format reached the trellis kernels"
+        ))),
+    }
+}
+
+/// `1/√n` as the CPU transform rounds it (`hadamard.rs`).
+fn inv_sqrt(n: usize) -> f32 {
+    (1.0 / (n as f64).sqrt()) as f32
+}
+
+/// Shared memory of a transform block: `vectors` vectors of `n` floats.
+fn transform_smem(n: usize, vectors: usize) -> usize {
+    vectors * n * 4
+}
+
+/// Column slices of a transform launch over `tokens` vectors of dense factor order `m`: each
+/// block repeats the row transforms and takes 1/slices of the dense mix (m² per column), so
+/// at decode factors spread their mix wide and power-of-two sizes (no mix) take a few; prefill
+/// has a block per token already.
+fn transform_slices(m: usize, tokens: usize) -> u32 {
+    if tokens > MATVEC_MAX_TOKENS {
+        1
+    } else if m > 1 {
+        16
+    } else {
+        4
+    }
+}
+
+/// Threads of a transform block for a vector of `n`: enough for one butterfly each, whole
+/// warps, at most [`TRANSFORM_THREADS`].
+fn transform_threads(n: usize) -> u32 {
+    (n / 2).next_multiple_of(32).clamp(32, TRANSFORM_THREADS) as u32
+}
+
+/// Words of one plane in the matvec's shared memory.
+fn plane_words(pcols: usize) -> usize {
+    pcols / 2 + PLANE_PAD_WORDS
+}
+
+/// Shared memory of a matvec launch of `threads`: the HYB table's copies, two planes per item,
+/// and every warp's partial rows of `gpb` groups of `r` tile rows.
+fn matvec_smem(
+    hyb: bool,
+    items: usize,
+    pcols: usize,
+    gpb: usize,
+    r: usize,
+    threads: usize,
+) -> usize {
+    let lut = if hyb { LUT_BYTES } else { 0 };
+    lut + items * 2 * plane_words(pcols) * 4 + threads / 32 * gpb * r * 16 * 4
+}
+
+impl CudaBackend {
+    /// Uploads `q` (and `bias`); `what` names the projection in errors.
+    pub fn upload_trellis_linear(
+        &self,
+        q: &TrellisQuantized,
+        bias: Option<&[f32]>,
+        what: &str,
+    ) -> Result<CudaResidentLinear> {
+        let (rows, cols) = (q.rows(), q.cols());
+        let s = q.scheme();
+        let refuse =
+            |why: String| RuntimeError::Unsupported(format!("{what}: {why}; use --device cpu"));
+        if self.dev().compute.0 < 8 {
+            return Err(refuse(format!(
+                "trellis-coded weights run on tensor-core f16 MMAs (compute capability 8.0+), \
+                 this GPU is {}.{}",
+                self.dev().compute.0,
+                self.dev().compute.1
+            )));
+        }
+        if !(2..=4).contains(&s.k) || s.l != 16 {
+            return Err(refuse(format!(
+                "the CUDA trellis kernels take K = 2–4 bits with 16-bit states (this projection: \
+                 K = {}, L = {})",
+                s.k, s.l
+            )));
+        }
+        if let TrellisCode::Hyb { q: tq } = s.code {
+            if tq != HYB_Q || q.tlut().len() != 2 << HYB_Q {
+                return Err(refuse(format!(
+                    "the CUDA trellis kernels take HYB tables of 2^{HYB_Q} rows (this one: 2^{tq})"
+                )));
+            }
+        }
+        let optin = self.dev().smem_optin;
+        let n_units = units(cols);
+        let pcols = n_units * UNIT_COLS;
+        let hyb = matches!(s.code, TrellisCode::Hyb { .. });
+        let need = transform_smem(cols.max(rows), 2).max(matvec_smem(hyb, 1, pcols, 1, 1, 1024));
+        if need > optin {
+            return Err(refuse(format!(
+                "{rows}×{cols} needs {need} B of shared memory for its transforms and matvec, \
+                 this GPU allows {optin}"
+            )));
+        }
+        for v in [rows, cols, pcols, n_units] {
+            i32_of("trellis_linear", v)?;
+        }
+        if let Some(b) = bias {
+            check_len("trellis_linear", "bias", b.len(), rows)?;
+        }
+        let upload = |bytes: &[u8]| self.dev().upload_new(bytes);
+        let upload_f32 = |v: &[f32]| upload(bytemuck::cast_slice(v));
+        let factor = |f: &SmallHadamard| -> Result<DeviceFactor> {
+            let m = f.order();
+            let entries = if m > 1 {
+                let e: Vec<f32> = f.entries().iter().map(|&v| f32::from(v)).collect();
+                Some(upload_f32(&e)?)
+            } else {
+                None
+            };
+            Ok(DeviceFactor { entries, m })
+        };
+        let packed = pack_units(q);
+        let mem = upload(bytemuck::cast_slice(&packed))?;
+        let lut = if hyb {
+            let words: Vec<u32> = q
+                .tlut()
+                .chunks_exact(2)
+                .map(|p| u32::from(p[0].to_bits()) | u32::from(p[1].to_bits()) << 16)
+                .collect();
+            Some(upload(bytemuck::cast_slice(&words))?)
+        } else {
+            None
+        };
+        let code_scale = if s.code == TrellisCode::OneMad {
+            ONE_MAD_SCALE
+        } else {
+            1.0
+        };
+        let su: Vec<f32> = q.su().iter().map(|v| v.to_f32()).collect();
+        let sv: Vec<f32> = q.sv().iter().map(|v| v * code_scale).collect();
+        let codes = TrellisCodes {
+            code: s.code,
+            k: s.k,
+            order: s.order,
+            n_units,
+            lut,
+            su: upload_f32(&su)?,
+            sv: upload_f32(&sv)?,
+            had_in: factor(q.had_in())?,
+            had_out: factor(q.had_out())?,
+            planes: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 2 * pcols * 2)?,
+            sigma: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 4)?,
+            rotated: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * rows * 4)?,
+        };
+        Ok(CudaResidentLinear {
+            weight: CudaMatrix {
+                inner: Arc::new(MatrixData {
+                    mem,
+                    rows,
+                    cols,
+                    dtype: DType::F32,
+                    codes: Codes::Trellis(codes),
+                }),
+            },
+            bias: bias.map(|b| self.upload(b)).transpose()?,
+            host_bytes: q.size_in_bytes(),
+            format: s.name(),
+        })
+    }
+
+    /// The input transform of up to three items over the same x (m tokens): the planes and
+    /// scales each item's matvec reads (`planes`), or f32 rows into `out` (prefill).
+    fn trellis_prepare(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        items: &[(&MatrixData, Option<u64>)],
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        let w0 = items[0].0;
+        let c0 = trellis_of(w0, "trellis prepare")?;
+        let n = w0.cols;
+        let mut p = TrPrep {
+            count: items.len() as i32,
+            ..TrPrep::default()
+        };
+        for (slot, (w, out)) in p.item.iter_mut().zip(items) {
+            let c = trellis_of(w, "trellis prepare")?;
+            *slot = TrPrepItem {
+                su: c.su.ptr,
+                hm: c.had_in.ptr(),
+                m: i32_of("trellis prepare", c.had_in.m)?,
+                planes: if out.is_some() { 0 } else { c.planes.ptr },
+                sigma: c.sigma.ptr,
+                out: out.unwrap_or(0),
+            };
+        }
+        let k = &self.k().trellis;
+        let order = usize::from(c0.mma());
+        let mut args = vec![Arg::TrellisPrep(p), Arg::Ptr(x.mem.ptr)];
+        let kernel = match norm {
+            None => &k.prepare[0][order],
+            Some((w, eps)) => {
+                args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
+                &k.prepare[1][order]
+            }
+        };
+        args.extend([
+            Arg::I32(i32_of("trellis prepare", n)?),
+            Arg::I32(i32_of("trellis prepare", c0.pcols())?),
+            Arg::F32(inv_sqrt(n)),
+        ]);
+        let slices = items
+            .iter()
+            .map(|(w, _)| trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m))
+            .map(|f| transform_slices(f, m))
+            .max()
+            .unwrap_or(1);
+        self.launch(
+            kernel,
+            (items.len() as u32, slices, m as u32),
+            (transform_threads(n), 1, 1),
+            transform_smem(n, 1),
+            &mut args,
+        )
+    }
+
+    /// The output transform of up to three items (m tokens), reading each item's rotated
+    /// outputs at `rot` (None: its decode scratch, scaled by its σ): `y (+)= …`, or with
+    /// `swiglu` (items gate, up) `y_gate = silu(g)·u`.
+    fn trellis_finish(
+        &self,
+        m: usize,
+        items: &[(&MatrixData, Option<u64>, Option<&CudaBuffer>, u64)],
+        accumulate: bool,
+        swiglu: bool,
+    ) -> Result<()> {
+        let mut f = TrFinish {
+            count: items.len() as i32,
+            ..TrFinish::default()
+        };
+        let (mut max_n, mut slices) = (0, 1);
+        for (slot, (w, rot, bias, y)) in f.item.iter_mut().zip(items) {
+            let c = trellis_of(w, "trellis finish")?;
+            max_n = max_n.max(w.rows);
+            slices = slices.max(transform_slices(c.had_out.m, m));
+            *slot = TrFinishItem {
+                rot: rot.unwrap_or(c.rotated.ptr),
+                sigma: if rot.is_some() { 0 } else { c.sigma.ptr },
+                sv: c.sv.ptr,
+                hm: c.had_out.ptr(),
+                bias: bias.map_or(0, |b| b.mem.ptr),
+                y: *y,
+                m: i32_of("trellis finish", c.had_out.m)?,
+                n: i32_of("trellis finish", w.rows)?,
+                inv_sqrt_n: inv_sqrt(w.rows),
+            };
+        }
+        let k = &self.k().trellis;
+        let (kernel, grid_x, vectors, mut args) = if swiglu {
+            (&k.finish_swiglu, 1, 2, vec![Arg::TrellisFinish(f)])
+        } else {
+            (
+                &k.finish,
+                items.len() as u32,
+                1,
+                vec![Arg::TrellisFinish(f), Arg::I32(accumulate as i32)],
+            )
+        };
+        self.launch(
+            kernel,
+            (grid_x, slices, m as u32),
+            (transform_threads(max_n), 1, 1),
+            transform_smem(max_n, vectors),
+            &mut args,
+        )
+    }
+
+    /// Tile rows per row group of a matvec (`SFX_TR_ROWS` = 1 or 2 forces it): two share
+    /// each x fragment between two MMAs but hold twice the codes in registers.
+    fn trellis_rows(&self) -> usize {
+        self.inner.trellis_rows.unwrap_or(1)
+    }
+
+    /// The decode matvec of up to three items of one format over their prepared planes: each
+    /// item's rotated outputs land in its scratch.
+    fn trellis_launch_matvec(&self, m: usize, items: &[&MatrixData]) -> Result<()> {
+        let w0 = items[0];
+        let c0 = trellis_of(w0, "trellis matvec")?;
+        let r = self.trellis_rows();
+        let mut g = TrGroup {
+            count: items.len() as i32,
+            ..TrGroup::default()
+        };
+        let mut end = 0usize;
+        for (slot, w) in g.item.iter_mut().zip(items) {
+            let c = trellis_of(w, "trellis matvec")?;
+            end += (w.rows / 16).div_ceil(r);
+            *slot = TrItem {
+                codes: w.mem.ptr,
+                planes: c.planes.ptr,
+                y: c.rotated.ptr,
+                rows: i32_of("trellis matvec", w.rows)?,
+                group_end: i32_of("trellis matvec", end)?,
+            };
+        }
+        let total = end;
+        if total == 0 {
+            return Ok(());
+        }
+        let k = &self.k().trellis;
+        let kernel = &k.matvec[c0.code_index()][c0.k_index()][usize::from(c0.mma())][r - 1];
+        let hyb = c0.lut.is_some();
+        let pcols = c0.pcols();
+        let optin = self.dev().smem_optin;
+        let threads = mv_threads(c0.k, r);
+        let smem_for = |gpb: usize| matvec_smem(hyb, items.len(), pcols, gpb, r, threads);
+        // Enough row groups per block that the grid fills the GPU once (a block's table copies
+        // and planes are paid once per block), fewer if the partial sums would not fit.
+        let per_sm = kernel.blocks_per_sm(threads, smem_for(1)).max(1);
+        let target = self.dev().sm_count as usize * per_sm;
+        let mut gpb = total.div_ceil(target).max(1);
+        while gpb > 1 && smem_for(gpb) > optin {
+            gpb = gpb.div_ceil(2);
+        }
+        let smem = smem_for(gpb);
+        if smem > optin {
+            return Err(RuntimeError::Unsupported(format!(
+                "trellis matvec: {} items of {} columns need {smem} B of shared memory, this \
+                 GPU allows {optin}",
+                items.len(),
+                w0.cols
+            )));
+        }
+        self.launch_projection(
+            kernel,
+            (blocks(total, gpb), m as u32, 1),
+            (threads as u32, 1, 1),
+            smem,
+            &mut [
+                Arg::Trellis(g),
+                Arg::Ptr(c0.lut_ptr()),
+                Arg::I32(i32_of("trellis matvec", c0.n_units)?),
+                Arg::I32(i32_of("trellis matvec", gpb)?),
+                Arg::I32(i32_of("trellis matvec", total)?),
+            ],
+        )
+    }
+
+    /// `y_i (+)= W_i · x (+ b_i)` for up to three trellis matrices of one format, m ≤ 4 token
+    /// rows; with `norm`, x is RMS-normalised inside the input transform.
+    pub(super) fn trellis_matvec(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
+        accumulate: bool,
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        if items.len() > MAX_ITEMS || m > MATVEC_MAX_TOKENS {
+            return Err(RuntimeError::Unsupported(format!(
+                "trellis matvec: {} projections of {m} tokens in one launch (at most \
+                 {MAX_ITEMS} of {MATVEC_MAX_TOKENS})",
+                items.len()
+            )));
+        }
+        let ws: Vec<&MatrixData> = items.iter().map(|it| &*it.0.inner).collect();
+        let prep: Vec<(&MatrixData, Option<u64>)> = ws.iter().map(|w| (*w, None)).collect();
+        self.trellis_prepare(x, m, &prep, norm)?;
+        self.trellis_launch_matvec(m, &ws)?;
+        let fin: Vec<_> = items
+            .iter()
+            .map(|(w, bias, y)| (&*w.inner, None, *bias, *y))
+            .collect();
+        self.trellis_finish(m, &fin, accumulate, false)
+    }
+
+    /// `gate ← silu(W_g · x) ⊙ (W_u · x)` for trellis gate and up matrices of one format (m ≤
+    /// 4), optionally with the input norm fused.
+    pub(super) fn trellis_swiglu(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        g: &MatrixData,
+        u: &MatrixData,
+        gate: &mut CudaBuffer,
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        let (gc, uc) = (
+            trellis_of(g, "trellis swiglu")?,
+            trellis_of(u, "trellis swiglu")?,
+        );
+        if gc.had_out.m != uc.had_out.m {
+            return Err(RuntimeError::Unsupported(format!(
+                "trellis swiglu: gate and up of {} rows with different output transforms \
+                 (dense factors of order {} and {})",
+                g.rows, gc.had_out.m, uc.had_out.m
+            )));
+        }
+        self.trellis_prepare(x, m, &[(g, None), (u, None)], norm)?;
+        self.trellis_launch_matvec(m, &[g, u])?;
+        self.trellis_finish(
+            m,
+            &[(g, None, None, gate.mem.ptr), (u, None, None, gate.mem.ptr)],
+            false,
+            true,
+        )
+    }
+
+    /// Prefill (m > 4): x' rows by the input transform, the decoded tiles as an f32 panel,
+    /// the GEMM, then the output transform (with the bias and the residual add).
+    pub(super) fn trellis_gemm(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        w: &MatrixData,
+        bias: Option<&CudaBuffer>,
+        y: &mut CudaBuffer,
+        accumulate: bool,
+    ) -> Result<()> {
+        let c = trellis_of(w, "trellis gemm")?;
+        let (rows, cols) = (w.rows, w.cols);
+        let xr = CudaBuffer {
+            mem: self.dev().alloc(4 * m * cols)?,
+            len: m * cols,
+        };
+        self.trellis_prepare(x, m, &[(w, Some(xr.mem.ptr))], None)?;
+        let panel = self.dev().alloc(4 * rows * cols)?;
+        let warps = rows / 16 * c.n_units;
+        self.launch(
+            &self.k().trellis.dequant[c.code_index()][c.k_index()][usize::from(c.mma())],
+            (blocks(warps * 32, 256), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(w.mem.ptr),
+                Arg::Ptr(c.lut_ptr()),
+                Arg::Ptr(panel.ptr),
+                Arg::I32(i32_of("trellis gemm", rows)?),
+                Arg::I32(i32_of("trellis gemm", cols)?),
+                Arg::I32(i32_of("trellis gemm", c.n_units)?),
+            ],
+        )?;
+        let mut yr = CudaBuffer {
+            mem: self.dev().alloc(4 * m * rows)?,
+            len: m * rows,
+        };
+        let panel_ref = WeightRef {
+            ptr: panel.ptr,
+            rows,
+            cols,
+            dtype: DType::F32,
+            tf32: true,
+        };
+        self.gemm(&xr, m, panel_ref, None, &mut yr, false)?;
+        // Stream-ordered frees: the buffers go after the work queued before them.
+        drop(panel);
+        self.trellis_finish(
+            m,
+            &[(w, Some(yr.mem.ptr), bias, y.mem.ptr)],
+            accumulate,
+            false,
+        )
+    }
+}
