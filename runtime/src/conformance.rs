@@ -16,14 +16,12 @@ use crate::backend::{
 use crate::error::Result;
 use crate::model::{rope_cos_sin, Model, ModelOptions};
 use crate::resident::dequantize_trellis;
-use crate::resident::hadamard::stored_factor;
-use crate::resident::trellis::code_table;
+use crate::resident::trellis_linear::with_our_tables;
 use crate::resident::ResidentKernels;
 use crate::synthetic::SyntheticWeights;
 use half::{bf16, f16};
 use sfx_formats::resident::{
-    GroupQuantized, TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
-    SUPPORTED_BITS,
+    GroupQuantized, TileOrder, TrellisCode, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
 };
 use sfx_formats::{DType, TensorView};
 
@@ -587,8 +585,7 @@ pub fn cases() -> Vec<Case> {
     }
     // Group-quantized projections at every code width: decode (matvec, m ≤ 4) on the Llama
     // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
-    // prefill (m > 4: an f32 panel the device GEMM multiplies in TF32, 10-bit mantissas on
-    // both operands: relative error ~2⁻¹¹ per product).
+    // prefill (m > 4; bounds at `add_coded_linear`).
     for bits in SUPPORTED_BITS {
         for (m, rows, cols, group, bias, acc) in [
             (1, 4096, 4096, 128, false, false),
@@ -599,25 +596,11 @@ pub fn cases() -> Vec<Case> {
             (9, 96, 576, 128, true, false),
             (40, 256, 1024, 64, false, true),
         ] {
-            let format = Coded::Group { bits, group };
-            add(
+            add_coded_linear(
+                &mut add,
                 "group_linear",
-                format!(
-                    "{} m{m} {rows}×{cols}{}{}",
-                    format.tag(),
-                    if bias { " +bias" } else { "" },
-                    if acc { " +=" } else { "" }
-                ),
-                Op::CodedLinear {
-                    format,
-                    m,
-                    rows,
-                    cols,
-                    bias,
-                    acc,
-                },
-                if m <= 4 { 1e-5 } else { 1e-3 },
-                1e-5,
+                Coded::Group { bits, group },
+                (m, rows, cols, bias, acc),
             );
         }
     }
@@ -838,18 +821,15 @@ fn trellis_weight(
         .iter()
         .map(|&v| if v & 1 == 0 { f16::ONE } else { f16::NEG_ONE })
         .collect();
-    TrellisQuantized::from_parts(TrellisParts {
+    with_our_tables(
         scheme,
         rows,
         cols,
         tiles,
         su,
-        sv: x.b[first..first + rows].to_vec(),
-        tlut: code_table(code),
-        had_in: stored_factor(cols).map_err(err)?,
-        had_out: stored_factor(rows).map_err(err)?,
-    })
-    .map_err(|e| err(e.to_string()))
+        x.b[first..first + rows].to_vec(),
+    )
+    .map_err(err)
 }
 
 /// Projection `proj` (rows `first..first + rows`) of a coded case on backend `b`.
@@ -894,6 +874,36 @@ fn coded_dequant(spec: &Op, x: &Inputs, rows: &[usize]) -> Result<Vec<f32>> {
     }
 }
 
+/// One coded projection case `(m, rows, cols, bias, acc)`: decode (m ≤ 4, matvec) within 1e-5
+/// of the CPU; prefill within 1e-3 (an f32 panel the device GEMM multiplies in TF32, 10-bit
+/// mantissas on both operands: relative error ~2⁻¹¹ per product).
+fn add_coded_linear(
+    add: &mut impl FnMut(&'static str, String, Op, f64, f64),
+    op: &'static str,
+    format: Coded,
+    (m, rows, cols, bias, acc): (usize, usize, usize, bool, bool),
+) {
+    add(
+        op,
+        format!(
+            "{} m{m} {rows}×{cols}{}{}",
+            format.tag(),
+            if bias { " +bias" } else { "" },
+            if acc { " +=" } else { "" }
+        ),
+        Op::CodedLinear {
+            format,
+            m,
+            rows,
+            cols,
+            bias,
+            acc,
+        },
+        if m <= 4 { 1e-5 } else { 1e-3 },
+        1e-5,
+    );
+}
+
 /// Trellis-coded projections (QTIP / YAQA tiles) on the same shape families as the group
 /// codes (rows multiples of 16; 576, 1536, 14336 take dense Hadamard factors): every code at
 /// every K in both tile orders on decode; the default format (HYB K2, row-major as
@@ -929,26 +939,8 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
                     vec![decode[i % decode.len()]]
                 };
                 i += 1;
-                for (m, rows, cols, bias, acc) in shapes {
-                    add(
-                        "trellis_linear",
-                        format!(
-                            "{} m{m} {rows}×{cols}{}{}",
-                            format.tag(),
-                            if bias { " +bias" } else { "" },
-                            if acc { " +=" } else { "" }
-                        ),
-                        Op::CodedLinear {
-                            format,
-                            m,
-                            rows,
-                            cols,
-                            bias,
-                            acc,
-                        },
-                        if m <= 4 { 1e-5 } else { 1e-3 },
-                        1e-5,
-                    );
+                for shape in shapes {
+                    add_coded_linear(add, "trellis_linear", format, shape);
                 }
             }
         }

@@ -8,15 +8,12 @@ use crate::backend::{synthetic_bits, synthetic_value};
 use crate::error::{Result, RuntimeError};
 use crate::linear::{FloatLinear, Linear, SharedLinear};
 use crate::model::{DecoderLayer, Model, ModelOptions};
-use crate::resident::hadamard::stored_factor;
-use crate::resident::trellis::code_table;
+use crate::resident::trellis_linear::with_our_tables;
 use crate::resident::ResidentKernels;
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
-use sfx_formats::resident::{
-    GroupQuantized, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
-};
+use sfx_formats::resident::{GroupQuantized, TrellisCode, TrellisQuantized, TrellisScheme};
 use sfx_formats::{DType, ModelConfig};
 use std::sync::Arc;
 
@@ -227,18 +224,7 @@ pub fn trellis_codes(
     let sv = (0..rows)
         .map(|i| if sign(seed ^ 0x5252, i) { unit } else { -unit })
         .collect();
-    TrellisQuantized::from_parts(TrellisParts {
-        scheme,
-        rows,
-        cols,
-        tiles,
-        su,
-        sv,
-        tlut: code_table(code),
-        had_in: stored_factor(cols).map_err(err)?,
-        had_out: stored_factor(rows).map_err(err)?,
-    })
-    .map_err(|e| err(e.to_string()))
+    with_our_tables(scheme, rows, cols, tiles, su, sv).map_err(err)
 }
 
 /// What the projections of a synthetic model are (embedding, head and norms stay float).

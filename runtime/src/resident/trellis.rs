@@ -58,6 +58,10 @@ pub enum TrellisError {
     NonFinite { index: usize },
 }
 
+/// The factor 1MAD's centred byte sums are multiplied by in the decode kernels (the reference
+/// divides by its inverse, 147.800537109375 = 605391/4096).
+pub const ONE_MAD_SCALE: f32 = 4096.0 / 605_391.0;
+
 /// 1MAD (V = 1): an LCG step, then the sum of the four bytes is close to Gaussian (CLT over four
 /// roughly uniform bytes); the constants centre and scale it to ≈ N(0, 1).
 pub fn code_1mad(x: u32) -> f32 {

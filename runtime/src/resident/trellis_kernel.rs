@@ -18,6 +18,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::trellis::ONE_MAD_SCALE;
 use sfx_formats::resident::{TileOrder, TrellisCode, TILE_SIDE};
 
 /// Byte-permute indices and per-lane shifts for one (K, V) pair.
@@ -237,7 +238,7 @@ unsafe fn computed<const K: usize>(
     } else {
         (_mm512_set1_epi32(89_226_354), _mm512_set1_epi32(64_248_484))
     };
-    let mad_scale = _mm512_set1_ps(4096.0 / 605_391.0);
+    let mad_scale = _mm512_set1_ps(ONE_MAD_SCALE);
     let mask3 = _mm512_set1_epi32(0x8FFF_8FFFu32 as i32);
     let xor3 = _mm512_set1_epi32(0x3B60_3B60);
     // 1MAD: value = s·c − 510·c, so Σ value·x = Σ s·(c·x) − 510·c·Σx; the second term is
@@ -326,7 +327,7 @@ unsafe fn decode_seq<const K: usize>(t: &Tables, stream: &[u8], out: &mut [f32; 
                 (_mm512_set1_epi32(89_226_354), _mm512_set1_epi32(64_248_484))
             };
             let ones = _mm512_set1_epi8(1);
-            let mad_scale = _mm512_set1_ps(4096.0 / 605_391.0);
+            let mad_scale = _mm512_set1_ps(ONE_MAD_SCALE);
             let mad_bias = _mm512_set1_ps(-510.0 * 4096.0 / 605_391.0);
             let mask3 = _mm512_set1_epi32(0x8FFF_8FFFu32 as i32);
             let xor3 = _mm512_set1_epi32(0x3B60_3B60);

@@ -11,13 +11,15 @@ use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::Linear;
-use crate::resident::hadamard::Hadamard;
-use crate::resident::trellis::{code_1mad, code_3inst};
+use crate::resident::hadamard::{stored_factor, Hadamard};
+use crate::resident::trellis::{code_1mad, code_3inst, code_table};
 #[cfg(target_arch = "x86_64")]
 use crate::resident::trellis_kernel::{decode_tile_seq, tile_row};
 use crate::resident::trellis_kernel::{supported as kernel_supported, Tables};
 use rayon::prelude::*;
-use sfx_formats::resident::{TileOrder, TrellisCode, TrellisQuantized, TILE_SIDE, TILE_WEIGHTS};
+use sfx_formats::resident::{
+    TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS,
+};
 
 /// Token counts up to this run the decode matvec once per token.
 const MATVEC_MAX_ROWS: usize = 2;
@@ -298,6 +300,31 @@ impl TrellisLinear {
     }
 }
 
+/// A trellis weight from its streams and signs, with the tables every file of ours carries:
+/// the code's lookup table and our Hadamard factors of both sizes (synthetic models and
+/// tests build weights so; the message names what did not fit).
+pub fn with_our_tables(
+    scheme: TrellisScheme,
+    rows: usize,
+    cols: usize,
+    tiles: Vec<u8>,
+    su: Vec<half::f16>,
+    sv: Vec<f32>,
+) -> std::result::Result<TrellisQuantized, String> {
+    TrellisQuantized::from_parts(TrellisParts {
+        scheme,
+        rows,
+        cols,
+        tiles,
+        su,
+        sv,
+        tlut: code_table(scheme.code),
+        had_in: stored_factor(cols)?,
+        had_out: stored_factor(rows)?,
+    })
+    .map_err(|e| e.to_string())
+}
+
 /// Ŵ in the rotated domain (decoded tiles only), row-major `[rows, cols]`.
 pub fn decode_rotated(w: &TrellisQuantized) -> Vec<f32> {
     let dec = Decoder::new(w);
@@ -412,12 +439,9 @@ impl Linear<CpuBackend> for TrellisLinear {
 /// valid tail-biting stream).
 #[cfg(test)]
 pub(crate) mod test_weights {
-    use crate::resident::hadamard::stored_factor;
-    use crate::resident::trellis::code_table;
+    use super::with_our_tables;
     use half::f16;
-    use sfx_formats::resident::{
-        TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme,
-    };
+    use sfx_formats::resident::{TileOrder, TrellisCode, TrellisQuantized, TrellisScheme};
 
     pub(crate) fn bytes(n: usize, seed: &mut u64) -> Vec<u8> {
         (0..n)
@@ -450,24 +474,15 @@ pub(crate) mod test_weights {
             &mut seed,
         );
         let signs = bytes(rows + cols, &mut seed);
-        TrellisQuantized::from_parts(TrellisParts {
-            scheme,
-            rows,
-            cols,
-            tiles,
-            su: signs[..cols]
-                .iter()
-                .map(|&b| f16::from_f32(if b & 1 == 0 { 1.0 } else { -1.0 }))
-                .collect(),
-            sv: signs[cols..]
-                .iter()
-                .map(|&b| (f32::from(b) - 128.0) / 300.0)
-                .collect(),
-            tlut: code_table(code),
-            had_in: stored_factor(cols).unwrap(),
-            had_out: stored_factor(rows).unwrap(),
-        })
-        .unwrap()
+        let su = signs[..cols]
+            .iter()
+            .map(|&b| f16::from_f32(if b & 1 == 0 { 1.0 } else { -1.0 }))
+            .collect();
+        let sv = signs[cols..]
+            .iter()
+            .map(|&b| (f32::from(b) - 128.0) / 300.0)
+            .collect();
+        with_our_tables(scheme, rows, cols, tiles, su, sv).unwrap()
     }
 }
 

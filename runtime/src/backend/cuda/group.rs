@@ -513,15 +513,15 @@ impl CudaBackend {
                 ],
             )?,
         }
-        let panel_ref = WeightRef {
-            ptr: panel.ptr,
-            rows: w.rows,
-            cols: w.cols,
-            dtype: DType::F32,
-            tf32: true,
-        };
         // The panel's stream-ordered free follows the GEMM on the same stream.
-        self.gemm(x, m, panel_ref, bias, y, accumulate)
+        self.gemm(
+            x,
+            m,
+            WeightRef::tf32_panel(&panel, w.rows, w.cols),
+            bias,
+            y,
+            accumulate,
+        )
     }
 }
 

@@ -109,6 +109,19 @@ impl MatrixData {
     }
 }
 
+impl WeightRef {
+    /// A transient f32 panel of dequantized weights, which cuBLAS may multiply in TF32.
+    fn tf32_panel(panel: &DeviceMem, rows: usize, cols: usize) -> WeightRef {
+        WeightRef {
+            ptr: panel.ptr,
+            rows,
+            cols,
+            dtype: DType::F32,
+            tf32: true,
+        }
+    }
+}
+
 /// A row-major weight operand of a GEMM: a resident matrix, or a transient dequantized panel
 /// (`tf32`: an F32 panel cuBLAS may multiply in TF32).
 #[derive(Clone, Copy)]
@@ -726,9 +739,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, host: &[f32]) -> Result<CudaBuffer> {
-        let mem = self.dev().alloc(host.len() * 4)?;
-        self.dev()
-            .upload_bytes(mem.ptr, bytemuck::cast_slice(host))?;
+        let mem = self.dev().upload_new(bytemuck::cast_slice(host))?;
         Ok(CudaBuffer {
             mem,
             len: host.len(),
@@ -808,17 +819,11 @@ impl Backend for CudaBackend {
                     .into_iter()
                     .map(|v| v.to_bits())
                     .collect();
-                let mem = self.dev().alloc(bits.len() * 2)?;
-                self.dev()
-                    .upload_bytes(mem.ptr, bytemuck::cast_slice(&bits))?;
-                mem
+                self.dev().upload_new(bytemuck::cast_slice(&bits))?
             }
-            _ => {
-                let v = view.to_f32_vec();
-                let mem = self.dev().alloc(v.len() * 4)?;
-                self.dev().upload_bytes(mem.ptr, bytemuck::cast_slice(&v))?;
-                mem
-            }
+            _ => self
+                .dev()
+                .upload_new(bytemuck::cast_slice(&view.to_f32_vec()))?,
         };
         Ok(CudaMatrix {
             inner: Arc::new(MatrixData {

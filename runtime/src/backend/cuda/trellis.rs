@@ -16,6 +16,7 @@ use super::{
 };
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
+use crate::resident::trellis::ONE_MAD_SCALE;
 use sfx_formats::resident::{SmallHadamard, TileOrder, TrellisCode, TrellisQuantized};
 use sfx_formats::DType;
 use std::sync::Arc;
@@ -39,8 +40,6 @@ const LUT_BYTES: usize = (2 << HYB_Q) * 32 * 4;
 const PLANE_PAD_WORDS: usize = 8;
 /// Threads of a transform block (one vector in shared memory).
 const TRANSFORM_THREADS: usize = 1024;
-/// 1MAD's values are integers on the device; this is the factor the CPU divides by.
-const ONE_MAD_SCALE: f32 = 4096.0 / 605_391.0;
 
 /// A dense ±1 Hadamard factor on the device (None for m = 1: a plain Walsh–Hadamard
 /// transform).
@@ -297,6 +296,7 @@ impl CudaBackend {
         } else {
             None
         };
+        // 1MAD's values are integers on the device: its scale goes with sv.
         let code_scale = if s.code == TrellisCode::OneMad {
             ONE_MAD_SCALE
         } else {
@@ -614,14 +614,14 @@ impl CudaBackend {
             mem: self.dev().alloc(4 * m * rows)?,
             len: m * rows,
         };
-        let panel_ref = WeightRef {
-            ptr: panel.ptr,
-            rows,
-            cols,
-            dtype: DType::F32,
-            tf32: true,
-        };
-        self.gemm(&xr, m, panel_ref, None, &mut yr, false)?;
+        self.gemm(
+            &xr,
+            m,
+            WeightRef::tf32_panel(&panel, rows, cols),
+            None,
+            &mut yr,
+            false,
+        )?;
         // Stream-ordered frees: the buffers go after the work queued before them.
         drop(panel);
         self.trellis_finish(

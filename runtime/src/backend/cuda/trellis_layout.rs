@@ -188,7 +188,7 @@ mod tests {
             })
             .collect();
         let scale = if w.scheme().code == TrellisCode::OneMad {
-            4096.0 / 605_391.0
+            f64::from(crate::resident::trellis::ONE_MAD_SCALE)
         } else {
             1.0
         };
