@@ -22,6 +22,8 @@ use std::sync::Arc;
 /// Columns per code chunk of the kernels (`GQ_CHUNK`), threads per block (`GQ_THREADS`).
 const CHUNK: usize = 32;
 const THREADS: usize = 256;
+/// Blocks per SM a file-layout matvec keeps when its row sets narrow (`group_schedule`).
+const WIDE_BLOCKS_PER_SM: usize = 8;
 /// Projections one launch takes (`GQ_MAX_ITEMS`).
 const MAX_ITEMS: usize = 3;
 
@@ -291,7 +293,11 @@ impl CudaBackend {
     /// the row (a power of two, 8..256, so sets stay inside warps or span whole ones). Rows
     /// per thread: the most (of `choices`) that still leave three blocks per SM, since bytes
     /// in flight per thread grow with rows and blocks per SM hide each other's latency;
-    /// `SFX_GROUP_ROWS` forces it for tuning runs.
+    /// `SFX_GROUP_ROWS` forces it for tuning runs. Every block stages (and normalises) all of
+    /// x before it multiplies, so where rows are plentiful — the head: 128K rows of 8-bit codes
+    /// took 16K blocks of 8 rows, each staging x for 32 KB of codes — the sets narrow (each
+    /// thread then takes its chunks in turn) while the grid keeps [`WIDE_BLOCKS_PER_SM`] blocks
+    /// per SM; `SFX_GROUP_TPR` forces the width for tuning runs.
     fn group_schedule(
         &self,
         codes: &GroupCodes,
@@ -300,9 +306,9 @@ impl CudaBackend {
         choices: &[usize],
     ) -> Schedule {
         let threads_needed = (cols / CHUNK).div_ceil(codes.unroll());
-        let tpr = threads_needed.next_power_of_two().clamp(8, THREADS);
+        let widest = threads_needed.next_power_of_two().clamp(8, THREADS);
         let sm = self.dev().sm_count as usize;
-        let blocks_for = |r: usize| -> usize {
+        let blocks_for = |tpr: usize, r: usize| -> usize {
             let per_block = THREADS / tpr * r;
             rows.iter().map(|n| n.div_ceil(per_block)).sum()
         };
@@ -310,14 +316,29 @@ impl CudaBackend {
             .inner
             .group_rows
             .and_then(|f| choices.iter().copied().find(|&r| r <= f));
-        let rows = forced.unwrap_or_else(|| {
-            choices
-                .iter()
-                .copied()
-                .find(|&r| blocks_for(r) >= 3 * sm)
-                .unwrap_or(1)
-        });
-        Schedule { tpr, rows }
+        let rows_for = |tpr: usize| {
+            forced.unwrap_or_else(|| {
+                choices
+                    .iter()
+                    .copied()
+                    .find(|&r| blocks_for(tpr, r) >= 3 * sm)
+                    .unwrap_or(1)
+            })
+        };
+        let tpr = match self.inner.group_tpr {
+            Some(t) => t.min(widest),
+            None => {
+                let mut tpr = widest;
+                while tpr > 8 && blocks_for(tpr / 2, rows_for(tpr / 2)) >= WIDE_BLOCKS_PER_SM * sm {
+                    tpr /= 2;
+                }
+                tpr
+            }
+        };
+        Schedule {
+            tpr,
+            rows: rows_for(tpr),
+        }
     }
 
     /// `y_i = W_i · x (+ b_i) (+ y_i)` for up to three group-coded matrices of one format,

@@ -221,6 +221,9 @@ struct Inner {
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
     group_rows: Option<usize>,
+    /// `SFX_GROUP_TPR`: force threads per row set of those matvecs (8, 16, …, 256) for tuning
+    /// runs.
+    group_tpr: Option<usize>,
     /// `SFX_GT_PLAN`: force the plan of the tile-layout matvecs, for tuning runs.
     tile_plan: Option<group::TilePlan>,
     /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
@@ -228,6 +231,9 @@ struct Inner {
     group_tiles: bool,
     /// `SFX_TR_ROWS`: tile rows per row group of the trellis matvecs (1, 2), for tuning runs.
     trellis_rows: Option<usize>,
+    /// Trellis matvecs over power-of-two inputs run the input transform in their prologue
+    /// (`SFX_TR_PROLOGUE=0` launches tr_prepare before them, for comparison).
+    trellis_prologue: bool,
 }
 
 /// Rows one argmax launch covers (its scratch is sized once, so a captured step never sees it
@@ -317,11 +323,16 @@ impl CudaBackend {
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2 | 4)),
+                group_tpr: std::env::var("SFX_GROUP_TPR")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|t| t.is_power_of_two() && (8..=256).contains(t)),
                 tile_plan: group::TilePlan::from_env(),
                 trellis_rows: std::env::var("SFX_TR_ROWS")
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2)),
+                trellis_prologue: std::env::var("SFX_TR_PROLOGUE").map_or(true, |v| v != "0"),
                 group_tiles: dev_has_mma
                     && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma

@@ -1,11 +1,12 @@
 //! Trellis-coded projections (QTIP / YAQA tiles) on the CUDA backend, inside a [`CudaMatrix`]
 //! (no dequantized copy), so every projection op of the backend takes them: q/k/v share one
 //! launch of each stage, gate/up end in SwiGLU, the input RMSNorm folds into the input
-//! transform, the residual add into the output transform. Decode (m ≤ 4 tokens) runs three
-//! launches per projection set (kernels/trellis.cu): `tr_prepare` (norm, signs, H_in, f16
-//! planes), `tr_matvec` (tiles decoded into tensor-core fragments), `tr_finish` (H_outᵀ, signs
-//! and scale, bias, store / add / SwiGLU). Prefill decodes the tiles into a transient f32
-//! panel for the GEMM, between the same two transforms.
+//! transform, the residual add into the output transform. Decode (m ≤ 4 tokens) runs two or
+//! three launches per projection set (kernels/trellis.cu): `tr_prepare` (norm, signs, H_in,
+//! f16 planes; only for inputs with a dense Hadamard factor — the matvec's prologue transforms
+//! power-of-two inputs), `tr_matvec` (tiles decoded into tensor-core fragments), `tr_finish`
+//! (H_outᵀ, signs and scale, bias, store / add / SwiGLU). Prefill decodes the tiles into a
+//! transient f32 panel for the GEMM, between the same two transforms.
 
 use super::device::DeviceMem;
 use super::resident::CudaResidentLinear;
@@ -38,6 +39,8 @@ const HYB_Q: u8 = 9;
 const LUT_BYTES: usize = (2 << HYB_Q) * 32 * 4;
 /// Padding between planes, in words (`TR_PLANE_PAD_WORDS`).
 const PLANE_PAD_WORDS: usize = 8;
+/// Zeros the row-major B loads read in place of a plane (`TR_ZERO_WORDS`).
+const ZERO_WORDS: usize = 16 * 8;
 /// Threads of a transform block (one vector in shared memory).
 const TRANSFORM_THREADS: usize = 1024;
 
@@ -111,6 +114,8 @@ pub(super) struct TrItem {
     codes: u64,
     planes: u64,
     y: u64,
+    su: u64,
+    sigma: u64,
     rows: i32,
     group_end: i32,
 }
@@ -208,7 +213,9 @@ fn plane_words(pcols: usize) -> usize {
 }
 
 /// Shared memory of a matvec launch of `threads`: the HYB table's copies, two planes per item,
-/// and every warp's partial rows of `gpb` groups of `r` tile rows.
+/// the zeros row-major B loads read, and every warp's partial rows of `gpb` groups of `r` tile
+/// rows — a region the input transform of `prologue_cols` columns (and its 32 reduction
+/// slots) borrows first where the matvec runs it.
 fn matvec_smem(
     hyb: bool,
     items: usize,
@@ -216,9 +223,19 @@ fn matvec_smem(
     gpb: usize,
     r: usize,
     threads: usize,
+    prologue_cols: Option<usize>,
 ) -> usize {
     let lut = if hyb { LUT_BYTES } else { 0 };
-    lut + items * 2 * plane_words(pcols) * 4 + threads / 32 * gpb * r * 16 * 4
+    let partials = threads / 32 * gpb * r * 16;
+    let region = prologue_cols.map_or(partials, |n| partials.max(n + 32));
+    lut + (items * 2 * plane_words(pcols) + ZERO_WORDS + region) * 4
+}
+
+/// The input transform a matvec runs in its prologue: the raw input and the fused norm.
+#[derive(Clone, Copy)]
+struct Prologue<'a> {
+    x: &'a CudaBuffer,
+    norm: Option<(&'a CudaBuffer, f32)>,
 }
 
 impl CudaBackend {
@@ -259,7 +276,8 @@ impl CudaBackend {
         let n_units = units(cols);
         let pcols = n_units * UNIT_COLS;
         let hyb = matches!(s.code, TrellisCode::Hyb { .. });
-        let need = transform_smem(cols.max(rows), 2).max(matvec_smem(hyb, 1, pcols, 1, 1, 1024));
+        let need =
+            transform_smem(cols.max(rows), 2).max(matvec_smem(hyb, 1, pcols, 1, 1, 1024, None));
         if need > optin {
             return Err(refuse(format!(
                 "{rows}×{cols} needs {need} B of shared memory for its transforms and matvec, \
@@ -448,9 +466,16 @@ impl CudaBackend {
         self.inner.trellis_rows.unwrap_or(1)
     }
 
-    /// The decode matvec of up to three items of one format over their prepared planes: each
-    /// item's rotated outputs land in its scratch.
-    fn trellis_launch_matvec(&self, m: usize, items: &[&MatrixData]) -> Result<()> {
+    /// The decode matvec of up to three items of one format: each item's rotated outputs land
+    /// in its scratch. With `prologue` the blocks run the input transform themselves and
+    /// false comes back if they cannot (a dense factor, or shared memory): then
+    /// `trellis_prepare` must run first and the matvec is launched again without it.
+    fn trellis_launch_matvec(
+        &self,
+        m: usize,
+        items: &[&MatrixData],
+        prologue: Option<Prologue<'_>>,
+    ) -> Result<bool> {
         let w0 = items[0];
         let c0 = trellis_of(w0, "trellis matvec")?;
         let r = self.trellis_rows();
@@ -459,20 +484,27 @@ impl CudaBackend {
             ..TrGroup::default()
         };
         let mut end = 0usize;
+        let mut dense_input = false;
         for (slot, w) in g.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis matvec")?;
+            dense_input |= c.had_in.m > 1;
             end += (w.rows / 16).div_ceil(r);
             *slot = TrItem {
                 codes: w.mem.ptr,
                 planes: c.planes.ptr,
                 y: c.rotated.ptr,
+                su: c.su.ptr,
+                sigma: c.sigma.ptr,
                 rows: i32_of("trellis matvec", w.rows)?,
                 group_end: i32_of("trellis matvec", end)?,
             };
         }
+        if prologue.is_some() && (dense_input || !self.inner.trellis_prologue) {
+            return Ok(false);
+        }
         let total = end;
         if total == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let k = &self.k().trellis;
         let kernel = &k.matvec[c0.code_index()][c0.k_index()][usize::from(c0.mma())][r - 1];
@@ -480,7 +512,9 @@ impl CudaBackend {
         let pcols = c0.pcols();
         let optin = self.dev().smem_optin;
         let threads = mv_threads(c0.k, r);
-        let smem_for = |gpb: usize| matvec_smem(hyb, items.len(), pcols, gpb, r, threads);
+        let prologue_cols = prologue.map(|_| w0.cols);
+        let smem_for =
+            |gpb: usize| matvec_smem(hyb, items.len(), pcols, gpb, r, threads, prologue_cols);
         // Enough row groups per block that the grid fills the GPU once (a block's table copies
         // and planes are paid once per block), fewer if the partial sums would not fit.
         let per_sm = kernel.blocks_per_sm(threads, smem_for(1)).max(1);
@@ -491,6 +525,9 @@ impl CudaBackend {
         }
         let smem = smem_for(gpb);
         if smem > optin {
+            if prologue.is_some() {
+                return Ok(false);
+            }
             return Err(RuntimeError::Unsupported(format!(
                 "trellis matvec: {} items of {} columns need {smem} B of shared memory, this \
                  GPU allows {optin}",
@@ -498,6 +535,14 @@ impl CudaBackend {
                 w0.cols
             )));
         }
+        let (x, nw, eps) = match prologue {
+            Some(p) => (
+                p.x.mem.ptr,
+                p.norm.map_or(0, |(w, _)| w.mem.ptr),
+                p.norm.map_or(0.0, |(_, e)| e),
+            ),
+            None => (0, 0, 0.0),
+        };
         self.launch_projection(
             kernel,
             (blocks(total, gpb), m as u32, 1),
@@ -509,8 +554,31 @@ impl CudaBackend {
                 Arg::I32(i32_of("trellis matvec", c0.n_units)?),
                 Arg::I32(i32_of("trellis matvec", gpb)?),
                 Arg::I32(i32_of("trellis matvec", total)?),
+                Arg::Ptr(x),
+                Arg::Ptr(nw),
+                Arg::F32(eps),
+                Arg::I32(i32_of("trellis matvec", w0.cols)?),
+                Arg::F32(inv_sqrt(w0.cols)),
             ],
-        )
+        )?;
+        Ok(true)
+    }
+
+    /// The input transform and the matvec of up to three items over the same x: in one
+    /// launch where the matvec can run the transform, else tr_prepare then the matvec.
+    fn trellis_transform_matvec(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        ws: &[&MatrixData],
+        norm: Option<(&CudaBuffer, f32)>,
+    ) -> Result<()> {
+        if self.trellis_launch_matvec(m, ws, Some(Prologue { x, norm }))? {
+            return Ok(());
+        }
+        let prep: Vec<(&MatrixData, Option<u64>)> = ws.iter().map(|w| (*w, None)).collect();
+        self.trellis_prepare(x, m, &prep, norm)?;
+        self.trellis_launch_matvec(m, ws, None).map(|_| ())
     }
 
     /// `y_i (+)= W_i · x (+ b_i)` for up to three trellis matrices of one format, m ≤ 4 token
@@ -534,9 +602,7 @@ impl CudaBackend {
             )));
         }
         let ws: Vec<&MatrixData> = items.iter().map(|it| &*it.0.inner).collect();
-        let prep: Vec<(&MatrixData, Option<u64>)> = ws.iter().map(|w| (*w, None)).collect();
-        self.trellis_prepare(x, m, &prep, norm)?;
-        self.trellis_launch_matvec(m, &ws)?;
+        self.trellis_transform_matvec(x, m, &ws, norm)?;
         let fin: Vec<_> = items
             .iter()
             .map(|(w, bias, y)| (&*w.inner, None, *bias, *y))
@@ -566,8 +632,7 @@ impl CudaBackend {
                 g.rows, gc.had_out.m, uc.had_out.m
             )));
         }
-        self.trellis_prepare(x, m, &[(g, None), (u, None)], norm)?;
-        self.trellis_launch_matvec(m, &[g, u])?;
+        self.trellis_transform_matvec(x, m, &[g, u], norm)?;
         self.trellis_finish(
             m,
             &[(g, None, None, gate.mem.ptr), (u, None, None, gate.mem.ptr)],

@@ -1,7 +1,8 @@
 // Trellis-coded weights (QTIP / YAQA: bitshift trellis with 16-bit states over tail-biting
 // 16×16 tiles, HYB / 1MAD / 3INST codes, 2–4 bits per weight) on tensor cores. A projection is
 //   y = sv ⊙ H_outᵀ · (Ŵ · (H_in · (su ⊙ x)))
-// (docs/format.md, "Trellis-coded projections"), run as three launches per projection set:
+// (docs/format.md, "Trellis-coded projections"), run as three launches per projection set
+// (two for power-of-two inputs, whose transform the matvec's prologue runs):
 //   tr_prepare  x (RMS-normalised when the norm is fused), ⊙ su, the input transform H_in, then
 //               split into two f16 planes x'·σ = hi + lo (σ a power of two that puts the
 //               largest |x'| just under 2^14): 22 mantissa bits of x', enough that the tensor
@@ -60,6 +61,8 @@
 // Planes of one item are 8 words apart in bank terms, so a warp's 8-byte B reads of the hi
 // and lo planes (4 words of offsets each) never share a bank.
 #define TR_PLANE_PAD_WORDS 8
+// Zeros a row-major B load may read instead of a plane: one unit's 16 tiles of 8 words.
+#define TR_ZERO_WORDS (TR_UNIT_TILES * 8)
 // Codes (the .sfx scheme byte): HYB, 1MAD, 3INST.
 #define TR_HYB 0
 #define TR_1MAD 1
@@ -77,15 +80,28 @@ extern __shared__ __align__(16) uint32_t tr_words[];
 // for its columns, so a slice's outputs cost one block's row transforms plus 1/S of the mix.
 
 // Unnormalised FWHT of `chunks` contiguous chunks of 32·E values in shared memory, one warp per
-// chunk: E values per lane in registers (the first log2 E stages), then five shuffle stages.
+// chunk. Lane c holds values c, c + 32, …, c + 32(E − 1) in registers — strided, so each load
+// and store of the warp touches 32 distinct banks (owning E consecutive values instead put
+// E/2 lanes on one bank and made this loop the transforms' largest cost). The spans 1…16 are
+// five shuffle stages, the spans 32…16E register stages after them: the stages run in
+// increasing span as in the CPU transform, so the rounding is the same.
 template <int E>
 __device__ __forceinline__ void warp_fwht_chunks(float* buf, int chunks) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int ch = threadIdx.x >> 5; ch < chunks; ch += warps) {
-        float* base = buf + ch * 32 * E + lane * E;
+        float* base = buf + ch * 32 * E + lane;
         float v[E];
 #pragma unroll
-        for (int i = 0; i < E; ++i) v[i] = base[i];
+        for (int i = 0; i < E; ++i) v[i] = base[32 * i];
+#pragma unroll
+        for (int mask = 1; mask < 32; mask <<= 1) {
+            const bool upper = (lane & mask) != 0;
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                const float other = __shfl_xor_sync(SFX_FULL_MASK, v[i], mask);
+                v[i] = upper ? other - v[i] : v[i] + other;
+            }
+        }
 #pragma unroll
         for (int h = 1; h < E; h <<= 1) {
 #pragma unroll
@@ -98,16 +114,7 @@ __device__ __forceinline__ void warp_fwht_chunks(float* buf, int chunks) {
             }
         }
 #pragma unroll
-        for (int mask = 1; mask < 32; mask <<= 1) {
-            const bool upper = (lane & mask) != 0;
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                const float other = __shfl_xor_sync(SFX_FULL_MASK, v[i], mask);
-                v[i] = upper ? other - v[i] : v[i] + other;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < E; ++i) base[i] = v[i];
+        for (int i = 0; i < E; ++i) base[32 * i] = v[i];
     }
 }
 
@@ -185,6 +192,23 @@ __device__ __forceinline__ int mma_plane_position(int c) {
     return (c & 1) | ((c >> 3) << 1) | (((c >> 1) & 3) << 2);
 }
 
+// The planes' scale σ for an input of norm ‖x'‖₂: a power of two that puts the largest |x'_i|
+// (≤ ‖x'‖₂) just under 2^14.
+__device__ __forceinline__ float plane_sigma(float norm2) {
+    int e = 0;
+    frexpf(norm2 * 1.001f, &e);  // every |x'_i| ≤ ‖x'‖₂ < 2^e
+    return (norm2 > 0.0f && isfinite(norm2)) ? ldexpf(1.0f, 14 - e) : 1.0f;
+}
+
+// Column `col` of the planes: v (already ×σ) as hi + lo f16 values.
+template <bool MMA>
+__device__ __forceinline__ void store_plane_value(__half* hi, __half* lo, int col, float v) {
+    const int at = MMA ? (col & ~15) | mma_plane_position(col & 15) : col;
+    const __half h = __float2half_rn(v);
+    hi[at] = h;
+    lo[at] = __float2half_rn(v - __half2float(h));
+}
+
 // grid (items, slices, tokens). x' = H_in · (su ⊙ x̂) / √n with x̂ = x, or RMSNorm(x)·w under
 // NORM; each block writes its slice. The planes' σ comes from ‖x'‖₂ = ‖x̂‖₂ (the transform is
 // orthonormal), a bound on every |x'_i| all blocks compute alike, so no block needs another's
@@ -232,21 +256,14 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
         }
         return;
     }
-    int e = 0;
-    frexpf(norm2 * 1.001f, &e);  // every |x'_i| ≤ ‖x'‖₂ < 2^e
-    const float sigma = (norm2 > 0.0f && isfinite(norm2)) ? ldexpf(1.0f, 14 - e) : 1.0f;
+    const float sigma = plane_sigma(norm2);
     if (threadIdx.x == 0 && blockIdx.y == 0) it.sigma[t] = sigma;
     __half* hi = it.planes + (size_t)t * 2 * pcols;
     __half* lo = hi + pcols;
     const float f = scale * sigma;
     for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
         const int r = i / w, c = c0 + i % w;
-        const int col = r * p + c;
-        const float v = mixed(buf, m, p, it.hm, false, r, c) * f;
-        const int at = MMA ? (col & ~15) | mma_plane_position(col & 15) : col;
-        const __half h = __float2half_rn(v);
-        hi[at] = h;
-        lo[at] = __float2half_rn(v - __half2float(h));
+        store_plane_value<MMA>(hi, lo, r * p + c, mixed(buf, m, p, it.hm, false, r, c) * f);
     }
 }
 
@@ -513,8 +530,10 @@ SFX_TR_DEQUANT_CODE(3inst, TR_3INST)
 
 struct TrItem {
     const uint4* codes;     // unit layout
-    const __half* planes;   // [tokens][2][pcols] from tr_prepare
+    const __half* planes;   // [tokens][2][pcols] from tr_prepare (unused with the prologue)
     float* y;               // [tokens][rows] raw sums Ŵ·x'σ
+    const float* su;        // [cols] input signs (the prologue's transform)
+    float* sigma;           // [tokens] σ, written by the prologue for tr_finish
     int rows;
     int group_end;          // exclusive end of this item's row groups in the launch
 };
@@ -565,9 +584,17 @@ __device__ __forceinline__ TrItem item_at(const TrGroup& g, int k) {
 // shared memory when it moves on (each warp touches a group once, in one run of pairs), and
 // the block sums them in warp order at the end: deterministic. The planes of the items the
 // block touches are staged once; HYB's table is copied 32 times over (copy = lane).
+//
+// With x (power-of-two inputs: no dense factor), the block runs the input transform itself
+// instead of reading tr_prepare's planes: x (RMS-normalised with nw), ⊙ su of each item it
+// touches, the Walsh–Hadamard transform in the partial sums' region (free until the loop),
+// then the planes — the same values tr_prepare writes, one launch fewer per projection set.
 template <int CODE, int K, bool MMA, int R>
 __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t* __restrict__ lut,
-                                               int n_units, int gpb, int total_groups) {
+                                               int n_units, int gpb, int total_groups,
+                                               const float* __restrict__ x,
+                                               const float* __restrict__ nw, float eps, int n,
+                                               float inv_sqrt_n) {
     constexpr int THREADS = TrMvShape<K, R>::THREADS, WARPS = TrMvShape<K, R>::WARPS;
     SFX_PDL_TRIGGER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -576,7 +603,10 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     const int plane_words = pcols / 2 + TR_PLANE_PAD_WORDS;
     const int lut_words = CODE == TR_HYB ? TR_LUT_WORDS : 0;
     uint32_t* planes = tr_words + lut_words;
-    float* red = reinterpret_cast<float*>(planes + g.count * 2 * plane_words);
+    // Row-major B: the lanes whose x layout holds no values of their tile row read zeros
+    // here instead of masking each tile's load (one tile step of 16 tiles).
+    uint32_t* zero_words = planes + g.count * 2 * plane_words;
+    float* red = reinterpret_cast<float*>(zero_words + TR_ZERO_WORDS);
     const int gb0 = blockIdx.x * gpb;
     const int gb1 = min(gb0 + gpb, total_groups);
     if (gb0 >= gb1) return;
@@ -622,11 +652,44 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             tr_words[i] = lut[j & ((1 << TR_HYB_Q) - 1)] ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
         }
     }
-    for (int i = threadIdx.x; i < WARPS * slots; i += THREADS) red[i] = 0.0f;
+    for (int i = threadIdx.x; i < TR_ZERO_WORDS; i += THREADS) zero_words[i] = 0u;
     SFX_PDL_WAIT();
-    {
-        int l0, l1;
-        const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
+    int l0, l1;
+    const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
+    if (x != nullptr) {
+        float* buf = red;         // [n]
+        float* sums = red + n;    // [32] block reductions
+        const float* xt = x + (size_t)t * n;
+        float ss = 0.0f, ss_hat = 0.0f;
+        for (int i = threadIdx.x; i < n; i += THREADS) {
+            float v = xt[i];
+            if (nw != nullptr) {
+                ss = fmaf(v, v, ss);
+                v *= nw[i];
+            }
+            ss_hat = fmaf(v, v, ss_hat);
+        }
+        float inv_rms = 1.0f;
+        if (nw != nullptr) inv_rms = 1.0f / sqrtf(block_sum(ss, sums) / (float)n + eps);
+        const float sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
+        const float f = inv_sqrt_n * inv_rms * sigma;
+        for (int k = k0; k <= k1; ++k) {
+            const TrItem it = item_at(g, k);
+            for (int i = threadIdx.x; i < n; i += THREADS) {
+                const float v = nw != nullptr ? xt[i] * nw[i] : xt[i];
+                buf[i] = v * it.su[i];
+            }
+            __syncthreads();
+            block_fwht_rows(buf, 1, n);
+            __half* hi = reinterpret_cast<__half*>(planes + k * 2 * plane_words);
+            __half* lo = reinterpret_cast<__half*>(planes + (k * 2 + 1) * plane_words);
+            for (int c = threadIdx.x; c < pcols; c += THREADS)
+                store_plane_value<MMA>(hi, lo, c, c < n ? buf[c] * f : 0.0f);
+            // The block holding the item's first row group publishes σ for tr_finish.
+            if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
+            __syncthreads();
+        }
+    } else {
         for (int k = k0; k <= k1; ++k) {
             const TrItem it = item_at(g, k);
             const uint4* src = reinterpret_cast<const uint4*>(it.planes + (size_t)t * 2 * pcols);
@@ -639,24 +702,25 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         copy_async_commit();
         copy_async_wait<0>();
     }
+    for (int i = threadIdx.x; i < WARPS * slots; i += THREADS) red[i] = 0.0f;
     __syncthreads();
 
     // Shared address of this lane's table copy (the table starts the dynamic allocation).
     const uint32_t lane4 =
         static_cast<uint32_t>(__cvta_generic_to_shared(tr_words)) + 4u * (uint32_t)lane;
-    // This lane's B operand: plane, column offset inside a tile, and the zero mask of
-    // row-major layouts.
+    // This lane's B operand: plane, column offset inside a tile, and (row-major layouts)
+    // whether its x layout covers its tile row at all.
     int bplane, boff;
-    uint32_t bmask;
+    bool bzero;
     if (MMA) {
         bplane = gq & 1;
         boff = 4 * tq;
-        bmask = ~0u;
+        bzero = false;
     } else {
         const int L = lane >> 3;
         bplane = (lane >> 2) & 1;
         boff = 8 * (tq & 1) + 4 * (L >> 1);
-        bmask = ((tq >> 1) == (L & 1)) ? ~0u : 0u;
+        bzero = (tq >> 1) != (L & 1);
     }
 
     float d[R][4];
@@ -685,12 +749,12 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     // One pair: decode its 16 tiles (codes `w`) against the planes of its item.
     auto compute = [&](const uint4 (&w)[R][K]) {
         const uint32_t* bsrc =
-            planes + (cur.item * 2 + bplane) * plane_words + u * TR_UNIT_TILES * 8 + boff / 2;
+            bzero ? zero_words
+                  : planes + (cur.item * 2 + bplane) * plane_words + u * TR_UNIT_TILES * 8 +
+                        boff / 2;
 #pragma unroll
         for (int tt = 0; tt < TR_UNIT_TILES; ++tt) {
-            uint2 bv = *reinterpret_cast<const uint2*>(bsrc + tt * 8);
-            bv.x &= bmask;
-            bv.y &= bmask;
+            const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + tt * 8);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const uint32_t own = own_bits<K>(w[r], tt);
@@ -774,10 +838,11 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
 // Entry points tr_matvec_{hyb,1mad,3inst}_k{K}_{rm,mma}_r{R}.
 #define SFX_TR_MATVEC(NAME, CODE, K, ORD, R)                                                  \
     extern "C" __global__ void __launch_bounds__(TrMvShape<K, R>::THREADS, 1)                 \
-        tr_matvec_##NAME##_k##K##_##ORD##_r##R(const TrGroup g, const uint32_t* lut,            \
-                                               int n_units, int gpb, int total_groups) {      \
-        SFX_TR_MV_BODY(tr_matvec_body<CODE, K, ORD##_ORDER, R>(g, lut, n_units, gpb,         \
-                                                                total_groups);)               \
+        tr_matvec_##NAME##_k##K##_##ORD##_r##R(                                                \
+            const TrGroup g, const uint32_t* lut, int n_units, int gpb, int total_groups,       \
+            const float* x, const float* nw, float eps, int n, float inv_sqrt_n) {              \
+        SFX_TR_MV_BODY(tr_matvec_body<CODE, K, ORD##_ORDER, R>(                                 \
+            g, lut, n_units, gpb, total_groups, x, nw, eps, n, inv_sqrt_n);)                    \
     }
 
 #define SFX_TR_MATVEC_K(NAME, CODE, K) \
