@@ -25,7 +25,9 @@
 #                cases (OPS=… to choose), tg128/pp512 of trellis formats on the 8B shape beside
 #                rtn2 (FORMATS="qtip2:hyb qtip2:1mad …"), per-kernel decode times of qtip2, the
 #                tile-rows knob (SFX_TR_ROWS) and an ncu profile of one layer's four matvecs
-#     trellis_peer  prepare + trellis + llama.cpp Q2_K / Q4_K_M / Q4_0 in the same call
+#     trellis_peer  the trellis conformance ops while llama.cpp builds, then llama.cpp Q2_K /
+#                Q4_K_M / Q4_0 and every sfx 2/3/4-bit format (FORMATS="rtn2 … qtip2:1mad …")
+#                back to back on a quiet machine, and qtip2's per-kernel decode times
 #   BIN=dir with sfx, sfx-run, sfx-convert, cuda_agreement (release builds with kernels:
 #       `make build-gpu`, `cargo test --release --test cuda_agreement --no-run`)
 #   SFX_ASSETS=dir with SmolLM2-135M-Instruct.Q4_1.gguf, wiki/ and brown/ (`make assets`)
@@ -43,9 +45,11 @@ BENCH_ARGS="-p 512 -n 128 -r 3"
 case "$STAGE" in
   prepare)
     # llama-bench builds (~3.5 min) and the GGUFs are written while other stages run; no
-    # benchmark starts (DEADLINE=0), so nothing competes with a timed run.
-    setsid bash -c "QUANTS='${PEER_QUANTS:-f16 q2_k q4_k_m q4_0}' DEADLINE=0 OUT=/tmp/peerprep bash '$PEER/device_bench.sh'" \
-      >/tmp/peerprep.log 2>&1 </dev/null &
+    # benchmark starts (DEADLINE=0), so nothing competes with a timed run. Once per machine:
+    # a preparation already under way is left to finish.
+    pgrep -f device_bench.sh >/dev/null ||
+      setsid bash -c "QUANTS='${PEER_QUANTS:-f16 q2_k q4_k_m q4_0}' DEADLINE=0 OUT=/tmp/peerprep bash '$PEER/device_bench.sh'" \
+        >/tmp/peerprep.log 2>&1 </dev/null &
     ;;
   conformance)
     "$BIN/sfx" test-backend --device cuda > "$OUT/test_backend_cuda.md" 2>&1; grep "cases on cuda" "$OUT/test_backend_cuda.md"
@@ -169,16 +173,24 @@ case "$STAGE" in
     grep -E 'tr_matvec|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Block Limit' "$OUT/ncu_trellis_matvec.txt" | head -60
     ;;
   trellis_peer)
-    # One call: llama.cpp builds in the background while the trellis stage runs, then its
-    # Q2_K / Q4_K_M / Q4_0 rows and ours (rtn2, rtn4 beside the trellis formats) side by side.
+    # One call: llama.cpp builds in the background while the trellis conformance runs; then,
+    # on a quiet machine, its Q2_K / Q4_K_M / Q4_0 rows and ours (every 2/3/4-bit format the
+    # converter writes, default head) back to back, and the per-kernel profile of qtip2.
     PEER_QUANTS="q2_k q4_k_m q4_0" bash "$0" prepare
-    bash "$0" trellis
-    for q in rtn4; do
-      timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q $BENCH_ARGS 2>&1 | grep -E 'synthetic|rror'
-    done | tee -a "$OUT/sfx_bench_trellis.md"
+    for op in ${OPS:-trellis_linear trellis_projections trellis_swiglu model_decode}; do
+      "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_$op.md" 2>&1
+      echo "$op: $(grep "cases on cuda" "$OUT/test_backend_$op.md")"
+    done
     while pgrep -f device_bench.sh >/dev/null; do sleep 5; done
     QUANTS="q2_k q4_k_m q4_0" ARGS="$BENCH_ARGS -fa 1" DEADLINE=600 OUT="$OUT" bash "$PEER/device_bench.sh" >/dev/null
     cat "$OUT/llamacpp_bench.md"
+    for f in ${FORMATS:-rtn2 rtn3 rtn4 qtip2:hyb qtip2:1mad qtip2:3inst qtip3:hyb qtip4:hyb}; do
+      code=(); [ "${f#*:}" != "$f" ] && code=(--trellis-code "${f##*:}")
+      timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant "${f%%:*}" "${code[@]}" $BENCH_ARGS 2>&1 | grep -E 'synthetic|rror'
+    done | tee "$OUT/sfx_bench_formats.md"
+    SFX_PROFILE_KERNELS=1 timeout 300 "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant qtip2 -p 0 -n 16 -r 1 --graphs off \
+      > "$OUT/profile_qtip2.md" 2> "$OUT/profile_qtip2.err"
+    grep -E '^\| ' "$OUT/profile_qtip2.err" | head -14
     ;;
   all)
     bash "$0" prepare

@@ -22,8 +22,12 @@ use std::sync::Arc;
 /// Columns per code chunk of the kernels (`GQ_CHUNK`), threads per block (`GQ_THREADS`).
 const CHUNK: usize = 32;
 const THREADS: usize = 256;
-/// Blocks per SM a file-layout matvec keeps when its row sets narrow (`group_schedule`).
-const WIDE_BLOCKS_PER_SM: usize = 8;
+/// Blocks per SM a file-layout matvec keeps when its row sets narrow (`group_schedule`), and
+/// the narrowest set. Measured on the H200 (8B shape, tg128): rtn3 286 tok/s keeping 8 blocks
+/// per SM, 299 keeping 1 (down to 8 threads a row), 309 at 16 threads a row everywhere, 272 at
+/// 8; rtn2 and rtn4 (only the head runs here) within 1 % of each other.
+const WIDE_BLOCKS_PER_SM: usize = 1;
+const NARROWEST_TPR: usize = 16;
 /// Projections one launch takes (`GQ_MAX_ITEMS`).
 const MAX_ITEMS: usize = 3;
 
@@ -297,7 +301,7 @@ impl CudaBackend {
     /// x before it multiplies, so where rows are plentiful — the head: 128K rows of 8-bit codes
     /// took 16K blocks of 8 rows, each staging x for 32 KB of codes — the sets narrow (each
     /// thread then takes its chunks in turn) while the grid keeps [`WIDE_BLOCKS_PER_SM`] blocks
-    /// per SM; `SFX_GROUP_TPR` forces the width for tuning runs.
+    /// per SM (`SFX_GROUP_WIDE` sets that for tuning runs); `SFX_GROUP_TPR` forces the width.
     fn group_schedule(
         &self,
         codes: &GroupCodes,
@@ -328,8 +332,9 @@ impl CudaBackend {
         let tpr = match self.inner.group_tpr {
             Some(t) => t.min(widest),
             None => {
+                let keep = self.inner.group_wide.unwrap_or(WIDE_BLOCKS_PER_SM) * sm;
                 let mut tpr = widest;
-                while tpr > 8 && blocks_for(tpr / 2, rows_for(tpr / 2)) >= WIDE_BLOCKS_PER_SM * sm {
+                while tpr > NARROWEST_TPR && blocks_for(tpr / 2, rows_for(tpr / 2)) >= keep {
                     tpr /= 2;
                 }
                 tpr

@@ -224,6 +224,9 @@ struct Inner {
     /// `SFX_GROUP_TPR`: force threads per row set of those matvecs (8, 16, …, 256) for tuning
     /// runs.
     group_tpr: Option<usize>,
+    /// `SFX_GROUP_WIDE`: blocks per SM those matvecs keep while their row sets narrow (1–64),
+    /// for tuning runs.
+    group_wide: Option<usize>,
     /// `SFX_GT_PLAN`: force the plan of the tile-layout matvecs, for tuning runs.
     tile_plan: Option<group::TilePlan>,
     /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
@@ -327,6 +330,10 @@ impl CudaBackend {
                     .ok()
                     .and_then(|v| v.parse::<usize>().ok())
                     .filter(|t| t.is_power_of_two() && (8..=256).contains(t)),
+                group_wide: std::env::var("SFX_GROUP_WIDE")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|b| (1..=64).contains(b)),
                 tile_plan: group::TilePlan::from_env(),
                 trellis_rows: std::env::var("SFX_TR_ROWS")
                     .ok()

@@ -41,8 +41,10 @@ const LUT_BYTES: usize = (2 << HYB_Q) * 32 * 4;
 const PLANE_PAD_WORDS: usize = 8;
 /// Zeros the row-major B loads read in place of a plane (`TR_ZERO_WORDS`).
 const ZERO_WORDS: usize = 16 * 8;
-/// Threads of a transform block (one vector in shared memory).
-const TRANSFORM_THREADS: usize = 1024;
+/// Longest row of a transform row block (`TR_ROW_MAX`).
+const ROW_MAX: usize = 512;
+/// CUDA's limit on a grid's z extent (the transforms' tokens).
+const MAX_GRID_Z: u32 = 65535;
 
 /// A dense ±1 Hadamard factor on the device (None for m = 1: a plain Walsh–Hadamard
 /// transform).
@@ -182,29 +184,42 @@ fn inv_sqrt(n: usize) -> f32 {
     (1.0 / (n as f64).sqrt()) as f32
 }
 
-/// Shared memory of a transform block: `vectors` vectors of `n` floats.
-fn transform_smem(n: usize, vectors: usize) -> usize {
-    vectors * n * 4
+/// Row blocks of a transform over n = m·p values (the kernels' `row_view`): rows of
+/// P = min(p, 512) values, min(512/P, rows) of them per block, one thread a value. Returns
+/// (blocks, threads).
+fn row_blocks(n: usize, m: usize) -> (u32, u32) {
+    let row = (n / m.max(1)).clamp(1, ROW_MAX);
+    let rows = (n / row).max(1);
+    let per_block = (ROW_MAX / row).min(rows);
+    (
+        rows.div_ceil(per_block) as u32,
+        (per_block * row).next_multiple_of(32) as u32,
+    )
 }
 
-/// Column slices of a transform launch over `tokens` vectors of dense factor order `m`: each
-/// block repeats the row transforms and takes 1/slices of the dense mix (m² per column), so
-/// at decode factors spread their mix wide and power-of-two sizes (no mix) take a few; prefill
-/// has a block per token already.
-fn transform_slices(m: usize, tokens: usize) -> u32 {
-    if tokens > MATVEC_MAX_TOKENS {
-        1
-    } else if m > 1 {
-        16
-    } else {
-        4
-    }
-}
+/// A launch's (grid, block) dimensions.
+type LaunchDims = ((u32, u32, u32), (u32, u32, u32));
 
-/// Threads of a transform block for a vector of `n`: enough for one butterfly each, whole
-/// warps, at most [`TRANSFORM_THREADS`].
-fn transform_threads(n: usize) -> u32 {
-    (n / 2).next_multiple_of(32).clamp(32, TRANSFORM_THREADS) as u32
+/// The launch grid of a transform over `items` row views (n, m) and `tokens` vectors: the
+/// widest item's blocks and threads (blocks past an item's rows return at once).
+fn transform_grid(
+    what: &str,
+    views: impl Iterator<Item = (usize, usize)>,
+    items: usize,
+    tokens: usize,
+) -> Result<LaunchDims> {
+    let (blocks, threads) = views
+        .map(|(n, m)| row_blocks(n, m))
+        .fold((1, 32), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+    let z = u32::try_from(tokens)
+        .ok()
+        .filter(|&z| z <= MAX_GRID_Z)
+        .ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "{what}: {tokens} tokens in one launch (at most {MAX_GRID_Z})"
+            ))
+        })?;
+    Ok(((blocks, items as u32, z), (threads, 1, 1)))
 }
 
 /// Words of one plane in the matvec's shared memory.
@@ -276,12 +291,11 @@ impl CudaBackend {
         let n_units = units(cols);
         let pcols = n_units * UNIT_COLS;
         let hyb = matches!(s.code, TrellisCode::Hyb { .. });
-        let need =
-            transform_smem(cols.max(rows), 2).max(matvec_smem(hyb, 1, pcols, 1, 1, 1024, None));
+        let need = matvec_smem(hyb, 1, pcols, 1, 1, 1024, None);
         if need > optin {
             return Err(refuse(format!(
-                "{rows}×{cols} needs {need} B of shared memory for its transforms and matvec, \
-                 this GPU allows {optin}"
+                "{rows}×{cols} needs {need} B of shared memory for its matvec, this GPU \
+                 allows {optin}"
             )));
         }
         for v in [rows, cols, pcols, n_units] {
@@ -394,19 +408,18 @@ impl CudaBackend {
             Arg::I32(i32_of("trellis prepare", c0.pcols())?),
             Arg::F32(inv_sqrt(n)),
         ]);
-        let slices = items
-            .iter()
-            .map(|(w, _)| trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m))
-            .map(|f| transform_slices(f, m))
-            .max()
-            .unwrap_or(1);
-        self.launch(
-            kernel,
-            (items.len() as u32, slices, m as u32),
-            (transform_threads(n), 1, 1),
-            transform_smem(n, 1),
-            &mut args,
-        )
+        let (grid, block) = transform_grid(
+            "trellis prepare",
+            items.iter().map(|(w, _)| {
+                (
+                    n,
+                    trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m),
+                )
+            }),
+            items.len(),
+            m,
+        )?;
+        self.launch_projection(kernel, grid, block, 0, &mut args)
     }
 
     /// The output transform of up to three items (m tokens), reading each item's rotated
@@ -423,11 +436,10 @@ impl CudaBackend {
             count: items.len() as i32,
             ..TrFinish::default()
         };
-        let (mut max_n, mut slices) = (0, 1);
+        let mut views = Vec::with_capacity(items.len());
         for (slot, (w, rot, bias, y)) in f.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis finish")?;
-            max_n = max_n.max(w.rows);
-            slices = slices.max(transform_slices(c.had_out.m, m));
+            views.push((w.rows, c.had_out.m));
             *slot = TrFinishItem {
                 rot: rot.unwrap_or(c.rotated.ptr),
                 sigma: if rot.is_some() { 0 } else { c.sigma.ptr },
@@ -441,23 +453,17 @@ impl CudaBackend {
             };
         }
         let k = &self.k().trellis;
-        let (kernel, grid_x, vectors, mut args) = if swiglu {
-            (&k.finish_swiglu, 1, 2, vec![Arg::TrellisFinish(f)])
+        let (kernel, launched, mut args) = if swiglu {
+            (&k.finish_swiglu, 1, vec![Arg::TrellisFinish(f)])
         } else {
             (
                 &k.finish,
-                items.len() as u32,
-                1,
+                items.len(),
                 vec![Arg::TrellisFinish(f), Arg::I32(accumulate as i32)],
             )
         };
-        self.launch(
-            kernel,
-            (grid_x, slices, m as u32),
-            (transform_threads(max_n), 1, 1),
-            transform_smem(max_n, vectors),
-            &mut args,
-        )
+        let (grid, block) = transform_grid("trellis finish", views.into_iter(), launched, m)?;
+        self.launch_projection(kernel, grid, block, 0, &mut args)
     }
 
     /// Tile rows per row group of a matvec (`SFX_TR_ROWS` = 1 or 2 forces it): two share
@@ -695,5 +701,111 @@ impl CudaBackend {
             accumulate,
             false,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A model of the row-block transforms (trellis.cu: `row_view`, `row_slot`, `row_coeff`,
+    //! `row_fwht`) run over the grid `row_blocks` launches, checked against the CPU transform
+    //! (`resident::hadamard`) for sizes with and without a dense factor, including rows shorter
+    //! than a warp and factors split as H_m ⊗ H_q.
+    use super::*;
+    use crate::resident::hadamard::Hadamard;
+
+    /// The kernels' transform of `x` (transposed for tr_finish), ÷ √n: every output written by
+    /// exactly one thread of the launch.
+    fn row_block_model(x: &[f32], m: usize, hm: &[f32], transpose: bool) -> Vec<f32> {
+        let n = x.len();
+        let (blocks, threads) = row_blocks(n, m);
+        let p = n / m;
+        let row = p.min(ROW_MAX);
+        let lq = (p / row).trailing_zeros();
+        let rows = n / row;
+        let per_block = (ROW_MAX / row).min(rows);
+        let coeff = |r: usize, k: usize| {
+            let (i, ik) = (r >> lq, k >> lq);
+            let h = if m == 1 {
+                1.0
+            } else if transpose {
+                hm[ik * m + i]
+            } else {
+                hm[i * m + ik]
+            };
+            if (r & k & ((1 << lq) - 1)).count_ones() % 2 == 1 {
+                -h
+            } else {
+                h
+            }
+        };
+        let mut out = vec![f32::NAN; n];
+        for b in 0..blocks as usize {
+            if b * per_block >= rows {
+                continue;
+            }
+            // The block's values, one per thread, then the butterflies in increasing span.
+            let mut v = vec![0.0f32; threads as usize];
+            for (t, val) in v.iter_mut().enumerate() {
+                let (r, c) = (b * per_block + t / row, t % row);
+                if t < per_block * row && r < rows {
+                    *val = (0..rows).fold(0.0, |a, k| coeff(r, k).mul_add(x[k * row + c], a));
+                }
+            }
+            let mut h = 1;
+            while h < row {
+                let prev = v.clone();
+                for (t, val) in v.iter_mut().enumerate() {
+                    let other = prev[t ^ h];
+                    *val = if t & h != 0 {
+                        other - prev[t]
+                    } else {
+                        prev[t] + other
+                    };
+                }
+                h <<= 1;
+            }
+            for (t, &val) in v.iter().enumerate() {
+                let (r, c) = (b * per_block + t / row, t % row);
+                if t < per_block * row && r < rows {
+                    assert!(
+                        out[r * row + c].is_nan(),
+                        "output {} written twice",
+                        r * row + c
+                    );
+                    out[r * row + c] = val * inv_sqrt(n);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn row_blocks_match_the_cpu_transform() {
+        // 16, 64: rows shorter than a warp or a block; 576 = 36·16; 14336 = 28·512;
+        // 28672 = 28·2·512 (H_28 ⊗ H_2 across rows); 11008 = 172·64 (eight rows a block).
+        for n in [16, 64, 1024, 4096, 576, 14336, 28672, 11008] {
+            let had = Hadamard::new(n).expect("a Hadamard order");
+            let m = had.small_order();
+            let hm: Vec<f32> = had.small_factor().iter().map(|&v| f32::from(v)).collect();
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
+                .collect();
+            for transpose in [false, true] {
+                let got = row_block_model(&x, m, &hm, transpose);
+                let mut want = x.clone();
+                if transpose {
+                    had.apply_transpose(&mut want).expect("length");
+                } else {
+                    had.apply(&mut want).expect("length");
+                }
+                let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * scale,
+                        "n {n} (m {m}) transpose {transpose}: [{i}] {g} vs {w}"
+                    );
+                }
+            }
+        }
     }
 }

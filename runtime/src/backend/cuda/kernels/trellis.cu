@@ -10,8 +10,8 @@
 //   tr_matvec   the tiles decoded straight into mma.sync A fragments (no dequantized copy);
 //   tr_finish   ÷σ, the output transform H_outᵀ, ⊙ sv (the code's scale folded in), + bias,
 //               then stored, added to the residual stream, or combined by SwiGLU.
-// A block of a transform holds one whole vector in shared memory: H_n = H_m ⊗ H_{2^k} is a
-// Walsh–Hadamard transform over each row of the [m, 2^k] view and a dense ±1 mix across rows.
+// H_n = H_m ⊗ H_{2^k} is a Walsh–Hadamard transform over each row of the [m, 2^k] view and a
+// dense ±1 mix across rows; tr_prepare and tr_finish spread a vector over blocks of rows.
 //
 // Decoding. Lane c of a warp owns bits [8Kc, 8Kc + 8K) of a tile's 256K-bit stream and takes
 // the next 16 bits from lane c + 1 by a shuffle (lane 31 from lane 0: the tail-biting wrap), so
@@ -75,9 +75,9 @@ extern __shared__ __align__(16) uint32_t tr_words[];
 // ---------------------------------------------------------------------------------------------
 // Transforms (any architecture). A vector of n = m·p values is read as the row-major [m, p]
 // view; H_n = H_m ⊗ H_p is a Walsh–Hadamard transform of every row (p a power of two) and a
-// dense ±1 mix of the rows at each column. Launches are cut into S column slices: every block
-// runs the (cheap) row transforms of the whole vector and the (costly, m² per column) mix only
-// for its columns, so a slice's outputs cost one block's row transforms plus 1/S of the mix.
+// dense ±1 mix of the rows at each column. The matvec's prologue transforms a whole
+// power-of-two vector in one block (block_fwht_rows); tr_prepare and tr_finish cut every vector
+// into row blocks (below).
 
 // Unnormalised FWHT of `chunks` contiguous chunks of 32·E values in shared memory, one warp per
 // chunk. Lane c holds values c, c + 32, …, c + 32(E − 1) in registers — strided, so each load
@@ -152,26 +152,90 @@ __device__ void block_fwht_rows(float* buf, int m, int p) {
     }
 }
 
-// Column slice `s` of `slices` of the [m, p] view: the view columns it covers.
-__device__ __forceinline__ void slice_columns(int p, int s, int slices, int& c0, int& c1) {
-    const int w = (p + slices - 1) / slices;
-    c0 = min(s * w, p);
-    c1 = min(c0 + w, p);
+// Row blocks of a transform (tr_prepare, tr_finish). With p = n/m split as p = q·P (P = min(p,
+// 512) a power of two), H_n = (H_m ⊗ H_q) ⊗ H_P: the vector is M = n/P rows of P values, and
+// since the two factors commute, output row r = H_P · Σ_k C[r][k]·row_k with C = H_m ⊗ H_q
+// (Sylvester's H_q: the sign of popcount(j & j')). A block owns RB = min(512/P, M) rows, a
+// thread one value: it sums its column over all M input rows (independent loads, no block-wide
+// copy of the vector), then the block transforms its own rows only. Every block used to run
+// the whole vector's row transforms and take a column slice of the mix: ~1,600 instructions a
+// warp on a latency chain, 17 µs for the 8B shape's gate/up finish.
+#define TR_ROW_MAX 512
+
+struct RowView {
+    int P, lq, M, RB;  // row length, log2 q, rows, rows per block
+};
+
+__device__ __forceinline__ RowView row_view(int n, int m) {
+    RowView v;
+    const int p = n / m;
+    v.P = min(p, TR_ROW_MAX);
+    v.lq = __ffs(p / v.P) - 1;
+    v.M = n / v.P;
+    v.RB = min(TR_ROW_MAX / v.P, v.M);
+    return v;
 }
 
-// The mixed value at (row r, column c) of the row-transformed buffer: Σ_k H[r][k]·buf[k][c]
-// (or H[k][r] with `transpose`); the row value itself when m = 1.
-__device__ __forceinline__ float mixed(const float* buf, int m, int p, const float* __restrict__ hm,
-                                       bool transpose, int r, int c) {
-    if (m == 1) return buf[c];
-    float acc = 0.0f;
-    for (int k = 0; k < m; ++k) {
-        const float hv = __ldg(hm + (transpose ? k * m + r : r * m + k));
-        acc = fmaf(hv, buf[k * p + c], acc);
+// C[r][k] (transposed: C[k][r]) of the row mix: hm (m × m, null for m = 1) ⊗ Sylvester's H_q.
+__device__ __forceinline__ float row_coeff(const float* __restrict__ hm, int m, int lq,
+                                           bool transpose, int r, int k) {
+    const int qm = (1 << lq) - 1;
+    const int i = r >> lq, ik = k >> lq;
+    const float h = hm == nullptr ? 1.0f : __ldg(hm + (transpose ? ik * m + i : i * m + ik));
+    return (__popc(r & k & qm) & 1) ? -h : h;
+}
+
+// Unnormalised Walsh–Hadamard transform of rows of P values held one per thread (thread t:
+// element t mod P), V vectors at once; `buf` holds 2·V·blockDim floats. Spans below 32 are
+// shuffles, the rest go through shared memory (double-buffered: one barrier a stage); spans
+// increase as in the CPU transform. Every thread of the block calls it.
+template <int V>
+__device__ __forceinline__ void row_fwht(float (&v)[V], int P, float* buf) {
+    const int t = threadIdx.x;
+    for (int h = 1; h < min(P, 32); h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const float other = __shfl_xor_sync(SFX_FULL_MASK, v[j], h);
+            v[j] = (t & h) ? other - v[j] : v[j] + other;
+        }
     }
+    int s = 0;
+    for (int h = 32; h < P; h <<= 1, s ^= 1) {
+        float* b = buf + s * V * blockDim.x;
+#pragma unroll
+        for (int j = 0; j < V; ++j) b[j * blockDim.x + t] = v[j];
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const float other = b[j * blockDim.x + (t ^ h)];
+            v[j] = (t & h) ? other - v[j] : v[j] + other;
+        }
+    }
+}
+
+// This thread's place in a row block: its row r, column c, and whether it holds a value.
+struct RowSlot {
+    int r, c;
+    bool valid;
+};
+
+__device__ __forceinline__ RowSlot row_slot(const RowView& v) {
+    RowSlot s;
+    s.r = blockIdx.x * v.RB + (int)threadIdx.x / v.P;
+    s.c = (int)threadIdx.x % v.P;
+    s.valid = (int)threadIdx.x < v.RB * v.P && s.r < v.M;
+    return s;
+}
+
+// Σ_k C[r][k]·in[k·P + c] (transposed C for the output transform), eight loads in flight.
+__device__ __forceinline__ float row_mix(const float* __restrict__ in, const float* __restrict__ hm,
+                                         int m, const RowView& v, bool transpose, int r, int c) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < v.M; ++k)
+        acc = fmaf(row_coeff(hm, m, v.lq, transpose, r, k), in[k * v.P + c], acc);
     return acc;
 }
-
 struct TrPrepItem {
     const float* su;  // [n] input signs
     const float* hm;  // [m, m] ±1, null when m = 1
@@ -209,62 +273,59 @@ __device__ __forceinline__ void store_plane_value(__half* hi, __half* lo, int co
     lo[at] = __float2half_rn(v - __half2float(h));
 }
 
-// grid (items, slices, tokens). x' = H_in · (su ⊙ x̂) / √n with x̂ = x, or RMSNorm(x)·w under
-// NORM; each block writes its slice. The planes' σ comes from ‖x'‖₂ = ‖x̂‖₂ (the transform is
-// orthonormal), a bound on every |x'_i| all blocks compute alike, so no block needs another's
-// values.
+// grid (row blocks, items, tokens). x' = H_in · (su ⊙ x̂) / √n with x̂ = x, or RMSNorm(x)·w under
+// NORM; each block writes its rows. The planes' σ comes from ‖x'‖₂ = ‖x̂‖₂ (the transform is
+// orthonormal), a bound on every |x'_i| that every block sums alike over its first row's
+// threads (which see every element once), so no block needs another's values.
 template <bool NORM, bool MMA>
 __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
                                 const float* __restrict__ nw, float eps, int n, int pcols,
                                 float inv_sqrt_n) {
     SFX_PDL_TRIGGER();
+    __shared__ float buf[2 * TR_ROW_MAX];
     __shared__ float red[32];
     TrPrepItem it = pr.item[0];
 #pragma unroll
     for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.x == k) it = pr.item[k];
+        if ((int)blockIdx.y == k) it = pr.item[k];
     const int t = blockIdx.z;
-    float* buf = tr_smem;
+    const RowView v = row_view(n, it.m);
+    if ((int)blockIdx.x * v.RB >= v.M) return;
+    const RowSlot s = row_slot(v);
+    SFX_PDL_WAIT();
     const float* xt = x + (size_t)t * n;
-    float ss = 0.0f, ss_hat = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xt[i];
-        if (NORM) {
-            ss = fmaf(v, v, ss);
-            v *= nw[i];
+    float acc = 0.0f, ss = 0.0f, ss_hat = 0.0f;
+    if (s.valid) {
+#pragma unroll 8
+        for (int k = 0; k < v.M; ++k) {
+            const int i = k * v.P + s.c;
+            float xv = xt[i];
+            if (NORM) {
+                ss = fmaf(xv, xv, ss);
+                xv *= nw[i];
+            }
+            ss_hat = fmaf(xv, xv, ss_hat);
+            acc = fmaf(row_coeff(it.hm, it.m, v.lq, false, s.r, k), xv * it.su[i], acc);
         }
-        ss_hat = fmaf(v, v, ss_hat);
-        buf[i] = v * it.su[i];
+        if ((int)threadIdx.x >= v.P) ss = ss_hat = 0.0f;  // counted by the first row
     }
     float scale = inv_sqrt_n, inv_rms = 1.0f;
     if (NORM) {
-        const float total = block_sum(ss, red);
-        inv_rms = 1.0f / sqrtf(total / (float)n + eps);
+        inv_rms = 1.0f / sqrtf(block_sum(ss, red) / (float)n + eps);
         scale *= inv_rms;
     }
     const float norm2 = sqrtf(block_sum(ss_hat, red)) * inv_rms;
-    __syncthreads();
-    const int m = it.m, p = n / m;
-    block_fwht_rows(buf, m, p);
-    int c0, c1;
-    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
-    const int w = c1 - c0;
+    float val[1] = {acc};
+    row_fwht<1>(val, v.P, buf);
+    const int o = s.r * v.P + s.c;
     if (it.out) {
-        for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
-            const int r = i / w, c = c0 + i % w;
-            it.out[(size_t)t * n + r * p + c] = mixed(buf, m, p, it.hm, false, r, c) * scale;
-        }
+        if (s.valid) it.out[(size_t)t * n + o] = val[0] * scale;
         return;
     }
     const float sigma = plane_sigma(norm2);
-    if (threadIdx.x == 0 && blockIdx.y == 0) it.sigma[t] = sigma;
+    if (threadIdx.x == 0 && blockIdx.x == 0) it.sigma[t] = sigma;
     __half* hi = it.planes + (size_t)t * 2 * pcols;
-    __half* lo = hi + pcols;
-    const float f = scale * sigma;
-    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
-        const int r = i / w, c = c0 + i % w;
-        store_plane_value<MMA>(hi, lo, r * p + c, mixed(buf, m, p, it.hm, false, r, c) * f);
-    }
+    if (s.valid) store_plane_value<MMA>(hi, hi + pcols, o, val[0] * (scale * sigma));
 }
 
 extern "C" __global__ void tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols,
@@ -301,62 +362,64 @@ struct TrFinish {
     int count;
 };
 
-// One item's rotated outputs of token t into `buf`, every row transformed.
-__device__ __forceinline__ void finish_rows(const TrFinishItem& it, int t, float* buf) {
-    const float* src = it.rot + (size_t)t * it.n;
-    for (int i = threadIdx.x; i < it.n; i += blockDim.x) buf[i] = src[i];
-    __syncthreads();
-    block_fwht_rows(buf, it.m, it.n / it.m);
-}
-
-// grid (items, slices, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's slice.
+// grid (row blocks, items, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's
+// rows. sv and the bias are weights: read before waiting for the matvec's outputs.
 extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
     SFX_PDL_TRIGGER();
+    __shared__ float buf[2 * TR_ROW_MAX];
     TrFinishItem it = f.item[0];
 #pragma unroll
     for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.x == k) it = f.item[k];
+        if ((int)blockIdx.y == k) it = f.item[k];
     const int t = blockIdx.z;
-    finish_rows(it, t, tr_smem);
-    const int m = it.m, p = it.n / m;
-    int c0, c1;
-    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
-    const int w = c1 - c0;
+    const RowView v = row_view(it.n, it.m);
+    if ((int)blockIdx.x * v.RB >= v.M) return;
+    const RowSlot s = row_slot(v);
+    const int o = s.r * v.P + s.c;
+    const float sv = s.valid ? it.sv[o] : 0.0f;
+    const float bias = s.valid && it.bias ? it.bias[o] : 0.0f;
+    SFX_PDL_WAIT();
+    float val[1] = {s.valid ? row_mix(it.rot + (size_t)t * it.n, it.hm, it.m, v, true, s.r, s.c)
+                            : 0.0f};
+    row_fwht<1>(val, v.P, buf);
+    if (!s.valid) return;
     const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
+    float out = val[0] * scale * sv;
+    if (it.bias) out += bias;
     float* y = it.y + (size_t)t * it.n;
-    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
-        const int r = i / w, c = c0 + i % w, o = r * p + c;
-        float v = mixed(tr_smem, m, p, it.hm, true, r, c) * scale * it.sv[o];
-        if (it.bias) v += it.bias[o];
-        y[o] = accumulate ? y[o] + v : v;
-    }
+    y[o] = accumulate ? y[o] + out : out;
 }
 
-// grid (1, slices, tokens): item 0 the gate, item 1 the up projection; gate ← silu(g) · u.
+// grid (row blocks, 1, tokens): item 0 the gate, item 1 the up projection (one row view: the
+// host checks their factors agree); gate ← silu(g) · u.
 extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
     SFX_PDL_TRIGGER();
+    __shared__ float buf[2 * 2 * TR_ROW_MAX];
     const int t = blockIdx.z;
     const TrFinishItem& g = f.item[0];
     const TrFinishItem& u = f.item[1];
-    float* gb = tr_smem;
-    float* ub = tr_smem + g.n;
-    finish_rows(g, t, gb);
-    finish_rows(u, t, ub);
-    const int m = g.m, p = g.n / m;
-    int c0, c1;
-    slice_columns(p, blockIdx.y, gridDim.y, c0, c1);
-    const int w = c1 - c0;
-    const float gs = g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f);
-    const float us = u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f);
-    float* y = g.y + (size_t)t * g.n;
-    for (int i = threadIdx.x; i < m * w; i += blockDim.x) {
-        const int r = i / w, c = c0 + i % w, o = r * p + c;
-        const float gv = mixed(gb, m, p, g.hm, true, r, c) * gs * g.sv[o];
-        const float uv = mixed(ub, u.m, p, u.hm, true, r, c) * us * u.sv[o];
-        y[o] = gv / (1.0f + expf(-gv)) * uv;
+    const RowView v = row_view(g.n, g.m);
+    if ((int)blockIdx.x * v.RB >= v.M) return;
+    const RowSlot s = row_slot(v);
+    const int o = s.r * v.P + s.c;
+    const float gsv = s.valid ? g.sv[o] : 0.0f, usv = s.valid ? u.sv[o] : 0.0f;
+    SFX_PDL_WAIT();
+    float val[2] = {0.0f, 0.0f};
+    if (s.valid) {
+        const float* gr = g.rot + (size_t)t * g.n + s.c;
+        const float* ur = u.rot + (size_t)t * u.n + s.c;
+#pragma unroll 8
+        for (int k = 0; k < v.M; ++k) {
+            val[0] = fmaf(row_coeff(g.hm, g.m, v.lq, true, s.r, k), gr[k * v.P], val[0]);
+            val[1] = fmaf(row_coeff(u.hm, u.m, v.lq, true, s.r, k), ur[k * v.P], val[1]);
+        }
     }
+    row_fwht<2>(val, v.P, buf);
+    if (!s.valid) return;
+    const float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
+    const float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
+    g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
 }
-
 // ---------------------------------------------------------------------------------------------
 // Decoding (shared by the matvec and the prefill dequantization).
 
@@ -578,11 +641,13 @@ __device__ __forceinline__ TrItem item_at(const TrGroup& g, int k) {
 
 
 // A block takes `gpb` consecutive row groups (R tile rows of one item each) and flattens their
-// (group, unit) pairs over its warps: warp w takes pairs w, w + WARPS, …, holding the next
-// pair's codes in registers while it decodes the current one (the decode is instruction-bound:
-// one pair of prefetch covers the memory latency). A warp's partial sums of a group go to
-// shared memory when it moves on (each warp touches a group once, in one run of pairs), and
-// the block sums them in warp order at the end: deterministic. The planes of the items the
+// (group, unit) pairs over its warps: warp w takes the w-th contiguous run of them, holding the
+// next pair's codes in registers while it decodes the current one (the decode is
+// instruction-bound: one pair of prefetch covers the memory latency). A warp's partial sums of
+// a group go to shared memory when it moves on (each warp touches a group once, in one run of
+// pairs), and the block sums them in warp order at the end: deterministic. (Striding the
+// pairs by WARPS instead moved every warp to another group at every pair: ~120 instructions
+// of locating and flushing per 16 tiles.) The planes of the items the
 // block touches are staged once; HYB's table is copied 32 times over (copy = lane).
 //
 // With x (power-of-two inputs: no dense factor), the block runs the input transform itself
@@ -636,20 +701,26 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
 #pragma unroll
             for (int i = 0; i < K; ++i) w[r][i] = load_stream(at.codes[r] + (u * K + i) * 32);
     };
-    // Pairs advance by WARPS: unit and group follow without a division per pair.
-    int f = warp, gl = warp / n_units, u = warp - gl * n_units;
+    // A warp takes a contiguous run of pairs (units of one row group after another, in memory
+    // order), so it locates a group and flushes its sums once per group rather than per pair.
+    const int per_warp = (npairs + WARPS - 1) / WARPS;
+    int f = warp * per_warp;
+    const int f_end = min(f + per_warp, npairs);
+    int gl = f / n_units, u = f - gl * n_units;
     Locus cur{}, pre{};
-    int pre_gl = gl;
-    locate(gl, pre);
+    locate(gl, cur);
     // Weights are never written: the first pair's codes go out before anything else.
     uint4 wa[R][K], wb[R][K];
-    if (f < npairs) load_codes(pre, u, wa);
+    if (f < f_end) load_codes(cur, u, wa);
 
     if (CODE == TR_HYB) {
-        // Row j of the doubled table: pair j mod 2^Q, first value negated from 2^Q on.
-        for (int i = threadIdx.x; i < TR_LUT_WORDS; i += THREADS) {
-            const int j = i >> 5;
-            tr_words[i] = lut[j & ((1 << TR_HYB_Q) - 1)] ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
+        // Row j of the doubled table: pair j mod 2^Q, first value negated from 2^Q on; its 32
+        // copies are 8 consecutive 16-byte stores.
+        uint4* rows4 = reinterpret_cast<uint4*>(tr_words);
+        for (int i = threadIdx.x; i < TR_LUT_WORDS / 4; i += THREADS) {
+            const int j = i >> 3;
+            const uint32_t w = lut[j & ((1 << TR_HYB_Q) - 1)] ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
+            rows4[i] = make_uint4(w, w, w, w);
         }
     }
     for (int i = threadIdx.x; i < TR_ZERO_WORDS; i += THREADS) zero_words[i] = 0u;
@@ -780,36 +851,32 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         }
     };
     // One step of the pair loop on codes `w`, prefetching the next pair into `nw`: false at
-    // the end.
-    cur = pre;
-    int cur_gl = gl;
+    // the end of the warp's run.
     auto step = [&](const uint4 (&w)[R][K], uint4 (&nw)[R][K]) -> bool {
-        int ng = gl, nu = u + WARPS;
-        while (nu >= n_units) {
-            nu -= n_units;
+        int ng = gl, nu = u + 1;
+        if (nu == n_units) {
+            nu = 0;
             ++ng;
         }
-        const bool more = f + WARPS < npairs;
+        const bool more = f + 1 < f_end;
         if (more) {
-            if (ng != pre_gl) {
+            if (ng != gl) {
                 locate(ng, pre);
-                pre_gl = ng;
+                load_codes(pre, nu, nw);
+            } else {
+                load_codes(cur, nu, nw);
             }
-            load_codes(pre, nu, nw);
-        }
-        if (gl != cur_gl) {
-            locate(gl, cur);
-            cur_gl = gl;
         }
         compute(w);
         if (!more || ng != gl) flush(gl);
-        f += WARPS;
+        if (ng != gl) cur = pre;
+        ++f;
         gl = ng;
         u = nu;
         return more;
     };
     // Two code buffers in turn (no register copies between pairs).
-    if (f < npairs) {
+    if (f < f_end) {
         while (step(wa, wb) && step(wb, wa)) {
         }
     }
