@@ -91,6 +91,18 @@ pub enum Op {
         kv_heads: usize,
         head_dim: usize,
     },
+    /// A decode step's attention block through [`Backend::rope_write_kv_attention`]: the
+    /// queries and the new keys arrive before RoPE, the cache holds `past` earlier rows;
+    /// `caches` compares the key and value stores after the step instead of the output.
+    RopeAttention {
+        kv: KvDtype,
+        n: usize,
+        past: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        caches: bool,
+    },
     SiluMul {
         len: usize,
     },
@@ -523,6 +535,39 @@ pub fn cases() -> Vec<Case> {
                 if tensor_cores { 2e-3 } else { 2e-5 },
                 2e-5,
             );
+        }
+        // The fused decode block: short context (one-head blocks), long context (GQA groups),
+        // several queries, head sizes 64–256, and a new row that lands in a later split.
+        for (n, past, heads, kv_heads, head_dim) in [
+            (1, 0, 32, 8, 128),
+            (1, 70, 9, 3, 64),
+            (1, 1500, 32, 8, 128),
+            (3, 130, 32, 8, 128),
+            (4, 2046, 14, 2, 64),
+            (1, 300, 16, 8, 256),
+        ] {
+            for caches in [false, true] {
+                let what = if caches { "caches" } else { "output" };
+                add(
+                    "rope_attention",
+                    format!(
+                        "{} {what} n{n} past {past} {heads}/{kv_heads}×{head_dim}",
+                        kv.as_str()
+                    ),
+                    Op::RopeAttention {
+                        kv,
+                        n,
+                        past,
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        caches,
+                    },
+                    // The stores: RoPE rounded as the CPU rounds it, then the cache's rounding.
+                    if caches { 1e-7 } else { 2e-5 },
+                    if caches { 1e-6 } else { 2e-5 },
+                );
+            }
         }
     }
     for len in [1, 1000, 57_344] {
@@ -1163,6 +1208,19 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.b = rng.vec(total * kv_heads * head_dim, 1.5);
             i.c = rng.vec(total * kv_heads * head_dim, 1.0);
         }
+        Op::RopeAttention {
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => {
+            let total = past + n;
+            i.a = rng.vec(n * heads * head_dim, 1.5);
+            i.b = rng.vec(total * kv_heads * head_dim, 1.5);
+            i.c = rng.vec(total * kv_heads * head_dim, 1.0);
+        }
         Op::SiluMul { len } | Op::AddAssign { len } => {
             i.a = rng.vec(len, 8.0);
             i.b = rng.vec(len, 2.0);
@@ -1273,6 +1331,27 @@ fn kv_image(rows: &[f32], kv_heads: usize, d: usize, capacity: usize) -> Vec<f32
         }
     }
     img
+}
+
+/// Key and value store images holding the first `rows` token rows of `x.b` / `x.c` and
+/// poison elsewhere (7, −7), so a row the step should have written but did not shows.
+fn fresh_kv_images(x: &Inputs, rows: usize, layout: KvLayout) -> (Vec<f32>, Vec<f32>) {
+    let row = layout.kv_heads * layout.head_dim;
+    let image = |src: &[f32], poison: f32| {
+        let mut img = kv_image(
+            &src[..rows * row],
+            layout.kv_heads,
+            layout.head_dim,
+            layout.capacity,
+        );
+        for h in 0..layout.kv_heads {
+            let start = (h * layout.capacity + rows) * layout.head_dim;
+            let end = (h + 1) * layout.capacity * layout.head_dim;
+            img[start..end].fill(poison);
+        }
+        img
+    };
+    (image(&x.b, 7.0), image(&x.c, -7.0))
 }
 
 /// Runs the case's op on backend `b`; the output as f32 (ids as f32 values).
@@ -1500,6 +1579,58 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 &mut out,
             )?;
             download(b, &out)
+        }
+        Op::RopeAttention {
+            kv,
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+            caches,
+        } => {
+            let layout = KvLayout {
+                kv_heads,
+                head_dim,
+                capacity: past + n + 5,
+            };
+            let row = kv_heads * head_dim;
+            let (kc, vc) = fresh_kv_images(x, past, layout);
+            let (mut kc, mut vc) = (b.upload_kv(&kc, kv)?, b.upload_kv(&vc, kv)?);
+            let shape = AttentionShape {
+                n_heads: heads,
+                kv: layout,
+                past,
+                n_queries: n,
+            };
+            let pos: Vec<u32> = (past..past + n).map(|p| p as u32).collect();
+            let table = rope_table(b, head_dim, past + n)?;
+            let mut q = b.upload(&x.a)?;
+            let mut k = b.upload(&x.b[past * row..])?;
+            let v = b.upload(&x.c[past * row..])?;
+            let mut scratch = b.alloc(b.attention_scratch_len(layout, heads).max(1))?;
+            let mut out = poisoned(b, n * heads * head_dim)?;
+            b.rope_write_kv_attention(
+                &mut q,
+                &mut k,
+                &v,
+                &table,
+                &mut kc,
+                &mut vc,
+                &shape,
+                &index(b, &pos)?,
+                &mut scratch,
+                &mut out,
+            )?;
+            if caches {
+                let mut img = vec![0.0; 2 * layout.buffer_len()];
+                let (ko, vo) = img.split_at_mut(layout.buffer_len());
+                b.download_kv(&kc, ko)?;
+                b.download_kv(&vc, vo)?;
+                Ok(img)
+            } else {
+                download(b, &out)
+            }
         }
         Op::GroupEmbedding { vocab, cols, n, .. } => {
             let q = group_codes(spec, x, 0, vocab)?;
@@ -1843,6 +1974,57 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                 }
             }
             out
+        }
+        Op::RopeAttention {
+            kv,
+            n,
+            past,
+            heads,
+            kv_heads,
+            head_dim,
+            caches,
+        } => {
+            let row = kv_heads * head_dim;
+            let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
+            let q = f32s(naive_rope(&x.a, n, heads, head_dim, past));
+            let mut k = x.b[..past * row].to_vec();
+            k.extend(f32s(naive_rope(
+                &x.b[past * row..],
+                n,
+                kv_heads,
+                head_dim,
+                past,
+            )));
+            let rotated = Inputs {
+                a: q,
+                b: k,
+                c: x.c.clone(),
+                d: Vec::new(),
+                ids: Vec::new(),
+                bytes: Vec::new(),
+                tokens: Vec::new(),
+            };
+            if caches {
+                let layout = KvLayout {
+                    kv_heads,
+                    head_dim,
+                    capacity: past + n + 5,
+                };
+                let (kc, vc) = fresh_kv_images(&rotated, past + n, layout);
+                let mut img = f(&kv_rounded(&kc, kv));
+                img.extend(f(&kv_rounded(&vc, kv)));
+                img
+            } else {
+                let attention = Op::Attention {
+                    kv,
+                    n,
+                    past,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                };
+                naive(&attention, &rotated)?
+            }
         }
         Op::SiluMul { .. } => {
             x.a.iter()

@@ -5,7 +5,7 @@
 //! cache's attention depends on its storage (resident codes, an FP16 sink/partial block, the
 //! refinement correction of eq. 8). The float cache simply calls the backend's attention.
 
-use crate::backend::{AttentionShape, Backend, KvDtype, KvLayout};
+use crate::backend::{AttentionShape, Backend, KvDtype, KvLayout, RopeTable};
 use crate::error::{Result, RuntimeError};
 use sfx_formats::ModelConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +62,28 @@ pub trait KvCache<B: Backend>: Send {
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()>;
+    /// [`KvCache::append_and_attend`] of `q` and `k` before RoPE: rotates both at `positions`
+    /// (`rope`'s angles) first. A cache whose backend rotates inside its attention
+    /// ([`Backend::rope_write_kv_attention`]) does the three in one step; `q` and `k` hold
+    /// unspecified values afterwards.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_append_and_attend(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        positions: &B::Index,
+        rope: &RopeTable<B>,
+        q: &mut B::Buffer,
+        k: &mut B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let s = self.shape();
+        backend.rope_qk(q, n_heads, k, s.kv_heads, s.head_dim, rope, positions)?;
+        self.append_and_attend(backend, layer, n_heads, n_new, positions, q, k, v, out)
+    }
     /// Makes the `n_new` positions appended to every layer part of the sequence.
     fn commit(&mut self, n_new: usize) -> Result<()>;
     /// Device bytes held (for memory accounting).
@@ -162,6 +184,54 @@ impl<B: Backend> FloatKvCache<B> {
     }
 }
 
+impl<B: Backend> FloatKvCache<B> {
+    /// What a step of `n_new` positions at `layer` works on: its attention shape, the layer's
+    /// key and value stores, and the attention scratch (sized for this head count, allocated
+    /// on first use: a model asks with one head count, and capture happens only after an
+    /// eager step has made it).
+    #[allow(clippy::type_complexity)]
+    fn step_parts(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+    ) -> Result<(
+        AttentionShape,
+        &mut B::KvStore,
+        &mut B::KvStore,
+        &mut B::Buffer,
+    )> {
+        check_room(self.len, n_new, self.layout.capacity)?;
+        let need = backend.attention_scratch_len(self.layout, n_heads);
+        if self
+            .scratch
+            .as_ref()
+            .is_none_or(|(heads, _)| *heads != n_heads)
+        {
+            self.scratch = Some((n_heads, backend.alloc(need.max(1))?));
+        }
+        let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "layer {layer} requested, cache has {} layers",
+                self.shape.layers
+            )));
+        };
+        let Some((_, scratch)) = self.scratch.as_mut() else {
+            return Err(RuntimeError::CacheMismatch(
+                "attention scratch missing".into(),
+            ));
+        };
+        let shape = AttentionShape {
+            n_heads,
+            kv: self.layout,
+            past: self.len,
+            n_queries: n_new,
+        };
+        Ok((shape, kc, vc, scratch))
+    }
+}
+
 impl<B: Backend> KvCache<B> for FloatKvCache<B> {
     fn shape(&self) -> KvShape {
         self.shape
@@ -192,36 +262,26 @@ impl<B: Backend> KvCache<B> for FloatKvCache<B> {
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        check_room(self.len, n_new, self.layout.capacity)?;
-        // Scratch sized for this head count, allocated on first use (a model asks with one
-        // head count; capture happens only after an eager step has made it).
-        let need = backend.attention_scratch_len(self.layout, n_heads);
-        if self
-            .scratch
-            .as_ref()
-            .is_none_or(|(heads, _)| *heads != n_heads)
-        {
-            self.scratch = Some((n_heads, backend.alloc(need.max(1))?));
-        }
-        let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "layer {layer} requested, cache has {} layers",
-                self.shape.layers
-            )));
-        };
-        backend.write_kv(k, v, kc, vc, self.layout, positions)?;
-        let shape = AttentionShape {
-            n_heads,
-            kv: self.layout,
-            past: self.len,
-            n_queries: n_new,
-        };
-        let Some((_, scratch)) = self.scratch.as_mut() else {
-            return Err(RuntimeError::CacheMismatch(
-                "attention scratch missing".into(),
-            ));
-        };
+        let (shape, kc, vc, scratch) = self.step_parts(backend, layer, n_heads, n_new)?;
+        backend.write_kv(k, v, kc, vc, shape.kv, positions)?;
         backend.attention(q, kc, vc, &shape, positions, scratch, out)
+    }
+
+    fn rope_append_and_attend(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        positions: &B::Index,
+        rope: &RopeTable<B>,
+        q: &mut B::Buffer,
+        k: &mut B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let (shape, kc, vc, scratch) = self.step_parts(backend, layer, n_heads, n_new)?;
+        backend.rope_write_kv_attention(q, k, v, rope, kc, vc, &shape, positions, scratch, out)
     }
 
     fn commit(&mut self, n_new: usize) -> Result<()> {

@@ -123,6 +123,36 @@ pub struct RopeTable<B: Backend> {
     pub half: usize,
 }
 
+/// [`Backend::rope_write_kv_attention`] as its three ops, for backends (and shapes) that do not
+/// fuse them.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_write_kv_attention_unfused<B: Backend>(
+    b: &B,
+    q: &mut B::Buffer,
+    k: &mut B::Buffer,
+    v: &B::Buffer,
+    table: &RopeTable<B>,
+    k_cache: &mut B::KvStore,
+    v_cache: &mut B::KvStore,
+    shape: &AttentionShape,
+    positions: &B::Index,
+    scratch: &mut B::Buffer,
+    out: &mut B::Buffer,
+) -> Result<()> {
+    let kv = shape.kv;
+    b.rope_qk(
+        q,
+        shape.n_heads,
+        k,
+        kv.kv_heads,
+        kv.head_dim,
+        table,
+        positions,
+    )?;
+    b.write_kv(k, v, k_cache, v_cache, kv, positions)?;
+    b.attention(q, k_cache, v_cache, shape, positions, scratch, out)
+}
+
 impl AttentionShape {
     /// The checks every backend's attention makes before touching memory: head grouping,
     /// capacity, and the lengths of queries, output and both cache stores.
@@ -421,6 +451,30 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         scratch: &mut Self::Buffer,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// One decode step's attention block after the projections: [`Backend::rope_qk`] of `q`
+    /// and `k` at `positions`, [`Backend::write_kv`] of the rotated keys and `v`, then
+    /// [`Backend::attention`] of the rotated queries. A device may do all three in one launch
+    /// (the attention blocks rotate as they read and write the rows they attend to), so `q`
+    /// and `k` hold unspecified values afterwards.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_write_kv_attention(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        table: &RopeTable<Self>,
+        k_cache: &mut Self::KvStore,
+        v_cache: &mut Self::KvStore,
+        shape: &AttentionShape,
+        positions: &Self::Index,
+        scratch: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        rope_write_kv_attention_unfused(
+            self, q, k, v, table, k_cache, v_cache, shape, positions, scratch, out,
+        )
+    }
 
     /// SwiGLU (Shazeer 2020): `gate ← silu(gate) ⊙ up`.
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer) -> Result<()>;

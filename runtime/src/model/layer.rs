@@ -245,24 +245,15 @@ impl<B: Backend> DecoderLayer<B> {
             b.rms_norm_in_place(&mut s.q, qn, eps)?;
             b.rms_norm_in_place(&mut s.k, kn, eps)?;
         }
-        b.rope_qk(
-            &mut s.q,
-            c.num_attention_heads,
-            &mut s.k,
-            c.num_key_value_heads,
-            c.head_dim,
-            rope,
-            positions,
-        )?;
-        let heads = c.num_attention_heads;
-        cache.append_and_attend(
+        cache.rope_append_and_attend(
             b,
             cache_layer,
-            heads,
+            c.num_attention_heads,
             n,
             positions,
-            &s.q,
-            &s.k,
+            rope,
+            &mut s.q,
+            &mut s.k,
             &s.v,
             &mut s.attn,
         )?;

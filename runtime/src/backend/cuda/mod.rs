@@ -15,7 +15,8 @@ mod trellis;
 mod trellis_layout;
 
 use crate::backend::{
-    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, MatmulOut, RopeTable, WeightPrecision,
+    rope_write_kv_attention_unfused, AttentionShape, Backend, GroupItem, KvDtype, KvLayout,
+    MatmulOut, RopeTable, WeightPrecision,
 };
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
@@ -180,6 +181,20 @@ enum Arg {
     Trellis(trellis::TrGroup),
     TrellisPrep(trellis::TrPrep),
     TrellisFinish(trellis::TrFinish),
+    FreshKv(FreshKv),
+}
+
+/// The new keys and values a decode attention launch rotates and stores itself (the kernels'
+/// `FreshKv`); all zero for plain attention.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct FreshKv {
+    k: u64,
+    v: u64,
+    cos: u64,
+    sin: u64,
+    n_new: i32,
+    table_positions: i32,
 }
 
 impl Arg {
@@ -194,6 +209,7 @@ impl Arg {
             Arg::Trellis(g) => g as *mut trellis::TrGroup as *mut c_void,
             Arg::TrellisPrep(g) => g as *mut trellis::TrPrep as *mut c_void,
             Arg::TrellisFinish(g) => g as *mut trellis::TrFinish as *mut c_void,
+            Arg::FreshKv(f) => f as *mut FreshKv as *mut c_void,
         }
     }
 }
@@ -218,6 +234,9 @@ struct Inner {
     /// Prefill attention over f16 caches on tensor cores (sm_80+; `SFX_PREFILL_ATTN=simt`
     /// keeps the CUDA-core kernel, for comparison).
     mma_prefill: bool,
+    /// Decode steps rotate, store and attend in one launch (sm_80+; `SFX_FUSED_ATTN=0` runs
+    /// RoPE, the cache write and attention as three, for comparison).
+    fused_attention: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
     group_rows: Option<usize>,
@@ -344,6 +363,8 @@ impl CudaBackend {
                     && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma
                     && std::env::var("SFX_PREFILL_ATTN").map_or(true, |v| v != "simt"),
+                fused_attention: dev_has_mma
+                    && std::env::var("SFX_FUSED_ATTN").map_or(true, |v| v != "0"),
             }),
         })
     }
@@ -690,6 +711,77 @@ impl CudaBackend {
             bytes(1),
             self.dev().smem_optin
         )))
+    }
+
+    /// Split-K decode attention (≤ ATT_MAX_QUERIES queries; shapes checked by the caller),
+    /// rotating and storing `fresh` keys and values itself where given.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_attention(
+        &self,
+        q: &CudaBuffer,
+        k_cache: &CudaKvStore,
+        v_cache: &CudaKvStore,
+        s: &AttentionShape,
+        positions: &CudaIndex,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        fresh: FreshKv,
+    ) -> Result<()> {
+        let d = s.kv.head_dim;
+        let dpl = dpl_index(d)?;
+        let ks = self.kv_dtype_kernels(k_cache.dtype);
+        let elem = k_cache.dtype.size_in_bytes();
+        let splits = self.decode_splits(s.kv);
+        let need = self.attention_scratch_len(s.kv, s.n_heads);
+        if scratch.len < need {
+            return Err(RuntimeError::Shape {
+                op: "attention",
+                msg: format!(
+                    "scratch of {} floats, the split-K decode needs {need} \
+                     (attention_scratch_len)",
+                    scratch.len
+                ),
+            });
+        }
+        let (warps, smem) = self.decode_smem(d, elem)?;
+        let group = s.n_heads / s.kv.kv_heads;
+        let per_block = if self.step_schedule(s.past) == 0 {
+            1
+        } else {
+            group.min(ATT_GROUP)
+        };
+        let head_batches = group.div_ceil(per_block);
+        let kernel = if per_block == 1 {
+            &ks.decode_single[dpl]
+        } else {
+            &ks.decode[dpl]
+        };
+        self.launch(
+            kernel,
+            (
+                splits as u32,
+                s.kv.kv_heads as u32,
+                (s.n_queries * head_batches) as u32,
+            ),
+            (warps * 32, 1, 1),
+            smem,
+            &mut [
+                Arg::Ptr(q.mem.ptr),
+                Arg::Ptr(k_cache.mem.ptr),
+                Arg::Ptr(v_cache.mem.ptr),
+                Arg::Ptr(positions.mem.ptr),
+                Arg::Ptr(scratch.mem.ptr),
+                Arg::Ptr(out.mem.ptr),
+                Arg::I32(i32_of("attention", s.n_heads)?),
+                Arg::I32(i32_of("attention", s.kv.kv_heads)?),
+                Arg::I32(d as i32),
+                Arg::I32(i32_of("attention", s.kv.capacity)?),
+                Arg::I32(splits as i32),
+                Arg::I32(ATT_MIN_CHUNK),
+                Arg::I32(per_block as i32),
+                Arg::FreshKv(fresh),
+            ],
+        )
     }
 
     /// Chunks of the split-K decode per (query, head): enough blocks to cover every SM about
@@ -1279,6 +1371,64 @@ impl Backend for CudaBackend {
         u32::from(past >= ATT_SHORT_CONTEXT)
     }
 
+    fn rope_write_kv_attention(
+        &self,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &CudaBuffer,
+        table: &RopeTable<Self>,
+        k_cache: &mut CudaKvStore,
+        v_cache: &mut CudaKvStore,
+        shape: &AttentionShape,
+        positions: &CudaIndex,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let s = shape;
+        let d = s.kv.head_dim;
+        // One launch for decode steps on sm_80+ (the kernels copy rows they just wrote with
+        // cp.async); prefill and the rest run the three ops.
+        if !self.inner.fused_attention
+            || s.n_queries == 0
+            || s.n_queries > ATT_MAX_QUERIES
+            || k_cache.dtype != v_cache.dtype
+        {
+            return rope_write_kv_attention_unfused(
+                self, q, k, v, table, k_cache, v_cache, s, positions, scratch, out,
+            );
+        }
+        s.check(q.len, out.len, k_cache.len, v_cache.len)?;
+        if !d.is_multiple_of(2) || table.half != d / 2 {
+            return Err(RuntimeError::Shape {
+                op: "rope_write_kv_attention",
+                msg: format!("head_dim {d} with a table of {} pairs", table.half),
+            });
+        }
+        check_len(
+            "rope_write_kv_attention",
+            "positions",
+            positions.len,
+            s.n_queries,
+        )?;
+        let row = s.kv.kv_heads * d;
+        check_len("rope_write_kv_attention", "keys", k.len, s.n_queries * row)?;
+        check_len(
+            "rope_write_kv_attention",
+            "values",
+            v.len,
+            s.n_queries * row,
+        )?;
+        let fresh = FreshKv {
+            k: k.mem.ptr,
+            v: v.mem.ptr,
+            cos: table.cos.mem.ptr,
+            sin: table.sin.mem.ptr,
+            n_new: s.n_queries as i32,
+            table_positions: i32_of("rope_write_kv_attention", table.positions)?,
+        };
+        self.decode_attention(q, k_cache, v_cache, s, positions, scratch, out, fresh)
+    }
+
     fn attention(
         &self,
         q: &CudaBuffer,
@@ -1298,62 +1448,21 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let ks = self.kv_dtype_kernels(k_cache.dtype);
-        let elem = k_cache.dtype.size_in_bytes();
         let (cap, heads, kvh) = (
             i32_of("attention", s.kv.capacity)?,
             i32_of("attention", s.n_heads)?,
             i32_of("attention", s.kv.kv_heads)?,
         );
         if s.n_queries <= ATT_MAX_QUERIES {
-            let splits = self.decode_splits(s.kv);
-            let need = self.attention_scratch_len(s.kv, s.n_heads);
-            if scratch.len < need {
-                return Err(RuntimeError::Shape {
-                    op: "attention",
-                    msg: format!(
-                        "scratch of {} floats, the split-K decode needs {need} \
-                         (attention_scratch_len)",
-                        scratch.len
-                    ),
-                });
-            }
-            let (warps, smem) = self.decode_smem(d, elem)?;
-            let group = s.n_heads / s.kv.kv_heads;
-            let per_block = if self.step_schedule(s.past) == 0 {
-                1
-            } else {
-                group.min(ATT_GROUP)
-            };
-            let head_batches = group.div_ceil(per_block);
-            let kernel = if per_block == 1 {
-                &ks.decode_single[dpl]
-            } else {
-                &ks.decode[dpl]
-            };
-            return self.launch(
-                kernel,
-                (
-                    splits as u32,
-                    s.kv.kv_heads as u32,
-                    (s.n_queries * head_batches) as u32,
-                ),
-                (warps * 32, 1, 1),
-                smem,
-                &mut [
-                    Arg::Ptr(q.mem.ptr),
-                    Arg::Ptr(k_cache.mem.ptr),
-                    Arg::Ptr(v_cache.mem.ptr),
-                    Arg::Ptr(positions.mem.ptr),
-                    Arg::Ptr(scratch.mem.ptr),
-                    Arg::Ptr(out.mem.ptr),
-                    Arg::I32(heads),
-                    Arg::I32(kvh),
-                    Arg::I32(d as i32),
-                    Arg::I32(cap),
-                    Arg::I32(splits as i32),
-                    Arg::I32(ATT_MIN_CHUNK),
-                    Arg::I32(per_block as i32),
-                ],
+            return self.decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                s,
+                positions,
+                scratch,
+                out,
+                FreshKv::default(),
             );
         }
         if let (true, KvDtype::F16, Some(which)) = (

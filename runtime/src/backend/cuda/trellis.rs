@@ -229,8 +229,8 @@ fn plane_words(pcols: usize) -> usize {
 
 /// Shared memory of a matvec launch of `threads`: the HYB table's copies, two planes per item,
 /// the zeros row-major B loads read, and every warp's partial rows of `gpb` groups of `r` tile
-/// rows — a region the input transform of `prologue_cols` columns (and its 32 reduction
-/// slots) borrows first where the matvec runs it.
+/// rows — a region the input transform of `prologue_cols` columns (with its row pads and
+/// reduction slots) borrows first where the matvec runs it.
 fn matvec_smem(
     hyb: bool,
     items: usize,
@@ -242,7 +242,8 @@ fn matvec_smem(
 ) -> usize {
     let lut = if hyb { LUT_BYTES } else { 0 };
     let partials = threads / 32 * gpb * r * 16;
-    let region = prologue_cols.map_or(partials, |n| partials.max(n + 32));
+    // The transform's buffer: n values, a pad float per warp row, 64 reduction slots.
+    let region = prologue_cols.map_or(partials, |n| partials.max(n + 128));
     lut + (items * 2 * plane_words(pcols) + ZERO_WORDS + region) * 4
 }
 
@@ -806,6 +807,77 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The matvec prologue's two-pass transform (trellis.cu `prologue_planes`): the threads'
+    /// pass-2 slots cover every (row, position) once, neither pass's shared accesses conflict
+    /// beyond two ways, and the two passes reproduce the CPU transform.
+    #[test]
+    fn prologue_passes_cover_the_buffer_and_match_the_cpu_transform() {
+        for threads in [512usize, 1024] {
+            let w = threads / 32;
+            for e in [1usize, 2, 4, 8] {
+                let (chunk, row) = (32 * e, 32 * e + 1);
+                let n = threads * e;
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+                    .collect();
+                // Pass 1: warp r's contiguous chunk, lane l holding values l + 32i.
+                let mut buf = vec![f32::NAN; w * row];
+                for r in 0..w {
+                    let mut v = x[r * chunk..(r + 1) * chunk].to_vec();
+                    fwht(&mut v);
+                    for (p, val) in v.into_iter().enumerate() {
+                        buf[r * row + p] = val;
+                    }
+                }
+                // Pass 2: thread (warp, lane) holds row gi of positions p0..p0 + e.
+                let mut seen = vec![0u8; w * row];
+                let mut out = vec![0.0f32; n];
+                for warp in 0..w {
+                    let mut banks = vec![vec![0usize; 32]; e];
+                    for lane in 0..32 {
+                        let gi = lane % w;
+                        let p0 = (warp * (32 / w) + lane / w) * e;
+                        for j in 0..e {
+                            seen[gi * row + p0 + j] += 1;
+                            banks[j][(gi * row + p0 + j) % 32] += 1;
+                        }
+                    }
+                    for b in &banks {
+                        assert!(b.iter().all(|&c| c <= 2), "threads {threads} e {e}: {b:?}");
+                    }
+                }
+                for r in 0..w {
+                    assert!(seen[r * row..r * row + chunk].iter().all(|&c| c == 1));
+                }
+                for p in 0..chunk {
+                    let mut col: Vec<f32> = (0..w).map(|r| buf[r * row + p]).collect();
+                    fwht(&mut col);
+                    for (r, val) in col.into_iter().enumerate() {
+                        out[r * chunk + p] = val;
+                    }
+                }
+                let mut want = x.clone();
+                fwht(&mut want);
+                assert_eq!(out, want, "threads {threads} e {e}");
+            }
+        }
+    }
+
+    /// Unnormalised Walsh–Hadamard transform in increasing span (the kernels' stage order).
+    fn fwht(v: &mut [f32]) {
+        let mut h = 1;
+        while h < v.len() {
+            for i in (0..v.len()).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (v[j], v[j + h]);
+                    v[j] = a + b;
+                    v[j + h] = a - b;
+                }
+            }
+            h *= 2;
         }
     }
 }

@@ -124,13 +124,28 @@ __device__ void combine_heads(const float* part, float* __restrict__ out, int t,
 // (measured: 13 µs per layer at short context, each warp issuing ~1,650 instructions).
 // The last block of a (query, head set) to finish merges the chunks (a ticket counter after
 // the partials, reset by that block), so decode attention is one launch.
+//
+// With `fresh` (rope_write_kv_attention), the step's RoPE and cache write happen here too: q
+// and the new keys arrive unrotated, every block rotates its queries as it stages them, and
+// every block whose chunk holds a new position writes that row (rotated key, value) before it
+// reads the chunk — blocks that share the row write the same values, and a block reads only
+// rows it wrote itself or that an earlier step wrote, so no block waits for another.
+struct FreshKv {
+    const float* k;      // [n_new][kv_heads · d], unrotated (null: plain attention)
+    const float* v;      // [n_new][kv_heads · d]
+    const float* cos_t;  // [table_positions][d/2]
+    const float* sin_t;
+    int n_new;
+    int table_positions;
+};
+
 template <typename T, int DPL, int HB>
-__device__ void decode_partial_body(const float* __restrict__ q, const T* __restrict__ kc,
-                                    const T* __restrict__ vc,
+__device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
                                     const uint32_t* __restrict__ positions,
                                     float* __restrict__ part, float* __restrict__ out,
                                     int n_heads, int kv_heads, int d, int capacity,
-                                    int max_splits, int min_chunk, int heads_per_block) {
+                                    int max_splits, int min_chunk, int heads_per_block,
+                                    const FreshKv fresh) {
     extern __shared__ __align__(16) unsigned char smem[];
     SFX_PDL_TRIGGER();
     const int warps = blockDim.x >> 5;
@@ -156,9 +171,39 @@ __device__ void decode_partial_body(const float* __restrict__ q, const T* __rest
     T* vtile = ktile + (size_t)ATT_TILE * row_elems;
 
     const float scale = 1.0f / sqrtf((float)d);
-    for (int i = threadIdx.x; i < gh * d; i += blockDim.x) {
-        const int h = i / d, c = i % d;
-        qs[i] = q[((size_t)t * n_heads + h0 + h) * d + c] * scale;
+    if (fresh.k == nullptr) {
+        for (int i = threadIdx.x; i < gh * d; i += blockDim.x) {
+            const int h = i / d, c = i % d;
+            qs[i] = q[((size_t)t * n_heads + h0 + h) * d + c] * scale;
+        }
+    } else {
+        const int half = d / 2;
+        const size_t qp = rope_row(positions[t], fresh.table_positions) * half;
+        for (int i = threadIdx.x; i < gh * half; i += blockDim.x) {
+            const int h = i / half, c = i % half;
+            const float* head = q + ((size_t)t * n_heads + h0 + h) * d;
+            float lo, hi;
+            rope_rotate(head[c], head[c + half], fresh.cos_t[qp + c], fresh.sin_t[qp + c], lo, hi);
+            qs[h * d + c] = lo * scale;
+            qs[h * d + c + half] = hi * scale;
+        }
+        for (int tn = 0; tn < fresh.n_new; ++tn) {
+            const int pn = (int)positions[tn];
+            if (pn < start || pn >= end) continue;
+            const size_t src = ((size_t)tn * kv_heads + kvh) * d;
+            const size_t dst = ((size_t)kvh * capacity + pn) * d;
+            const size_t kp = rope_row(pn, fresh.table_positions) * half;
+            for (int c = threadIdx.x; c < half; c += blockDim.x) {
+                float lo, hi;
+                rope_rotate(fresh.k[src + c], fresh.k[src + c + half], fresh.cos_t[kp + c],
+                            fresh.sin_t[kp + c], lo, hi);
+                kv_store(kc + dst + c, lo);
+                kv_store(kc + dst + c + half, hi);
+            }
+            for (int c = threadIdx.x; c < d; c += blockDim.x) kv_store(vc + dst + c, fresh.v[src + c]);
+        }
+        // The rows just written are read below by other threads' asynchronous copies.
+        __threadfence_block();
     }
     __syncthreads();
 
@@ -427,19 +472,19 @@ __device__ void prefill_body(const float* __restrict__ q, const T* __restrict__ 
 
 #define SFX_ATTENTION(T, TN, DPL)                                                             \
     extern "C" __global__ void attn_decode_##TN##_d##DPL(                                    \
-        const float* q, const T* kc, const T* vc, const uint32_t* positions, float* part,     \
-        float* out, int n_heads, int kv_heads, int d, int capacity, int max_splits,           \
-        int min_chunk, int heads_per_block) {                                                 \
+        const float* q, T* kc, T* vc, const uint32_t* positions, float* part, float* out,     \
+        int n_heads, int kv_heads, int d, int capacity, int max_splits, int min_chunk,        \
+        int heads_per_block, const FreshKv fresh) {                                           \
         decode_partial_body<T, DPL, ATT_GROUP>(q, kc, vc, positions, part, out, n_heads,      \
                                                kv_heads, d, capacity, max_splits, min_chunk,  \
-                                               heads_per_block);                              \
+                                               heads_per_block, fresh);                       \
     }                                                                                         \
     extern "C" __global__ void attn_decode1_##TN##_d##DPL(                                   \
-        const float* q, const T* kc, const T* vc, const uint32_t* positions, float* part,     \
-        float* out, int n_heads, int kv_heads, int d, int capacity, int max_splits,           \
-        int min_chunk, int heads_per_block) {                                                 \
+        const float* q, T* kc, T* vc, const uint32_t* positions, float* part, float* out,     \
+        int n_heads, int kv_heads, int d, int capacity, int max_splits, int min_chunk,        \
+        int heads_per_block, const FreshKv fresh) {                                           \
         decode_partial_body<T, DPL, 1>(q, kc, vc, positions, part, out, n_heads, kv_heads, d, \
-                                       capacity, max_splits, min_chunk, 1);                   \
+                                       capacity, max_splits, min_chunk, 1, fresh);            \
     }                                                                                         \
     extern "C" __global__ void attn_prefill_##TN##_d##DPL(                                   \
         const float* q, const T* kc, const T* vc, const uint32_t* positions, float* out,      \

@@ -32,6 +32,21 @@ __device__ __forceinline__ float kv_load(const __half* p) { return __half2float(
 __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void kv_store(__half* p, float v) { *p = __float2half_rn(v); }
 
+// RoPE ("rotate_half": the pair i, i + d/2): (a, b) → (a·cos − b·sin, b·cos + a·sin), each
+// product and sum rounded on its own as the CPU backend computes it (no fused multiply-add),
+// so the rope kernels and the attention that rotates in place agree bit for bit.
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& lo,
+                                            float& hi) {
+    lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// The cos/sin table row of a position; positions past the table (never issued by the model)
+// take its last row so no kernel reads out of bounds.
+__device__ __forceinline__ size_t rope_row(uint32_t position, int table_positions) {
+    return min(position, (uint32_t)max(table_positions - 1, 0));
+}
+
 // Loads that bypass L1 allocation: weights are read once per token, and keeping them out of
 // L1 leaves it to the activation vector every block re-reads.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {

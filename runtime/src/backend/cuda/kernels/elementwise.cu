@@ -60,14 +60,11 @@ extern "C" __global__ void rope(float* x, const float* __restrict__ cos_t,
                                 int table_positions) {
     SFX_PDL_TRIGGER();
     const int h = blockIdx.x, t = blockIdx.y;
-    const size_t p = min(positions[t], (uint32_t)max(table_positions - 1, 0));
+    const size_t p = rope_row(positions[t], table_positions);
     float* head = x + ((size_t)t * heads + h) * (2 * half);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float c = cos_t[p * half + i], s = sin_t[p * half + i];
-        const float a = head[i], b = head[i + half];
-        head[i] = a * c - b * s;
-        head[i + half] = b * c + a * s;
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_rotate(head[i], head[i + half], cos_t[p * half + i], sin_t[p * half + i], head[i],
+                    head[i + half]);
 }
 
 // RoPE of queries and keys in one launch: grid (heads + kv_heads, n); blocks past `heads`
@@ -80,15 +77,12 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* __restrict__
     const bool is_q = (int)blockIdx.x < heads;
     const int h = is_q ? blockIdx.x : blockIdx.x - heads;
     const int t = blockIdx.y;
-    const size_t p = min(positions[t], (uint32_t)max(table_positions - 1, 0));
+    const size_t p = rope_row(positions[t], table_positions);
     float* head = (is_q ? q + ((size_t)t * heads + h) * (2 * half)
                         : k + ((size_t)t * kv_heads + h) * (2 * half));
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float c = cos_t[p * half + i], s = sin_t[p * half + i];
-        const float a = head[i], b = head[i + half];
-        head[i] = a * c - b * s;
-        head[i + half] = b * c + a * s;
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_rotate(head[i], head[i + half], cos_t[p * half + i], sin_t[p * half + i], head[i],
+                    head[i + half]);
 }
 
 // Token-major k/v[n, kv_heads · d] → [kv_heads, capacity, d] stores at rows positions[t].

@@ -86,6 +86,31 @@ extern __shared__ __align__(16) uint32_t tr_words[];
 // five shuffle stages, the spans 32…16E register stages after them: the stages run in
 // increasing span as in the CPU transform, so the rounding is the same.
 template <int E>
+__device__ __forceinline__ void warp_fwht_regs(float (&v)[E]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mask = 1; mask < 32; mask <<= 1) {
+        const bool upper = (lane & mask) != 0;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            const float other = __shfl_xor_sync(SFX_FULL_MASK, v[i], mask);
+            v[i] = upper ? other - v[i] : v[i] + other;
+        }
+    }
+#pragma unroll
+    for (int h = 1; h < E; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            if ((i & h) == 0) {
+                const float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+    }
+}
+
+template <int E>
 __device__ __forceinline__ void warp_fwht_chunks(float* buf, int chunks) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int ch = threadIdx.x >> 5; ch < chunks; ch += warps) {
@@ -93,26 +118,7 @@ __device__ __forceinline__ void warp_fwht_chunks(float* buf, int chunks) {
         float v[E];
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] = base[32 * i];
-#pragma unroll
-        for (int mask = 1; mask < 32; mask <<= 1) {
-            const bool upper = (lane & mask) != 0;
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                const float other = __shfl_xor_sync(SFX_FULL_MASK, v[i], mask);
-                v[i] = upper ? other - v[i] : v[i] + other;
-            }
-        }
-#pragma unroll
-        for (int h = 1; h < E; h <<= 1) {
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                if ((i & h) == 0) {
-                    const float a = v[i], b = v[i + h];
-                    v[i] = a + b;
-                    v[i + h] = a - b;
-                }
-            }
-        }
+        warp_fwht_regs<E>(v);
 #pragma unroll
         for (int i = 0; i < E; ++i) base[32 * i] = v[i];
     }
@@ -159,7 +165,7 @@ __device__ void block_fwht_rows(float* buf, int m, int p) {
 // thread one value: it sums its column over all M input rows (independent loads, no block-wide
 // copy of the vector), then the block transforms its own rows only. Every block used to run
 // the whole vector's row transforms and take a column slice of the mix: ~1,600 instructions a
-// warp on a latency chain, 17 µs for the 8B shape's gate/up finish.
+// warp on a latency chain, 23.7 µs under ncu for the 8B shape's gate/up finish.
 #define TR_ROW_MAX 512
 
 struct RowView {
@@ -640,6 +646,90 @@ __device__ __forceinline__ TrItem item_at(const TrGroup& g, int k) {
 }
 
 
+// The matvec prologue's input transform where n = THREADS·E (E values a lane): x (RMS-
+// normalised with nw) is read once into registers; per item, ⊙ su, then H_n in two passes:
+// each warp's 32E contiguous values in registers (shuffles, then register stages), and after
+// one barrier the W = THREADS/32 values of each position across the warps, by shuffles
+// within W-lane groups. The buffer's row w starts at w·(32E + 1), so neither pass's shared
+// accesses conflict (W = 16: two-way in the second); the result goes back in place (each
+// value is read by one thread) and out to the planes in column order. The stages run in
+// increasing span, as everywhere else. Measured under ncu before this path: the general one
+// (8 busy warps, a barrier per cross-chunk stage, x, w and su re-read per item) was half of
+// the o projection's 12 µs.
+template <int E, bool MMA, int THREADS>
+__device__ __forceinline__ void prologue_planes(const TrGroup& g, int k0, int k1, int l0,
+                                                const float* __restrict__ x,
+                                                const float* __restrict__ nw, float eps, int n,
+                                                int pcols, float inv_sqrt_n, uint32_t* planes,
+                                                int plane_words, float* buf) {
+    constexpr int W = THREADS / 32, ROW = 32 * E + 1, CHUNK = 32 * E;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    float* sums = buf + W * ROW;  // [2][32] block reductions
+    const float* xt = x + (size_t)t * n;
+    const int base = warp * CHUNK + lane;  // pass 1: this lane's values base + 32i
+    float xv[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) xv[i] = xt[base + 32 * i];
+    float ss = 0.0f, ss_hat = 0.0f;
+    if (nw != nullptr) {
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            ss = fmaf(xv[i], xv[i], ss);
+            xv[i] *= nw[base + 32 * i];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) ss_hat = fmaf(xv[i], xv[i], ss_hat);
+    ss = warp_sum(ss);
+    ss_hat = warp_sum(ss_hat);
+    if (lane == 0) {
+        sums[warp] = ss;
+        sums[32 + warp] = ss_hat;
+    }
+    __syncthreads();
+    ss = warp_sum(lane < W ? sums[lane] : 0.0f);
+    ss_hat = warp_sum(lane < W ? sums[32 + lane] : 0.0f);
+    float inv_rms = 1.0f;
+    if (nw != nullptr) inv_rms = 1.0f / sqrtf(ss / (float)n + eps);
+    const float sigma = plane_sigma(sqrtf(ss_hat) * inv_rms);
+    const float f = inv_sqrt_n * inv_rms * sigma;
+    // Pass 2: lanes gi of a W-lane group hold row gi of positions p0 … p0 + E − 1.
+    const int gi = lane % W, p0 = (warp * (32 / W) + lane / W) * E;
+    for (int k = k0; k <= k1; ++k) {
+        const TrItem it = item_at(g, k);
+        float v[E];
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = xv[i] * it.su[base + 32 * i];
+        warp_fwht_regs<E>(v);
+#pragma unroll
+        for (int i = 0; i < E; ++i) buf[warp * ROW + lane + 32 * i] = v[i];
+        __syncthreads();
+        float u[E];
+#pragma unroll
+        for (int j = 0; j < E; ++j) u[j] = buf[gi * ROW + p0 + j];
+#pragma unroll
+        for (int mask = 1; mask < W; mask <<= 1) {
+            const bool upper = (gi & mask) != 0;
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                const float other = __shfl_xor_sync(SFX_FULL_MASK, u[j], mask);
+                u[j] = upper ? other - u[j] : u[j] + other;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j) buf[gi * ROW + p0 + j] = u[j];
+        __syncthreads();
+        __half* hi = reinterpret_cast<__half*>(planes + k * 2 * plane_words);
+        __half* lo = reinterpret_cast<__half*>(planes + (k * 2 + 1) * plane_words);
+        for (int c = threadIdx.x; c < pcols; c += THREADS)
+            store_plane_value<MMA>(hi, lo, c,
+                                   c < n ? buf[(c / CHUNK) * ROW + c % CHUNK] * f : 0.0f);
+        // The block holding the item's first row group publishes σ for tr_finish.
+        if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
+        __syncthreads();
+    }
+}
+
 // A block takes `gpb` consecutive row groups (R tile rows of one item each) and flattens their
 // (group, unit) pairs over its warps: warp w takes the w-th contiguous run of them, holding the
 // next pair's codes in registers while it decodes the current one (the decode is
@@ -715,50 +805,67 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
 
     if (CODE == TR_HYB) {
         // Row j of the doubled table: pair j mod 2^Q, first value negated from 2^Q on; its 32
-        // copies are 8 consecutive 16-byte stores.
+        // copies are 8 consecutive 16-byte stores. Every load first, then every store: one
+        // memory latency per block (a loop of load-then-store paid it per unrolled step).
+        constexpr int PER = TR_LUT_WORDS / 4 / THREADS;
+        static_assert(PER * THREADS * 4 == TR_LUT_WORDS, "table stores per thread");
         uint4* rows4 = reinterpret_cast<uint4*>(tr_words);
-        for (int i = threadIdx.x; i < TR_LUT_WORDS / 4; i += THREADS) {
-            const int j = i >> 3;
-            const uint32_t w = lut[j & ((1 << TR_HYB_Q) - 1)] ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
-            rows4[i] = make_uint4(w, w, w, w);
+        uint32_t w[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int j = (k * THREADS + (int)threadIdx.x) >> 3;
+            w[k] = __ldg(lut + (j & ((1 << TR_HYB_Q) - 1))) ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
         }
+#pragma unroll
+        for (int k = 0; k < PER; ++k) rows4[k * THREADS + threadIdx.x] = make_uint4(w[k], w[k], w[k], w[k]);
     }
     for (int i = threadIdx.x; i < TR_ZERO_WORDS; i += THREADS) zero_words[i] = 0u;
     SFX_PDL_WAIT();
     int l0, l1;
     const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
     if (x != nullptr) {
-        float* buf = red;         // [n]
-        float* sums = red + n;    // [32] block reductions
-        const float* xt = x + (size_t)t * n;
-        float ss = 0.0f, ss_hat = 0.0f;
-        for (int i = threadIdx.x; i < n; i += THREADS) {
-            float v = xt[i];
-            if (nw != nullptr) {
-                ss = fmaf(v, v, ss);
-                v *= nw[i];
-            }
-            ss_hat = fmaf(v, v, ss_hat);
+        const int e = n / THREADS;
+        bool done = true;
+        switch (n >= THREADS ? e : 0) {
+            case 1: prologue_planes<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 2: prologue_planes<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 4: prologue_planes<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 8: prologue_planes<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            default: done = false;
         }
-        float inv_rms = 1.0f;
-        if (nw != nullptr) inv_rms = 1.0f / sqrtf(block_sum(ss, sums) / (float)n + eps);
-        const float sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
-        const float f = inv_sqrt_n * inv_rms * sigma;
-        for (int k = k0; k <= k1; ++k) {
-            const TrItem it = item_at(g, k);
+        if (!done) {
+            float* buf = red;         // [n]
+            float* sums = red + n;    // [32] block reductions
+            const float* xt = x + (size_t)t * n;
+            float ss = 0.0f, ss_hat = 0.0f;
             for (int i = threadIdx.x; i < n; i += THREADS) {
-                const float v = nw != nullptr ? xt[i] * nw[i] : xt[i];
-                buf[i] = v * it.su[i];
+                float v = xt[i];
+                if (nw != nullptr) {
+                    ss = fmaf(v, v, ss);
+                    v *= nw[i];
+                }
+                ss_hat = fmaf(v, v, ss_hat);
             }
-            __syncthreads();
-            block_fwht_rows(buf, 1, n);
-            __half* hi = reinterpret_cast<__half*>(planes + k * 2 * plane_words);
-            __half* lo = reinterpret_cast<__half*>(planes + (k * 2 + 1) * plane_words);
-            for (int c = threadIdx.x; c < pcols; c += THREADS)
-                store_plane_value<MMA>(hi, lo, c, c < n ? buf[c] * f : 0.0f);
-            // The block holding the item's first row group publishes σ for tr_finish.
-            if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
-            __syncthreads();
+            float inv_rms = 1.0f;
+            if (nw != nullptr) inv_rms = 1.0f / sqrtf(block_sum(ss, sums) / (float)n + eps);
+            const float sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
+            const float f = inv_sqrt_n * inv_rms * sigma;
+            for (int k = k0; k <= k1; ++k) {
+                const TrItem it = item_at(g, k);
+                for (int i = threadIdx.x; i < n; i += THREADS) {
+                    const float v = nw != nullptr ? xt[i] * nw[i] : xt[i];
+                    buf[i] = v * it.su[i];
+                }
+                __syncthreads();
+                block_fwht_rows(buf, 1, n);
+                __half* hi = reinterpret_cast<__half*>(planes + k * 2 * plane_words);
+                __half* lo = reinterpret_cast<__half*>(planes + (k * 2 + 1) * plane_words);
+                for (int c = threadIdx.x; c < pcols; c += THREADS)
+                    store_plane_value<MMA>(hi, lo, c, c < n ? buf[c] * f : 0.0f);
+                // The block holding the item's first row group publishes σ for tr_finish.
+                if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
+                __syncthreads();
+            }
         }
     } else {
         for (int k = k0; k <= k1; ++k) {
