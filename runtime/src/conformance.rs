@@ -1125,6 +1125,7 @@ fn download<B: Backend>(b: &B, buf: &B::Buffer) -> Result<Vec<f32>> {
 }
 
 /// The host inputs of a case, drawn once and given to every backend.
+#[derive(Default)]
 struct Inputs {
     a: Vec<f32>,
     b: Vec<f32>,
@@ -1137,15 +1138,7 @@ struct Inputs {
 }
 
 fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
-    let mut i = Inputs {
-        a: Vec::new(),
-        b: Vec::new(),
-        c: Vec::new(),
-        d: Vec::new(),
-        ids: Vec::new(),
-        bytes: Vec::new(),
-        tokens: Vec::new(),
-    };
+    let mut i = Inputs::default();
     match *spec {
         Op::Embedding { vocab, cols, n, .. } => {
             i.a = rng.vec(vocab * cols, 1.0);
@@ -1202,13 +1195,8 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             kv_heads,
             head_dim,
             ..
-        } => {
-            let total = past + n;
-            i.a = rng.vec(n * heads * head_dim, 1.5);
-            i.b = rng.vec(total * kv_heads * head_dim, 1.5);
-            i.c = rng.vec(total * kv_heads * head_dim, 1.0);
         }
-        Op::RopeAttention {
+        | Op::RopeAttention {
             n,
             past,
             heads,
@@ -1331,6 +1319,30 @@ fn kv_image(rows: &[f32], kv_heads: usize, d: usize, capacity: usize) -> Vec<f32
         }
     }
     img
+}
+
+/// The cache layout of an attention case: every position of the step and a few spare rows
+/// past it (which a correct kernel never reads).
+fn attention_layout(kv_heads: usize, head_dim: usize, past: usize, n: usize) -> KvLayout {
+    KvLayout {
+        kv_heads,
+        head_dim,
+        capacity: past + n + 5,
+    }
+}
+
+/// Both cache stores, keys then values, as f32.
+fn download_caches<B: Backend>(
+    b: &B,
+    kc: &B::KvStore,
+    vc: &B::KvStore,
+    layout: KvLayout,
+) -> Result<Vec<f32>> {
+    let mut out = vec![0.0; 2 * layout.buffer_len()];
+    let (ko, vo) = out.split_at_mut(layout.buffer_len());
+    b.download_kv(kc, ko)?;
+    b.download_kv(vc, vo)?;
+    Ok(out)
 }
 
 /// Key and value store images holding the first `rows` token rows of `x.b` / `x.c` and
@@ -1538,11 +1550,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let pos: Vec<u32> = (first..first + n).map(|p| p as u32).collect();
             let (kb, vb) = (b.upload(&x.a)?, b.upload(&x.b)?);
             b.write_kv(&kb, &vb, &mut kc, &mut vc, layout, &index(b, &pos)?)?;
-            let mut out = vec![0.0; 2 * layout.buffer_len()];
-            let (ko, vo) = out.split_at_mut(layout.buffer_len());
-            b.download_kv(&kc, ko)?;
-            b.download_kv(&vc, vo)?;
-            Ok(out)
+            download_caches(b, &kc, &vc, layout)
         }
         Op::Attention {
             kv,
@@ -1552,11 +1560,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             kv_heads,
             head_dim,
         } => {
-            let layout = KvLayout {
-                kv_heads,
-                head_dim,
-                capacity: past + n + 5,
-            };
+            let layout = attention_layout(kv_heads, head_dim, past, n);
             let kc = b.upload_kv(&kv_image(&x.b, kv_heads, head_dim, layout.capacity), kv)?;
             let vc = b.upload_kv(&kv_image(&x.c, kv_heads, head_dim, layout.capacity), kv)?;
             let shape = AttentionShape {
@@ -1589,11 +1593,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             head_dim,
             caches,
         } => {
-            let layout = KvLayout {
-                kv_heads,
-                head_dim,
-                capacity: past + n + 5,
-            };
+            let layout = attention_layout(kv_heads, head_dim, past, n);
             let row = kv_heads * head_dim;
             let (kc, vc) = fresh_kv_images(x, past, layout);
             let (mut kc, mut vc) = (b.upload_kv(&kc, kv)?, b.upload_kv(&vc, kv)?);
@@ -1623,11 +1623,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 &mut out,
             )?;
             if caches {
-                let mut img = vec![0.0; 2 * layout.buffer_len()];
-                let (ko, vo) = img.split_at_mut(layout.buffer_len());
-                b.download_kv(&kc, ko)?;
-                b.download_kv(&vc, vo)?;
-                Ok(img)
+                download_caches(b, &kc, &vc, layout)
             } else {
                 download(b, &out)
             }
@@ -1999,17 +1995,10 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                 a: q,
                 b: k,
                 c: x.c.clone(),
-                d: Vec::new(),
-                ids: Vec::new(),
-                bytes: Vec::new(),
-                tokens: Vec::new(),
+                ..Inputs::default()
             };
             if caches {
-                let layout = KvLayout {
-                    kv_heads,
-                    head_dim,
-                    capacity: past + n + 5,
-                };
+                let layout = attention_layout(kv_heads, head_dim, past, n);
                 let (kc, vc) = fresh_kv_images(&rotated, past + n, layout);
                 let mut img = f(&kv_rounded(&kc, kv));
                 img.extend(f(&kv_rounded(&vc, kv)));

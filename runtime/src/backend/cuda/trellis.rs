@@ -712,7 +712,8 @@ mod tests {
     //! (`resident::hadamard`) for sizes with and without a dense factor, including rows shorter
     //! than a warp and factors split as H_m ⊗ H_q.
     use super::*;
-    use crate::resident::hadamard::Hadamard;
+    use crate::backend::cpu::SimdLevel;
+    use crate::resident::hadamard::{fwht_scaled, Hadamard};
 
     /// The kernels' transform of `x` (transposed for tr_finish), ÷ √n: every output written by
     /// exactly one thread of the launch.
@@ -827,7 +828,7 @@ mod tests {
                 let mut buf = vec![f32::NAN; w * row];
                 for r in 0..w {
                     let mut v = x[r * chunk..(r + 1) * chunk].to_vec();
-                    fwht(&mut v);
+                    fwht_scaled(SimdLevel::detect(), &mut v, 1.0);
                     for (p, val) in v.into_iter().enumerate() {
                         buf[r * row + p] = val;
                     }
@@ -854,30 +855,15 @@ mod tests {
                 }
                 for p in 0..chunk {
                     let mut col: Vec<f32> = (0..w).map(|r| buf[r * row + p]).collect();
-                    fwht(&mut col);
+                    fwht_scaled(SimdLevel::detect(), &mut col, 1.0);
                     for (r, val) in col.into_iter().enumerate() {
                         out[r * chunk + p] = val;
                     }
                 }
                 let mut want = x.clone();
-                fwht(&mut want);
+                fwht_scaled(SimdLevel::detect(), &mut want, 1.0);
                 assert_eq!(out, want, "threads {threads} e {e}");
             }
-        }
-    }
-
-    /// Unnormalised Walsh–Hadamard transform in increasing span (the kernels' stage order).
-    fn fwht(v: &mut [f32]) {
-        let mut h = 1;
-        while h < v.len() {
-            for i in (0..v.len()).step_by(2 * h) {
-                for j in i..i + h {
-                    let (a, b) = (v[j], v[j + h]);
-                    v[j] = a + b;
-                    v[j + h] = a - b;
-                }
-            }
-            h *= 2;
         }
     }
 }
