@@ -18,9 +18,9 @@
 #                fails), then quant and f16
 #     group      sfx only: group-code conformance, rtn2/3/4 bench, file-layout rows sweep, and
 #                an ncu profile of one rtn2 decode step (per-kernel time, bandwidth, stalls)
-#     plans      sfx only: the tile matvecs' conformance under forced plans (SFX_GT_PLAN, so
-#                every kernel variant runs), then per-kernel decode time of rtn2 and rtn4
-#                under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and tg128 (graphs on)
+#     plans      sfx only: the tile matvecs' conformance under forced plans
+#                (SFX_GT_PLAN=tiles,stages[,sets], so every kernel variant and the sequential
+#                sets run), then per-kernel decode time of rtn2 and rtn4 under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and tg128 (graphs on)
 #     trellis    sfx only: the trellis (QTIP/YAQA) conformance ops and the whole-model decode
 #                cases (OPS=… to choose), tg128/pp512 of trellis formats on the 8B shape beside
 #                rtn2 (FORMATS="qtip2:hyb qtip2:1mad …"), per-kernel decode times of qtip2, the
@@ -115,15 +115,15 @@ case "$STAGE" in
     ;;
   plans)
     PLANS="${PLANS:-1,3 1,4 2,3 2,4 4,3 4,4}"
-    for plan in 1,3 2,4 4,4; do
+    for plan in 1,3 2,4 4,4 1,3,2; do
       for op in group_linear group_projections group_swiglu; do
-        SFX_GT_PLAN=$plan "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_plan${plan/,/_}.md" 2>&1
-        echo "plan=$plan $(grep "cases on cuda" "$OUT/test_backend_${op}_plan${plan/,/_}.md")"
+        SFX_GT_PLAN=$plan "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_plan${plan//,/_}.md" 2>&1
+        echo "plan=$plan $(grep "cases on cuda" "$OUT/test_backend_${op}_plan${plan//,/_}.md")"
       done
     done
     for q in rtn2 rtn4; do
       for plan in default $PLANS; do
-        f="$OUT/plan_${q}_${plan/,/_}"
+        f="$OUT/plan_${q}_${plan//,/_}"
         env $([ "$plan" = default ] || echo SFX_GT_PLAN=$plan) SFX_PROFILE_KERNELS=1 \
           "$BIN/sfx" bench --synthetic llama-3.1-8b --device cuda --quant $q -p 0 -n 32 -r 1 --graphs off \
           > "$f.md" 2> "$f.err"

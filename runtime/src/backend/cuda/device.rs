@@ -48,6 +48,10 @@ pub(crate) struct Device {
     pub compute: (i32, i32),
     /// Largest dynamic shared memory a block may opt in to.
     pub smem_optin: usize,
+    /// Shared memory of one SM, shared by its resident blocks (each also holds the driver's
+    /// per-block reserve).
+    pub smem_per_sm: usize,
+    pub smem_reserved_per_block: usize,
     /// Set by uploads of pinned staging areas (and graph launches that contain them); a
     /// host write to a staging area first waits for those to be done.
     staging_in_flight: AtomicBool,
@@ -83,6 +87,8 @@ impl Device {
         use sys::CUdevice_attribute_enum as A;
         let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let smem_optin = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0);
+        let smem_per_sm = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?.max(0);
+        let smem_reserved = attr(A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?.max(0);
         let compute = ctx
             .compute_capability()
             .map_err(cuda_err("reading the compute capability"))?;
@@ -95,6 +101,8 @@ impl Device {
             sm_count,
             compute,
             smem_optin: smem_optin as usize,
+            smem_per_sm: smem_per_sm as usize,
+            smem_reserved_per_block: smem_reserved as usize,
             staging_in_flight: AtomicBool::new(false),
             profile: std::env::var("SFX_PROFILE_KERNELS")
                 .is_ok_and(|v| v == "1")

@@ -59,8 +59,10 @@ pub(crate) struct GroupKernels {
 /// 4][tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
 /// file layout, and the prefill panel.
 pub(crate) struct TileKernels {
+    /// `[bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}` (TilePlan::kernel_index).
     pub matvec: [[Kernel; 6]; 2],
     pub matvec_norm: [[Kernel; 6]; 2],
+    /// `_r{1,2}_s{3,4}`.
     pub swiglu: [[Kernel; 4]; 2],
     pub swiglu_norm: [[Kernel; 4]; 2],
     /// `[0]` 2 bits, `[1]` 4: rows of the table by token id.

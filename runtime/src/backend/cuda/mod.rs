@@ -697,8 +697,13 @@ impl CudaBackend {
 
     /// Warps per decode-attention block whose shared memory fits, and the bytes it takes.
     fn decode_smem(&self, d: usize, elem: usize) -> Result<(u32, usize)> {
-        // Queries, then per warp one K and one V tile of 32 padded rows.
-        let bytes = |warps: usize| ATT_GROUP * d * 4 + warps * 2 * 32 * (d + 16 / elem) * elem;
+        // Queries, per warp one K and one V tile of 32 padded rows, then the step's new rows
+        // (a rotated key and a value per query) as the cache stores them.
+        let bytes = |warps: usize| {
+            ATT_GROUP * d * 4
+                + warps * 2 * 32 * (d + 16 / elem) * elem
+                + ATT_MAX_QUERIES * 2 * d * elem
+        };
         // Four warps measured fastest (tg128 on the 8B shape: 4 → 200, 2 → 187, 1 → 166 tok/s);
         // fewer only when a head size's key tiles do not fit.
         for warps in [4usize, 2, 1] {

@@ -123,13 +123,19 @@ __device__ void combine_heads(const float* part, float* __restrict__ out, int t,
 // per-head loops run to it, so a one-head block does not issue seven heads' predicated work
 // (measured: 13 µs per layer at short context, each warp issuing ~1,650 instructions).
 // The last block of a (query, head set) to finish merges the chunks (a ticket counter after
-// the partials, reset by that block), so decode attention is one launch.
+// the partials, reset by that block), so decode attention is one launch; where one chunk holds
+// every key (short contexts) its block writes the output itself, with no partials or ticket.
+// A short-context block is a chain of memory latencies, so each warp's first tile is fetched
+// before the queries are staged, and a one-head block splits each score into partial sums
+// (two for f16 caches, whose 16-byte chunks hold two groups of four values; one for f32).
 //
 // With `fresh` (rope_write_kv_attention), the step's RoPE and cache write happen here too: q
 // and the new keys arrive unrotated, every block rotates its queries as it stages them, and
-// every block whose chunk holds a new position writes that row (rotated key, value) before it
-// reads the chunk — blocks that share the row write the same values, and a block reads only
-// rows it wrote itself or that an earlier step wrote, so no block waits for another.
+// every block whose chunk holds a new position writes that row (rotated key, value) to the
+// cache and to shared memory; the tile that holds it is patched from there after its copy
+// lands (the copy, issued early, may have read the old row). Blocks that share the row write
+// the same values, and a block reads only rows it patched itself or that an earlier step
+// wrote, so no block waits for another.
 struct FreshKv {
     const float* k;      // [n_new][kv_heads · d], unrotated (null: plain attention)
     const float* v;      // [n_new][kv_heads · d]
@@ -166,9 +172,32 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
 
     float* qs = reinterpret_cast<float*>(smem);                  // [ATT_GROUP][d]
     const int row_elems = d + Elems<T>::N;                        // one 16-byte pad per row
-    // Per warp: a K tile then a V tile, ATT_TILE rows each.
+    // Per warp: a K tile then a V tile, ATT_TILE rows each; after every warp's tiles, the
+    // step's new rows ([ATT_MAX_QUERIES][2][d]: rotated key, value) as the cache stores them.
     T* ktile = reinterpret_cast<T*>(qs + ATT_GROUP * d) + (size_t)warp * 2 * ATT_TILE * row_elems;
     T* vtile = ktile + (size_t)ATT_TILE * row_elems;
+    T* fresh_rows = reinterpret_cast<T*>(qs + ATT_GROUP * d) + (size_t)warps * 2 * ATT_TILE * row_elems;
+
+    const size_t head_base = (size_t)kvh * capacity;
+    const int row_chunks = d / Elems<T>::N;                       // 16-byte chunks per key row
+    // This warp's valid K and V rows of the tile at k0, every copy in flight at once. Rows
+    // past the chunk are left as they are: their scores are masked and P·V stops before them.
+    auto issue_tile = [&](int k0) {
+        const int nvalid = min(ATT_TILE, end - k0);
+        for (int u = lane; u < nvalid * row_chunks; u += 32) {
+            const int r = u / row_chunks, c = u % row_chunks;
+            const size_t src = (head_base + k0 + r) * d;
+            copy16_async(ktile + (size_t)r * row_elems + c * Elems<T>::N,
+                         reinterpret_cast<const uint4*>(kc + src) + c, 16);
+            copy16_async(vtile + (size_t)r * row_elems + c * Elems<T>::N,
+                         reinterpret_cast<const uint4*>(vc + src) + c, 16);
+        }
+        copy_async_commit();
+    };
+    // The first tile goes out before the queries are staged, so its latency overlaps theirs
+    // (a new row it holds may arrive stale: the tile is patched from fresh_rows below).
+    int k0 = start + warp * ATT_TILE;
+    if (k0 < end) issue_tile(k0);
 
     const float scale = 1.0f / sqrtf((float)d);
     if (fresh.k == nullptr) {
@@ -193,17 +222,22 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
             const size_t src = ((size_t)tn * kv_heads + kvh) * d;
             const size_t dst = ((size_t)kvh * capacity + pn) * d;
             const size_t kp = rope_row(pn, fresh.table_positions) * half;
+            T* fk = fresh_rows + (size_t)tn * 2 * d;
+            T* fv = fk + d;
             for (int c = threadIdx.x; c < half; c += blockDim.x) {
                 float lo, hi;
                 rope_rotate(fresh.k[src + c], fresh.k[src + c + half], fresh.cos_t[kp + c],
                             fresh.sin_t[kp + c], lo, hi);
                 kv_store(kc + dst + c, lo);
                 kv_store(kc + dst + c + half, hi);
+                kv_store(fk + c, lo);
+                kv_store(fk + c + half, hi);
             }
-            for (int c = threadIdx.x; c < d; c += blockDim.x) kv_store(vc + dst + c, fresh.v[src + c]);
+            for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                kv_store(vc + dst + c, fresh.v[src + c]);
+                kv_store(fv + c, fresh.v[src + c]);
+            }
         }
-        // The rows just written are read below by other threads' asynchronous copies.
-        __threadfence_block();
     }
     __syncthreads();
 
@@ -216,27 +250,31 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
         for (int e = 0; e < DPL; ++e) o[h][e] = 0.0f;
     }
 
-    const size_t head_base = (size_t)kvh * capacity;
-    const int row_chunks = d / Elems<T>::N;                       // 16-byte chunks per key row
-    for (int k0 = start + warp * ATT_TILE; k0 < end; k0 += warps * ATT_TILE) {
+    // Independent partial sums per score, one per group of four values of a chunk (up to
+    // SA): one head's score is otherwise a chain of d dependent multiply-adds, the critical
+    // path of a short-context block.
+    constexpr int SA = HB == 1 ? 4 : 1;
+    for (; k0 < end; k0 += warps * ATT_TILE) {
         const int nvalid = min(ATT_TILE, end - k0);
-        // This warp's K and V rows, every copy in flight at once; rows past the chunk are
-        // zero-filled (their scores are masked, and 0 · V stays finite).
-        for (int u = lane; u < ATT_TILE * row_chunks; u += 32) {
-            const int r = u / row_chunks, c = u % row_chunks;
-            const bool ok = r < nvalid;
-            const size_t src = (head_base + k0 + (ok ? r : 0)) * d;
-            copy16_async(ktile + (size_t)r * row_elems + c * Elems<T>::N,
-                         reinterpret_cast<const uint4*>(kc + src) + c, ok ? 16 : 0);
-            copy16_async(vtile + (size_t)r * row_elems + c * Elems<T>::N,
-                         reinterpret_cast<const uint4*>(vc + src) + c, ok ? 16 : 0);
-        }
-        copy_async_commit();
         copy_async_wait<0>();
+        if (fresh.k != nullptr) {
+            for (int tn = 0; tn < fresh.n_new; ++tn) {
+                const int r = (int)positions[tn] - k0;
+                if (r < 0 || r >= nvalid) continue;
+                const uint4* fk = reinterpret_cast<const uint4*>(fresh_rows + (size_t)tn * 2 * d);
+                const uint4* fv = fk + row_chunks;
+                for (int c = lane; c < row_chunks; c += 32) {
+                    reinterpret_cast<uint4*>(ktile + (size_t)r * row_elems)[c] = fk[c];
+                    reinterpret_cast<uint4*>(vtile + (size_t)r * row_elems)[c] = fv[c];
+                }
+            }
+        }
         __syncwarp();
-        float s[HB];
+        float s[HB][SA];
 #pragma unroll
-        for (int h = 0; h < HB; ++h) s[h] = 0.0f;
+        for (int h = 0; h < HB; ++h)
+#pragma unroll
+            for (int a = 0; a < SA; ++a) s[h][a] = 0.0f;
         if (lane < nvalid) {
             const uint4* krow = reinterpret_cast<const uint4*>(ktile + (size_t)lane * row_elems);
             for (int c = 0; c < row_chunks; ++c) {
@@ -250,10 +288,11 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
 #pragma unroll
                         for (int e4 = 0; e4 < Elems<T>::N / 4; ++e4) {
                             const float4 qv = qh[e4];
-                            s[h] = fmaf(qv.x, kf[4 * e4], s[h]);
-                            s[h] = fmaf(qv.y, kf[4 * e4 + 1], s[h]);
-                            s[h] = fmaf(qv.z, kf[4 * e4 + 2], s[h]);
-                            s[h] = fmaf(qv.w, kf[4 * e4 + 3], s[h]);
+                            float& acc = s[h][e4 % SA];
+                            acc = fmaf(qv.x, kf[4 * e4], acc);
+                            acc = fmaf(qv.y, kf[4 * e4 + 1], acc);
+                            acc = fmaf(qv.z, kf[4 * e4 + 2], acc);
+                            acc = fmaf(qv.w, kf[4 * e4 + 3], acc);
                         }
                     }
                 }
@@ -263,7 +302,10 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
 #pragma unroll
         for (int h = 0; h < HB; ++h) {
             if (h < gh) {
-                const float sv = lane < nvalid ? s[h] : -INFINITY;
+                float sh = s[h][0];
+#pragma unroll
+                for (int a = 1; a < SA; ++a) sh += s[h][a];
+                const float sv = lane < nvalid ? sh : -INFINITY;
                 const float m_new = fmaxf(m[h], warp_max(sv));
                 const float corr = __expf(m[h] - m_new);
                 p[h] = lane < nvalid ? __expf(sv - m_new) : 0.0f;
@@ -275,9 +317,9 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
                 p[h] = 0.0f;
             }
         }
-        // P · V over the staged rows (zero rows past nvalid carry p = 0).
+        // P · V over the valid rows.
 #pragma unroll 4
-        for (int j = 0; j < ATT_TILE; ++j) {
+        for (int j = 0; j < nvalid; ++j) {
             float v[DPL];
             load_v<T, DPL>(vtile + (size_t)j * row_elems, lane, d, v);
 #pragma unroll
@@ -290,6 +332,7 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
             }
         }
         __syncwarp();  // the next tile overwrites ktile and vtile
+        if (k0 + warps * ATT_TILE < end) issue_tile(k0 + warps * ATT_TILE);
     }
 
     // Merge the warps: (m, l, o) per warp through shared memory (the key tiles are done).
@@ -313,6 +356,24 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
         }
     }
     __syncthreads();
+    // One chunk holds every key (short contexts): this block's merge is the answer, written
+    // without partials or tickets (the same values the merge of one chunk computes).
+    if (n_splits == 1) {
+        for (int i = threadIdx.x; i < gh * d; i += blockDim.x) {
+            const int h = i / d, c = i % d;
+            float mx = -INFINITY;
+            for (int w = 0; w < warps; ++w) mx = fmaxf(mx, wm[w * ATT_GROUP + h]);
+            float acc = 0.0f, sum = 0.0f;
+            for (int w = 0; w < warps; ++w) {
+                const float mw = wm[w * ATT_GROUP + h];
+                const float f = mw == -INFINITY ? 0.0f : __expf(mw - mx);
+                acc += wo[((size_t)w * ATT_GROUP + h) * d + c] * f;
+                sum += wl[w * ATT_GROUP + h] * f;
+            }
+            out[((size_t)t * n_heads + h0 + h) * d + c] = acc / sum;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < gh * (d + 2); i += blockDim.x) {
         const int h = i / (d + 2), c = i % (d + 2);
         float mx = -INFINITY;

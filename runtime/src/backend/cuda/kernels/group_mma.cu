@@ -342,7 +342,10 @@ struct GtSlot {
 
 // A block takes R tiles of one item (SwiGLU: R gate tiles and the same R up tiles) over the
 // whole row, stages x once, and splits the columns over its warps: warp w takes units w,
-// w + 8, …. Codes stream through a per-warp ring of S slots in shared memory by cp.async,
+// w + 8, …; with seq > 1 it then takes the next R tiles, seq times (x staged once, and the
+// ring runs on across the tiles instead of draining at the end of each: short rows gave a
+// warp 4 units, too few for the ring to reach its steady state). Codes stream through a
+// per-warp ring of S slots in shared memory by cp.async,
 // S − 1 units ahead of the one being multiplied, so a warp's loads in flight cost no
 // registers (register-held prefetch capped the bytes in flight at ~2 super-chunks per warp
 // and left the matvecs latency-bound; split-K over more, shorter blocks measured slower still:
@@ -353,7 +356,7 @@ template <int B, int R, int S, bool NORM, bool SWIGLU>
 __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps,
                                                int cols, int n_sc, int gpr, int group_shift,
-                                               int accumulate) {
+                                               int accumulate, int seq) {
     constexpr int WORDS = B / 2, SPU = GtUnit<B>::SPU, CHUNKS = GtUnit<B>::CHUNKS;
     constexpr int SC_CHUNKS = 8 / B;  // chunks per super-chunk
     constexpr int NT = SWIGLU ? 2 * R : R;  // tiles per block: gate tiles, then up tiles
@@ -377,16 +380,17 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     SFX_PDL_TRIGGER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int tiles = (item.rows + 15) / 16;
-    const int tile0 = ((int)blockIdx.x - first_block) * R;
-    const uint4* codes[NT];
-    const uint2* sz[NT];
-#pragma unroll
-    for (int r = 0; r < NT; ++r) {
+    const int tile_first = ((int)blockIdx.x - first_block) * R * seq;
+    // The codes and scales of tile r of tile set s (tail tiles re-read, not written).
+    auto tile_of = [&](int s, int r) { return min(tile_first + s * R + r % R, tiles - 1); };
+    auto codes_at_tile = [&](int s, int r) {
         const GtItem& it = (SWIGLU && r >= R) ? g.item[1] : item;
-        const int tile = min(tile0 + r % R, tiles - 1);  // tail tiles re-read, not written
-        codes[r] = it.codes + (size_t)tile * n_sc * 32 + lane;
-        sz[r] = it.scale_zero + (size_t)tile * gpr * 8 + gq;
-    }
+        return it.codes + (size_t)tile_of(s, r) * n_sc * 32 + lane;
+    };
+    auto sz_at_tile = [&](int s, int r) {
+        const GtItem& it = (SWIGLU && r >= R) ? g.item[1] : item;
+        return it.scale_zero + (size_t)tile_of(s, r) * gpr * 8 + gq;
+    };
 
     // Layout of dynamic shared memory: the three x planes (over whole units), then the
     // warps' rings; a lane's bytes of a slot are its 16·SPU B of each tile's codes, then its
@@ -397,27 +401,33 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     unsigned char* ring = reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
                           (size_t)warp * S * Slot::BYTES;
     const int codes_at = lane * 16, sz_at = Slot::CODE_BYTES + lane * 8;
-    // Unit `issue_u` of this warp into the next slot (its group: chunk >> group_shift); one
-    // commit group per call, empty past the row, so wait_group counts stay uniform. A 4-bit
-    // row of an odd number of super-chunks ends in a half unit: its missing half is zeros.
-    int issue_u = warp, issue_k = 0;
+    // Unit `issue_u` of tile set `issue_s` of this warp into the next slot (its group:
+    // chunk >> group_shift); one commit group per call, empty past the block's last tile set,
+    // so wait_group counts stay uniform. A 4-bit row of an odd number of super-chunks ends in
+    // a half unit: its missing half is zeros.
+    int issue_u = warp, issue_s = 0, issue_k = 0;
     auto issue = [&]() {
-        if (issue_u < n_units) {
+        if (issue_s < seq && issue_u < n_units) {
             unsigned char* slot = ring + issue_k * Slot::BYTES;
             const int gi = min((issue_u * CHUNKS) >> group_shift, gpr - 1);
 #pragma unroll
             for (int r = 0; r < NT; ++r) {
+                const uint4* codes = codes_at_tile(issue_s, r);
 #pragma unroll
                 for (int h = 0; h < SPU; ++h) {
                     const int sc = issue_u * SPU + h;
                     copy16_async(slot + codes_at + (r * SPU + h) * 32 * 16,
-                                 codes[r] + (size_t)min(sc, n_sc - 1) * 32, sc < n_sc ? 16 : 0);
+                                 codes + (size_t)min(sc, n_sc - 1) * 32, sc < n_sc ? 16 : 0);
                 }
-                copy8_async(slot + sz_at + r * 32 * 8, sz[r] + (size_t)gi * 8);
+                copy8_async(slot + sz_at + r * 32 * 8, sz_at_tile(issue_s, r) + (size_t)gi * 8);
             }
         }
         copy_async_commit();
         issue_u += GT_WARPS;
+        if (issue_u >= n_units) {
+            issue_u = warp;
+            ++issue_s;
+        }
         issue_k = issue_k == S - 1 ? 0 : issue_k + 1;
     };
     // Weights are never written: their loads go out before x is read.
@@ -442,7 +452,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 
     // Lanes 0..11 read the three x planes as B columns 0..2; the others read plane 2 again,
     // and the output columns 3..7 they feed are dropped at the end (cheaper than zeroing B).
-    const uint32_t* bplane = gt_planes + min(gq, 2) * pstride + tq + warp * (CHUNKS * 16);
+    const uint32_t* bplane0 = gt_planes + min(gq, 2) * pstride + tq + warp * (CHUNKS * 16);
     // Per tile: output columns 2t, 2t + 1 of rows g and g + 8 over the scaled units, and the
     // unit's sums.
     float tot[NT][4], d[NT][4];
@@ -452,92 +462,99 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         for (int e = 0; e < 4; ++e) tot[r][e] = d[r][e] = 0.0f;
     }
     int read_k = 0;
-    for (int u = warp; u < n_units; u += GT_WARPS, bplane += GT_WARPS * CHUNKS * 16) {
-        copy_async_wait<S - 2>();  // this lane's copies of unit u have landed
-        const unsigned char* slot = ring + read_k * Slot::BYTES;
-        read_k = read_k == S - 1 ? 0 : read_k + 1;
-        uint4 w[NT][SPU];
-        uint2 szw[NT];
+    for (int set = 0; set < seq; ++set) {
+        const uint32_t* bplane = bplane0;
+        for (int u = warp; u < n_units; u += GT_WARPS, bplane += GT_WARPS * CHUNKS * 16) {
+            copy_async_wait<S - 2>();  // this lane's copies of unit u have landed
+            const unsigned char* slot = ring + read_k * Slot::BYTES;
+            read_k = read_k == S - 1 ? 0 : read_k + 1;
+            uint4 w[NT][SPU];
+            uint2 szw[NT];
 #pragma unroll
-        for (int r = 0; r < NT; ++r) {
+            for (int r = 0; r < NT; ++r) {
 #pragma unroll
-            for (int h = 0; h < SPU; ++h) {
-                w[r][h] = *reinterpret_cast<const uint4*>(slot + codes_at + (r * SPU + h) * 512);
+                for (int h = 0; h < SPU; ++h) {
+                    w[r][h] = *reinterpret_cast<const uint4*>(slot + codes_at + (r * SPU + h) * 512);
+                }
+                szw[r] = *reinterpret_cast<const uint2*>(slot + sz_at + r * 32 * 8);
             }
-            szw[r] = *reinterpret_cast<const uint2*>(slot + sz_at + r * 32 * 8);
-        }
-        issue();  // into the slot unit u − 8 left
-        uint32_t zz[NT][2];  // 128 + z of rows g and g + 8, in both halves
+            issue();  // into the slot unit u − 8 left
+            uint32_t zz[NT][2];  // 128 + z of rows g and g + 8, in both halves
 #pragma unroll
-        for (int r = 0; r < NT; ++r) {
-            zz[r][0] = __byte_perm(szw[r].x, 0, 0x3232);
-            zz[r][1] = __byte_perm(szw[r].y, 0, 0x3232);
-            if (B == 2) zz[r][1] = zero_x4(zz[r][1]);
-        }
+            for (int r = 0; r < NT; ++r) {
+                zz[r][0] = __byte_perm(szw[r].x, 0, 0x3232);
+                zz[r][1] = __byte_perm(szw[r].y, 0, 0x3232);
+                if (B == 2) zz[r][1] = zero_x4(zz[r][1]);
+            }
 #pragma unroll
-        for (int sub = 0; sub < CHUNKS; ++sub) {
+            for (int sub = 0; sub < CHUNKS; ++sub) {
 #pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-                const int k0 = sub * 32 + ks * 16;  // column in the unit
-                const uint32_t b0 = bplane[k0 / 2];
-                const uint32_t b1 = bplane[k0 / 2 + 4];
+                for (int ks = 0; ks < 2; ++ks) {
+                    const int k0 = sub * 32 + ks * 16;  // column in the unit
+                    const uint32_t b0 = bplane[k0 / 2];
+                    const uint32_t b1 = bplane[k0 / 2 + 4];
 #pragma unroll
-                for (int r = 0; r < NT; ++r) {
-                    const uint4& ws = w[r][sub / SC_CHUNKS];
-                    const uint32_t words[4] = {ws.x, ws.y, ws.z, ws.w};
-                    uint32_t a[4];
-                    unpack_a<B>(words + (sub % SC_CHUNKS) * WORDS, ks, zz[r][0], zz[r][1], a);
-                    mma_bf16(d[r], a, b0, b1);
+                    for (int r = 0; r < NT; ++r) {
+                        const uint4& ws = w[r][sub / SC_CHUNKS];
+                        const uint32_t words[4] = {ws.x, ws.y, ws.z, ws.w};
+                        uint32_t a[4];
+                        unpack_a<B>(words + (sub % SC_CHUNKS) * WORDS, ks, zz[r][0], zz[r][1], a);
+                        mma_bf16(d[r], a, b0, b1);
+                    }
                 }
             }
+            // The unit's partial sums, scaled by its group's scales (a group of several units is
+            // summed in parts).
+#pragma unroll
+            for (int r = 0; r < NT; ++r) {
+                const float s0 = __half2float(__ushort_as_half((unsigned short)(szw[r].x & 0xffff)));
+                const float s1 = __half2float(__ushort_as_half((unsigned short)(szw[r].y & 0xffff))) *
+                                 HiRowScale<B>::VALUE;
+                tot[r][0] = fmaf(s0, d[r][0], tot[r][0]);
+                tot[r][1] = fmaf(s0, d[r][1], tot[r][1]);
+                tot[r][2] = fmaf(s1, d[r][2], tot[r][2]);
+                tot[r][3] = fmaf(s1, d[r][3], tot[r][3]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+            }
         }
-        // The unit's partial sums, scaled by its group's scales (a group of several units is
-        // summed in parts).
+        // Rows g and g + 8 of each tile: the three x columns (lane t holds columns 2t, 2t + 1;
+        // columns 3..7 are dropped) summed over the t lanes, then over the warps' column slices.
 #pragma unroll
         for (int r = 0; r < NT; ++r) {
-            const float s0 = __half2float(__ushort_as_half((unsigned short)(szw[r].x & 0xffff)));
-            const float s1 = __half2float(__ushort_as_half((unsigned short)(szw[r].y & 0xffff))) *
-                             HiRowScale<B>::VALUE;
-            tot[r][0] = fmaf(s0, d[r][0], tot[r][0]);
-            tot[r][1] = fmaf(s0, d[r][1], tot[r][1]);
-            tot[r][2] = fmaf(s1, d[r][2], tot[r][2]);
-            tot[r][3] = fmaf(s1, d[r][3], tot[r][3]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) d[r][e] = 0.0f;
+            float lo = tq == 0 ? tot[r][0] + tot[r][1] : tq == 1 ? tot[r][0] : 0.0f;
+            float hi = tq == 0 ? tot[r][2] + tot[r][3] : tq == 1 ? tot[r][2] : 0.0f;
+            lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 1);
+            lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 2);
+            hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 1);
+            hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 2);
+            if (tq == 0) {
+                red[warp][r][gq] = lo;
+                red[warp][r][gq + 8] = hi;
+            }
         }
+        __syncthreads();
+        if ((int)threadIdx.x < R * 16) {
+            const int r = threadIdx.x / 16, i = threadIdx.x % 16;
+            const int out_row = (tile_first + set * R + r) * 16 + i;
+            if (out_row < item.rows) {
+                float total = 0.0f, up_total = 0.0f;
+#pragma unroll
+                for (int k = 0; k < GT_WARPS; ++k) {
+                    total += red[k][r][i];
+                    if (SWIGLU) up_total += red[k][(R + r) % NT][i];
+                }
+                projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
+                                       scale, item.bias, out_row, accumulate);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NT; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tot[r][e] = 0.0f;
+        if (set + 1 < seq) __syncthreads();  // red is refilled by the next tile set
     }
     copy_async_wait<0>();  // nothing left in flight when the block exits
-
-    // Rows g and g + 8 of each tile: the three x columns (lane t holds columns 2t, 2t + 1;
-    // columns 3..7 are dropped) summed over the t lanes, then over the warps' column slices.
-#pragma unroll
-    for (int r = 0; r < NT; ++r) {
-        float lo = tq == 0 ? tot[r][0] + tot[r][1] : tq == 1 ? tot[r][0] : 0.0f;
-        float hi = tq == 0 ? tot[r][2] + tot[r][3] : tq == 1 ? tot[r][2] : 0.0f;
-        lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 1);
-        lo += __shfl_xor_sync(SFX_FULL_MASK, lo, 2);
-        hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 1);
-        hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 2);
-        if (tq == 0) {
-            red[warp][r][gq] = lo;
-            red[warp][r][gq + 8] = hi;
-        }
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < R * 16) {
-        const int r = threadIdx.x / 16, i = threadIdx.x % 16;
-        const int out_row = (tile0 + r) * 16 + i;
-        if (out_row < item.rows) {
-            float total = 0.0f, up_total = 0.0f;
-#pragma unroll
-            for (int k = 0; k < GT_WARPS; ++k) {
-                total += red[k][r][i];
-                if (SWIGLU) up_total += red[k][(R + r) % NT][i];
-            }
-            projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
-                                   scale, item.bias, out_row, accumulate);
-        }
-    }
 }
 
 #define SFX_GT_BODY(...) __VA_ARGS__
@@ -553,31 +570,31 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #define SFX_GT_MATVEC(B, R, S)                                                            \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
         gt_matvec_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
-                                     int gpr, int group_shift, int accumulate) {          \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false>(g, x, nullptr, 0.0f, cols, n_sc,    \
-                                                          gpr, group_shift, accumulate);) \
+                                     int gpr, int group_shift, int accumulate, int seq) { \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false>(g, x, nullptr, 0.0f, cols, n_sc, \
+                                                          gpr, group_shift, accumulate, seq);) \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_matvec_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw,   \
+        gt_matvec_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw, \
                                           float eps, int cols, int n_sc, int gpr,         \
-                                          int group_shift) {                              \
+                                          int group_shift, int seq) {                     \
         SFX_GT_BODY(gt_matvec_body<B, R, S, true, false>(g, x, nw, eps, cols, n_sc, gpr,  \
-                                                         group_shift, 0);)                \
+                                                         group_shift, 0, seq);)           \
     }
 
 #define SFX_GT_SWIGLU(B, R, S)                                                            \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
         gt_swiglu_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
-                                     int gpr, int group_shift) {                          \
+                                     int gpr, int group_shift, int seq) {                 \
         SFX_GT_BODY(gt_matvec_body<B, R, S, false, true>(g, x, nullptr, 0.0f, cols, n_sc, \
-                                                         gpr, group_shift, 0);)           \
+                                                         gpr, group_shift, 0, seq);)      \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_swiglu_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw,   \
+        gt_swiglu_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw, \
                                           float eps, int cols, int n_sc, int gpr,         \
-                                          int group_shift) {                              \
+                                          int group_shift, int seq) {                     \
         SFX_GT_BODY(gt_matvec_body<B, R, S, true, true>(g, x, nw, eps, cols, n_sc, gpr,   \
-                                                        group_shift, 0);)                 \
+                                                        group_shift, 0, seq);)            \
     }
 
 #define SFX_GT_WIDTH(B)                                                                   \
