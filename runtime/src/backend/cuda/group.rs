@@ -771,12 +771,14 @@ impl CudaBackend {
         };
         let mut plan = self.tile_plan(swiglu);
         let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu);
+        // Tile rows of each item that owns blocks: SwiGLU's up item shares the gate's blocks.
+        let owned_tiles: Vec<usize> = items
+            .iter()
+            .take(if swiglu { 1 } else { items.len() })
+            .map(|it| it.w.rows.div_ceil(TILE_ROWS))
+            .collect();
         if self.inner.tile_plan.is_none() {
-            let tile_blocks: usize = items
-                .iter()
-                .take(if swiglu { 1 } else { items.len() })
-                .map(|it| it.w.rows.div_ceil(TILE_ROWS).div_ceil(plan.tiles))
-                .sum();
+            let tile_blocks: usize = owned_tiles.iter().map(|t| t.div_ceil(plan.tiles)).sum();
             let dev = self.dev();
             plan.seq = sequential_sets(
                 tile_blocks,
@@ -797,13 +799,10 @@ impl CudaBackend {
             ..GtGroup::default()
         };
         let mut end = 0usize;
-        for (slot, it) in group.item.iter_mut().zip(items) {
-            if !swiglu || end == 0 {
-                end +=
-                    it.w.rows
-                        .div_ceil(TILE_ROWS)
-                        .div_ceil(plan.tiles * plan.seq);
-            }
+        for (k, (slot, it)) in group.item.iter_mut().zip(items).enumerate() {
+            end += owned_tiles
+                .get(k)
+                .map_or(0, |t| t.div_ceil(plan.tiles * plan.seq));
             *slot = GtItem {
                 codes: it.w.mem.ptr,
                 scale_zero: tile_operand(it.w, "tile matvec")?,

@@ -116,6 +116,25 @@ __device__ void combine_heads(const float* part, float* __restrict__ out, int t,
     }
 }
 
+// The block's warps merged for head h (their maxima in wm[warp][ATT_GROUP]): mx = the largest
+// warp maximum, returned Σ_w e^(m_w − mx)·value(w), two values at once (output component and
+// sum, or one of them). A warp that saw no key has m = −inf: its weight is 0, not NaN.
+template <typename Value>
+__device__ __forceinline__ float2 merge_warps(const float* wm, int warps, int h, float& mx,
+                                              Value value) {
+    mx = -INFINITY;
+    for (int w = 0; w < warps; ++w) mx = fmaxf(mx, wm[w * ATT_GROUP + h]);
+    float2 acc = make_float2(0.0f, 0.0f);
+    for (int w = 0; w < warps; ++w) {
+        const float mw = wm[w * ATT_GROUP + h];
+        const float f = mw == -INFINITY ? 0.0f : __expf(mw - mx);
+        const float2 v = value(w);
+        acc.x += v.x * f;
+        acc.y += v.y * f;
+    }
+    return acc;
+}
+
 // `heads_per_block` query heads of one KV head per block: the whole group (≤ 8) at long
 // context, where the keys are read once for all of them, or 1 at short context, where the
 // per-key work (not memory) is the critical path and 4–8× more blocks finish sooner. HB is
@@ -361,32 +380,20 @@ __device__ void decode_partial_body(const float* __restrict__ q, T* kc, T* vc,
     if (n_splits == 1) {
         for (int i = threadIdx.x; i < gh * d; i += blockDim.x) {
             const int h = i / d, c = i % d;
-            float mx = -INFINITY;
-            for (int w = 0; w < warps; ++w) mx = fmaxf(mx, wm[w * ATT_GROUP + h]);
-            float acc = 0.0f, sum = 0.0f;
-            for (int w = 0; w < warps; ++w) {
-                const float mw = wm[w * ATT_GROUP + h];
-                const float f = mw == -INFINITY ? 0.0f : __expf(mw - mx);
-                acc += wo[((size_t)w * ATT_GROUP + h) * d + c] * f;
-                sum += wl[w * ATT_GROUP + h] * f;
-            }
-            out[((size_t)t * n_heads + h0 + h) * d + c] = acc / sum;
+            float mx;
+            const float2 acc = merge_warps(wm, warps, h, mx, [&](int w) {
+                return make_float2(wo[((size_t)w * ATT_GROUP + h) * d + c], wl[w * ATT_GROUP + h]);
+            });
+            out[((size_t)t * n_heads + h0 + h) * d + c] = acc.x / acc.y;
         }
         return;
     }
     for (int i = threadIdx.x; i < gh * (d + 2); i += blockDim.x) {
         const int h = i / (d + 2), c = i % (d + 2);
-        float mx = -INFINITY;
-        for (int w = 0; w < warps; ++w) mx = fmaxf(mx, wm[w * ATT_GROUP + h]);
-        float acc = 0.0f;
-        for (int w = 0; w < warps; ++w) {
-            const float mw = wm[w * ATT_GROUP + h];
-            // A warp that saw no key has m = -inf: its weight is 0, not NaN.
-            const float f = mw == -INFINITY ? 0.0f : __expf(mw - mx);
-            const float val = c < d ? wo[((size_t)w * ATT_GROUP + h) * d + c]
-                                    : wl[w * ATT_GROUP + h];
-            acc += val * f;
-        }
+        float mx;
+        const float acc = merge_warps(wm, warps, h, mx, [&](int w) {
+            return make_float2(c < d ? wo[((size_t)w * ATT_GROUP + h) * d + c] : wl[w * ATT_GROUP + h], 0.0f);
+        }).x;
         float* dst = part + (((size_t)t * n_heads + h0 + h) * max_splits + split) * (d + 2);
         if (c < d) dst[c] = acc;
         else if (c == d) dst[d] = mx;
