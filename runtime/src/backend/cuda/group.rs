@@ -617,12 +617,14 @@ impl CudaBackend {
 /// How one tile matvec launch cuts its work: `tiles` tiles per block (SwiGLU: that many gate
 /// and up tiles each), `stages` ring slots per warp (stages − 1 units in flight ahead of the
 /// one being multiplied) and `seq` sets of `tiles` tiles taken one after another by a block
-/// (x staged once, the ring running on across them).
+/// (x staged once, the ring running on across them), by blocks of `warps` warps (8, or 16
+/// with one tile and three slots: the `_w16` kernels).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct TilePlan {
     pub tiles: usize,
     pub stages: usize,
     pub seq: usize,
+    pub warps: usize,
 }
 
 impl TilePlan {
@@ -631,10 +633,12 @@ impl TilePlan {
         tiles: 1,
         stages: 3,
         seq: 1,
+        warps: 8,
     };
 
-    /// `SFX_GT_PLAN=tiles,stages[,seq]` (tiles 1, 2, 4; stages 3, 4; seq 1–16) forces the
-    /// plan of every tile launch, for tuning runs; None when unset or malformed.
+    /// `SFX_GT_PLAN=tiles,stages[,seq[,warps]]` (tiles 1, 2, 4; stages 3, 4; seq 1–16; warps
+    /// 8, or 16 with 1,3) forces the plan of every tile launch, for tuning runs; None when
+    /// unset or malformed.
     pub(super) fn from_env() -> Option<TilePlan> {
         Self::parse(&std::env::var("SFX_GT_PLAN").ok()?)
     }
@@ -644,20 +648,27 @@ impl TilePlan {
             .split(',')
             .map(|x| x.trim().parse().ok())
             .collect::<Option<_>>()?;
-        let (tiles, stages, seq) = match p[..] {
-            [t, s] => (t, s, 1),
-            [t, s, q] => (t, s, q),
+        let (tiles, stages, seq, warps) = match p[..] {
+            [t, s] => (t, s, 1, 8),
+            [t, s, q] => (t, s, q, 8),
+            [t, s, q, w] => (t, s, q, w),
             _ => return None,
         };
-        let plan = TilePlan { tiles, stages, seq };
+        let plan = TilePlan {
+            tiles,
+            stages,
+            seq,
+            warps,
+        };
         (plan.kernel_index(false).is_some() && (1..=16).contains(&seq)).then_some(plan)
     }
 
-    /// Index into the kernel tables (`_r{1,2,4}_s{3,4}`; SwiGLU tables stop at two tiles);
-    /// None for a plan with no kernel.
+    /// Index into the kernel tables (`_r{1,2,4}_s{3,4}`, then `_r1_s3_w16`; SwiGLU tables
+    /// stop at two tiles before the wide kernel); None for a plan with no kernel.
     fn kernel_index(&self, swiglu: bool) -> Option<usize> {
-        match (self.tiles, self.stages) {
-            (1 | 2 | 4, 3 | 4) if !(swiglu && self.tiles == 4) => {
+        match (self.tiles, self.stages, self.warps) {
+            (1, 3, 16) => Some(if swiglu { 4 } else { 6 }),
+            (1 | 2 | 4, 3 | 4, 8) if !(swiglu && self.tiles == 4) => {
                 Some(2 * (self.tiles.trailing_zeros() as usize) + usize::from(self.stages == 4))
             }
             _ => None,
@@ -665,24 +676,36 @@ impl TilePlan {
     }
 }
 
-/// Static shared memory of a tile block at most (`red` and `ss_red` in group_mma.cu).
-const TILE_STATIC_SMEM: usize = TILE_WARPS * 2 * 16 * 4 + TILE_WARPS * 4;
-
-/// Tile sets a block takes in sequence: where one block fills an SM's shared memory, enough
-/// that the launch runs in one wave — a second wave of such blocks restarts every ring and
-/// stages x again, with no other block on the SM to overlap it (Llama-3.1-8B's down projection
-/// at 4 bits, 256 blocks of 117 KB on 132 SMs: 20.7 → 18.1 µs at two sets). Launches that fit
-/// two blocks an SM keep one set per block: there the halved parallelism lost (rtn2's down
-/// 14.3 → 15.6 µs, gate/up and q/k/v 2–6 % slower at two sets; H200).
-fn sequential_sets(blocks: usize, smem_block: usize, smem_per_sm: usize, sm_count: usize) -> usize {
-    if smem_per_sm / smem_block.max(1) != 1 {
-        return 1;
-    }
-    blocks.div_ceil(sm_count.max(1)).clamp(1, 16)
+/// Static shared memory of a tile block of `warps` warps at most (`red`, double-buffered,
+/// and `ss_red` in group_mma.cu).
+const fn tile_static_smem(warps: usize) -> usize {
+    2 * warps * 2 * 16 * 4 + warps * 4
 }
 
-/// Warps per tile block (`GT_WARPS`) and columns of a warp's unit of work (`GtUnit`).
-const TILE_WARPS: usize = THREADS / 32;
+/// Tile sets a block takes in sequence: where at most two blocks fit an SM's shared memory,
+/// enough that the launch runs in one wave — a later wave of such blocks restarts every ring
+/// and stages x again, with too few other blocks on the SM to overlap it (x staged once and
+/// the ring running on across the sets instead). Measured on the H200, Llama-3.1-8B shapes:
+/// the rtn4 down projection (256 blocks of 117 KB, one an SM) 20.7 → 18.1 µs at two sets;
+/// rtn4 gate/up (896 blocks, two an SM) at four sets with the rest: tg128 449 → 464. Where
+/// three or more blocks fit, the launch keeps one set a block: there fewer blocks lost more
+/// than the staging saved (rtn2 gate/up, three an SM: tg128 521 → 507 at three sets).
+/// `every_launch` (`SFX_GT_ONE_WAVE=1`, for comparison) sizes every launch to one wave.
+fn sequential_sets(
+    blocks: usize,
+    smem_block: usize,
+    smem_per_sm: usize,
+    sm_count: usize,
+    every_launch: bool,
+) -> usize {
+    let per_sm = (smem_per_sm / smem_block.max(1)).max(1);
+    if per_sm > 2 && !every_launch {
+        return 1;
+    }
+    blocks.div_ceil(per_sm * sm_count.max(1)).clamp(1, 16)
+}
+
+/// Columns of a warp's unit of work (`GtUnit`).
 const TILE_UNIT_COLS: usize = 128;
 
 impl CudaBackend {
@@ -694,7 +717,7 @@ impl CudaBackend {
         let padded_cols = super_chunks.div_ceil(per_unit) * TILE_UNIT_COLS;
         let tiles = plan.tiles * if swiglu { 2 } else { 1 };
         let slot_per_tile = 32 * (16 * per_unit + 8);
-        4 * 3 * (padded_cols / 2 + 4) + TILE_WARPS * plan.stages * tiles * slot_per_tile
+        4 * 3 * (padded_cols / 2 + 4) + plan.warps * plan.stages * tiles * slot_per_tile
     }
 
     /// The plan of a tile launch: one tile per block and three ring slots (measured best on
@@ -770,7 +793,6 @@ impl CudaBackend {
             ));
         };
         let mut plan = self.tile_plan(swiglu);
-        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu);
         // Tile rows of each item that owns blocks: SwiGLU's up item shares the gate's blocks.
         let owned_tiles: Vec<usize> = items
             .iter()
@@ -778,15 +800,32 @@ impl CudaBackend {
             .map(|it| it.w.rows.div_ceil(TILE_ROWS))
             .collect();
         if self.inner.tile_plan.is_none() {
-            let tile_blocks: usize = owned_tiles.iter().map(|t| t.div_ceil(plan.tiles)).sum();
             let dev = self.dev();
+            let block_smem = |p: TilePlan| {
+                Self::tile_smem(super_chunks, c.bits, p, swiglu)
+                    + tile_static_smem(p.warps)
+                    + dev.smem_reserved_per_block
+            };
+            // Where one block of 8 warps fills an SM, 16 warps put twice the units in flight
+            // for the same staged x.
+            let wide = TilePlan { warps: 16, ..plan };
+            if self.inner.tile_wide
+                && wide.kernel_index(swiglu).is_some()
+                && dev.smem_per_sm / block_smem(plan).max(1) == 1
+                && Self::tile_smem(super_chunks, c.bits, wide, swiglu) <= dev.smem_optin
+            {
+                plan = wide;
+            }
+            let tile_blocks: usize = owned_tiles.iter().map(|t| t.div_ceil(plan.tiles)).sum();
             plan.seq = sequential_sets(
                 tile_blocks,
-                smem + TILE_STATIC_SMEM + dev.smem_reserved_per_block,
+                block_smem(plan),
                 dev.smem_per_sm,
                 dev.sm_count as usize,
+                self.inner.tile_one_wave,
             );
         }
+        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu);
         if smem > self.dev().smem_optin {
             return Err(RuntimeError::Unsupported(format!(
                 "tile matvec: {} columns need {smem} B of shared memory, this GPU allows {}",
@@ -843,7 +882,7 @@ impl CudaBackend {
         self.launch_projection(
             kernel,
             (blocks(end, 1), m as u32, 1),
-            (THREADS as u32, 1, 1),
+            ((32 * plan.warps) as u32, 1, 1),
             smem,
             &mut args,
         )
@@ -883,8 +922,17 @@ mod tests {
 
     #[test]
     fn plan_indices_follow_the_kernel_tables() {
-        // kernels.rs loads `_r{1,2,4}_s{3,4}` in this order (SwiGLU: no r4).
-        let names = ["r1_s3", "r1_s4", "r2_s3", "r2_s4", "r4_s3", "r4_s4"];
+        // kernels.rs loads `_r{1,2,4}_s{3,4}`, then `_r1_s3_w16`, in this order (SwiGLU: no
+        // r4).
+        let names = [
+            "r1_s3",
+            "r1_s4",
+            "r2_s3",
+            "r2_s4",
+            "r4_s3",
+            "r4_s4",
+            "r1_s3_w16",
+        ];
         for swiglu in [false, true] {
             let table: Vec<&str> = names
                 .iter()
@@ -892,11 +940,13 @@ mod tests {
                 .filter(|n| !(swiglu && n.starts_with("r4")))
                 .collect();
             for (i, name) in table.iter().enumerate() {
-                let (t, s) = name[1..].split_once("_s").expect("r{t}_s{s}");
+                let (t, rest) = name[1..].split_once("_s").expect("r{t}_s{s}");
+                let (s, w) = rest.split_once("_w").unwrap_or((rest, "8"));
                 let plan = TilePlan {
                     tiles: t.parse().expect("tiles"),
                     stages: s.parse().expect("stages"),
                     seq: 1,
+                    warps: w.parse().expect("warps"),
                 };
                 assert_eq!(plan.kernel_index(swiglu), Some(i), "{name} swiglu={swiglu}");
             }
@@ -904,50 +954,87 @@ mod tests {
         let no_kernel = TilePlan {
             tiles: 2,
             stages: 8,
-            seq: 1,
+            ..TilePlan::DEFAULT
         };
         assert_eq!(no_kernel.kernel_index(false), None);
         let four_swiglu = TilePlan {
             tiles: 4,
-            stages: 3,
-            seq: 1,
+            ..TilePlan::DEFAULT
         };
         assert_eq!(four_swiglu.kernel_index(true), None);
+        let wide_two_tiles = TilePlan {
+            tiles: 2,
+            warps: 16,
+            ..TilePlan::DEFAULT
+        };
+        assert_eq!(wide_two_tiles.kernel_index(false), None);
     }
 
     #[test]
-    fn one_block_per_sm_launches_run_in_one_wave() {
+    fn launches_of_big_blocks_run_in_one_wave() {
         // H200: 132 SMs, 228 KB of shared memory each.
         let sm = 233_472;
+        const STATIC: usize = tile_static_smem(8);
         // rtn4 down: 256 tiles, 117 KB + static and reserve: one block an SM, two sets.
         let down4 = CudaBackend::tile_smem(224, 4, TilePlan::DEFAULT, false);
         assert_eq!(
-            sequential_sets(256, down4 + TILE_STATIC_SMEM + 1024, sm, 132),
+            sequential_sets(256, down4 + STATIC + 1024, sm, 132, false),
             2
         );
-        // rtn2 down: 105 KB, two blocks an SM: one set.
+        // rtn2 down: 105 KB, two blocks an SM, 256 blocks in 264 slots: one set.
         let down2 = CudaBackend::tile_smem(112, 2, TilePlan::DEFAULT, false);
         assert_eq!(
-            sequential_sets(256, down2 + TILE_STATIC_SMEM + 1024, sm, 132),
+            sequential_sets(256, down2 + STATIC + 1024, sm, 132, false),
             1
         );
-        // rtn4 gate/up (86 KB) and small blocks: one set.
+        // rtn4 gate/up (86 KB, two blocks an SM): 896 blocks take four sets each (224 blocks).
         let gate_up4 = CudaBackend::tile_smem(64, 4, TilePlan::DEFAULT, true);
         assert_eq!(
-            sequential_sets(896, gate_up4 + TILE_STATIC_SMEM + 1024, sm, 132),
+            sequential_sets(896, gate_up4 + STATIC + 1024, sm, 132, false),
+            4
+        );
+        // rtn2 gate/up (62 KB, three an SM): one set, unless every launch is asked to run in
+        // one wave (896 blocks over 396 slots: three sets).
+        let gate_up2 = CudaBackend::tile_smem(32, 2, TilePlan::DEFAULT, true);
+        assert_eq!(
+            sequential_sets(896, gate_up2 + STATIC + 1024, sm, 132, false),
             1
         );
+        assert_eq!(
+            sequential_sets(896, gate_up2 + STATIC + 1024, sm, 132, true),
+            3
+        );
         // One wave already: one set.
-        assert_eq!(sequential_sets(100, 200_000, sm, 132), 1);
+        assert_eq!(sequential_sets(100, 200_000, sm, 132, false), 1);
+        assert_eq!(sequential_sets(200, 90_000, sm, 132, true), 1);
     }
 
     #[test]
     fn plans_parse_from_the_environment_syntax() {
-        let p = |tiles, stages, seq| Some(TilePlan { tiles, stages, seq });
-        assert_eq!(TilePlan::parse("1,3"), p(1, 3, 1));
-        assert_eq!(TilePlan::parse("1, 4, 4"), p(1, 4, 4));
-        assert_eq!(TilePlan::parse("2,4,2"), p(2, 4, 2));
-        for bad in ["", "1", "3,3", "1,8", "1,3,0", "1,3,17", "1,x", "1,3,2,2"] {
+        let p = |tiles, stages, seq, warps| {
+            Some(TilePlan {
+                tiles,
+                stages,
+                seq,
+                warps,
+            })
+        };
+        assert_eq!(TilePlan::parse("1,3"), p(1, 3, 1, 8));
+        assert_eq!(TilePlan::parse("1, 4, 4"), p(1, 4, 4, 8));
+        assert_eq!(TilePlan::parse("2,4,2"), p(2, 4, 2, 8));
+        assert_eq!(TilePlan::parse("1,3,2,16"), p(1, 3, 2, 16));
+        for bad in [
+            "",
+            "1",
+            "3,3",
+            "1,8",
+            "1,3,0",
+            "1,3,17",
+            "1,x",
+            "1,3,2,2",
+            "2,3,1,16",
+            "1,3,1,8,1",
+        ] {
             assert_eq!(TilePlan::parse(bad), None, "{bad}");
         }
     }
@@ -958,8 +1045,7 @@ mod tests {
         // 3 × (2048 + 4) words; rings 8 warps × stages × 4 tiles × 768 B.
         let plan = TilePlan {
             tiles: 2,
-            stages: 3,
-            seq: 1,
+            ..TilePlan::DEFAULT
         };
         assert_eq!(
             CudaBackend::tile_smem(32, 2, plan, true),

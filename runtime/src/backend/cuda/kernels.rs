@@ -59,12 +59,12 @@ pub(crate) struct GroupKernels {
 /// 4][tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
 /// file layout, and the prefill panel.
 pub(crate) struct TileKernels {
-    /// `[bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}` (TilePlan::kernel_index).
-    pub matvec: [[Kernel; 6]; 2],
-    pub matvec_norm: [[Kernel; 6]; 2],
-    /// `_r{1,2}_s{3,4}`.
-    pub swiglu: [[Kernel; 4]; 2],
-    pub swiglu_norm: [[Kernel; 4]; 2],
+    /// `[bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}`, `_r1_s3_w16` (TilePlan::kernel_index).
+    pub matvec: [[Kernel; 7]; 2],
+    pub matvec_norm: [[Kernel; 7]; 2],
+    /// `_r{1,2}_s{3,4}`, `_r1_s3_w16`.
+    pub swiglu: [[Kernel; 5]; 2],
+    pub swiglu_norm: [[Kernel; 5]; 2],
     /// `[0]` 2 bits, `[1]` 4: rows of the table by token id.
     pub gather_f32: [Kernel; 2],
     pub pack_codes: [Kernel; 2],
@@ -326,14 +326,17 @@ impl Kernels {
                 tile: TileKernels {
                     matvec: gt_family!(
                         "gt_matvec",
-                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4"]
+                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4", "1_s3_w16"]
                     ),
                     matvec_norm: gt_family!(
                         "gt_matvec_norm",
-                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4"]
+                        ["1_s3", "1_s4", "2_s3", "2_s4", "4_s3", "4_s4", "1_s3_w16"]
                     ),
-                    swiglu: gt_family!("gt_swiglu", ["1_s3", "1_s4", "2_s3", "2_s4"]),
-                    swiglu_norm: gt_family!("gt_swiglu_norm", ["1_s3", "1_s4", "2_s3", "2_s4"]),
+                    swiglu: gt_family!("gt_swiglu", ["1_s3", "1_s4", "2_s3", "2_s4", "1_s3_w16"]),
+                    swiglu_norm: gt_family!(
+                        "gt_swiglu_norm",
+                        ["1_s3", "1_s4", "2_s3", "2_s4", "1_s3_w16"]
+                    ),
                     pack_codes: [
                         gt.function("gt_pack_codes_b2")?,
                         gt.function("gt_pack_codes_b4")?,

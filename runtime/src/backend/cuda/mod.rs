@@ -248,6 +248,13 @@ struct Inner {
     group_wide: Option<usize>,
     /// `SFX_GT_PLAN`: force the plan of the tile-layout matvecs, for tuning runs.
     tile_plan: Option<group::TilePlan>,
+    /// `SFX_GT_ONE_WAVE=1`: every tile launch takes enough tile sets a block to run in one
+    /// wave (by default only launches of which at most two blocks fit an SM do), for
+    /// comparison.
+    tile_one_wave: bool,
+    /// Tile launches whose 8-warp blocks fill an SM run 16-warp blocks (`SFX_GT_WIDE=0` keeps
+    /// 8, for comparison).
+    tile_wide: bool,
     /// 2- and 4-bit group codes in the tensor-core tile layout (sm_80+; `SFX_GROUP_TILES=0`
     /// keeps the file layout and the CUDA-core kernels, for comparison).
     group_tiles: bool,
@@ -354,6 +361,8 @@ impl CudaBackend {
                     .and_then(|v| v.parse::<usize>().ok())
                     .filter(|b| (1..=64).contains(b)),
                 tile_plan: group::TilePlan::from_env(),
+                tile_one_wave: std::env::var("SFX_GT_ONE_WAVE").is_ok_and(|v| v == "1"),
+                tile_wide: std::env::var("SFX_GT_WIDE").map_or(true, |v| v != "0"),
                 trellis_rows: std::env::var("SFX_TR_ROWS")
                     .ok()
                     .and_then(|v| v.parse().ok())

@@ -28,8 +28,6 @@
 // zero scales (their x is zero, their outputs are not written).
 #include "common.cuh"
 
-#define GT_THREADS 256
-#define GT_WARPS (GT_THREADS / 32)
 #define GT_MAX_ITEMS 3
 
 struct GtItem {
@@ -285,12 +283,12 @@ struct HiRowScale {
 
 // x ⊙ w (with NORM) over columns [c0, c0 + pcols) split into three bf16 planes in shared
 // memory, columns past `cols` zero; returns this thread's partial sum of x² (NORM).
-template <bool NORM>
+template <bool NORM, int THREADS>
 __device__ __forceinline__ float stage_planes(const float* __restrict__ xt,
                                               const float* __restrict__ nw, uint32_t* planes,
                                               int cols, int c0, int pcols, int pstride) {
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < pcols / 2; i += GT_THREADS) {
+    for (int i = threadIdx.x; i < pcols / 2; i += THREADS) {
         const int c = c0 + 2 * i;
         float v[2] = {0.0f, 0.0f};
         if (c < cols) {  // cols is a multiple of 32
@@ -351,8 +349,10 @@ struct GtSlot {
 // and left the matvecs latency-bound; split-K over more, shorter blocks measured slower still:
 // each block pays x staging, reduction and epilogue). Each lane copies and later reads only
 // its own bytes of a slot, so its own cp.async.wait_group is all the ordering needed. The
-// warps' partial rows are summed in shared memory.
-template <int B, int R, int S, bool NORM, bool SWIGLU>
+// warps' partial rows are summed in shared memory. WARPS is 8, or 16 where one block fills an
+// SM's shared memory anyway (the `_w16` entry points: twice the units in flight for the same
+// staged x).
+template <int B, int R, int S, bool NORM, bool SWIGLU, int WARPS>
 __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps,
                                                int cols, int n_sc, int gpr, int group_shift,
@@ -362,8 +362,10 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     constexpr int NT = SWIGLU ? 2 * R : R;  // tiles per block: gate tiles, then up tiles
     using Slot = GtSlot<B, NT>;
     extern __shared__ __align__(16) uint32_t gt_planes[];
-    __shared__ float red[GT_WARPS][NT][16];
-    __shared__ float ss_red[GT_WARPS];
+    // The warps' partial rows, double-buffered so a tile set refills one while the other is
+    // still being read: one barrier a set.
+    __shared__ float red[2][WARPS][NT][16];
+    __shared__ float ss_red[WARPS];
 
     // The item owning this block, selected with compile-time indices only.
     GtItem item = g.item[0];
@@ -423,7 +425,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             }
         }
         copy_async_commit();
-        issue_u += GT_WARPS;
+        issue_u += WARPS;
         if (issue_u >= n_units) {
             issue_u = warp;
             ++issue_s;
@@ -436,7 +438,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     SFX_PDL_WAIT();
 
     const int t = blockIdx.y;
-    float ss = stage_planes<NORM>(x + (size_t)t * cols, nw, gt_planes, cols, 0, pcols, pstride);
+    float ss = stage_planes<NORM, WARPS * 32>(x + (size_t)t * cols, nw, gt_planes, cols, 0, pcols, pstride);
     if (NORM) {
         ss = warp_sum(ss);
         if (lane == 0) ss_red[warp] = ss;
@@ -446,7 +448,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     if (NORM) {
         float total = 0.0f;
 #pragma unroll
-        for (int k = 0; k < GT_WARPS; ++k) total += ss_red[k];
+        for (int k = 0; k < WARPS; ++k) total += ss_red[k];
         scale = 1.0f / sqrtf(total / (float)cols + eps);
     }
 
@@ -464,7 +466,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     int read_k = 0;
     for (int set = 0; set < seq; ++set) {
         const uint32_t* bplane = bplane0;
-        for (int u = warp; u < n_units; u += GT_WARPS, bplane += GT_WARPS * CHUNKS * 16) {
+        for (int u = warp; u < n_units; u += WARPS, bplane += WARPS * CHUNKS * 16) {
             copy_async_wait<S - 2>();  // this lane's copies of unit u have landed
             const unsigned char* slot = ring + read_k * Slot::BYTES;
             read_k = read_k == S - 1 ? 0 : read_k + 1;
@@ -529,8 +531,8 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 1);
             hi += __shfl_xor_sync(SFX_FULL_MASK, hi, 2);
             if (tq == 0) {
-                red[warp][r][gq] = lo;
-                red[warp][r][gq + 8] = hi;
+                red[set & 1][warp][r][gq] = lo;
+                red[set & 1][warp][r][gq + 8] = hi;
             }
         }
         __syncthreads();
@@ -540,9 +542,9 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             if (out_row < item.rows) {
                 float total = 0.0f, up_total = 0.0f;
 #pragma unroll
-                for (int k = 0; k < GT_WARPS; ++k) {
-                    total += red[k][r][i];
-                    if (SWIGLU) up_total += red[k][(R + r) % NT][i];
+                for (int k = 0; k < WARPS; ++k) {
+                    total += red[set & 1][k][r][i];
+                    if (SWIGLU) up_total += red[set & 1][k][(R + r) % NT][i];
                 }
                 projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
                                        scale, item.bias, out_row, accumulate);
@@ -552,7 +554,6 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         for (int r = 0; r < NT; ++r)
 #pragma unroll
             for (int e = 0; e < 4; ++e) tot[r][e] = 0.0f;
-        if (set + 1 < seq) __syncthreads();  // red is refilled by the next tile set
     }
     copy_async_wait<0>();  // nothing left in flight when the block exits
 }
@@ -564,50 +565,52 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #define SFX_GT_BODY(...) __trap();
 #endif
 
-// Entry points `gt_{matvec,matvec_norm,swiglu,swiglu_norm}_b{B}_r{R}_s{S}`: R tiles per
-// block (SwiGLU: R gate and R up tiles), S ring slots per warp.
+// Entry points `gt_{matvec,matvec_norm,swiglu,swiglu_norm}_b{B}_r{R}_s{S}[_w16]`: R tiles per
+// block (SwiGLU: R gate and R up tiles), S ring slots per warp, W warps (8 unless named).
 // `_norm`: x is the raw residual stream and nw the RMSNorm weight.
-#define SFX_GT_MATVEC(B, R, S)                                                            \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_matvec_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
-                                     int gpr, int group_shift, int accumulate, int seq) { \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false>(g, x, nullptr, 0.0f, cols, n_sc, \
-                                                          gpr, group_shift, accumulate, seq);) \
+#define SFX_GT_MATVEC(B, R, S, W, NAME)                                                   \
+    extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
+        gt_matvec_b##B##_r##NAME(const GtGroup g, const float* x, int cols, int n_sc,     \
+                                 int gpr, int group_shift, int accumulate, int seq) {     \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false, W>(                             \
+                        g, x, nullptr, 0.0f, cols, n_sc, gpr, group_shift, accumulate, seq);) \
     }                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_matvec_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw, \
-                                          float eps, int cols, int n_sc, int gpr,         \
-                                          int group_shift, int seq) {                     \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, true, false>(g, x, nw, eps, cols, n_sc, gpr,  \
-                                                         group_shift, 0, seq);)           \
+    extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
+        gt_matvec_norm_b##B##_r##NAME(const GtGroup g, const float* x, const float* nw,   \
+                                      float eps, int cols, int n_sc, int gpr,             \
+                                      int group_shift, int seq) {                         \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, false, W>(g, x, nw, eps, cols, n_sc, gpr, \
+                                                            group_shift, 0, seq);)        \
     }
 
-#define SFX_GT_SWIGLU(B, R, S)                                                            \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_swiglu_b##B##_r##R##_s##S(const GtGroup g, const float* x, int cols, int n_sc, \
-                                     int gpr, int group_shift, int seq) {                 \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, false, true>(g, x, nullptr, 0.0f, cols, n_sc, \
-                                                         gpr, group_shift, 0, seq);)      \
+#define SFX_GT_SWIGLU(B, R, S, W, NAME)                                                   \
+    extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
+        gt_swiglu_b##B##_r##NAME(const GtGroup g, const float* x, int cols, int n_sc,     \
+                                 int gpr, int group_shift, int seq) {                     \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, true, W>(g, x, nullptr, 0.0f, cols,    \
+                                                            n_sc, gpr, group_shift, 0, seq);) \
     }                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 2)                           \
-        gt_swiglu_norm_b##B##_r##R##_s##S(const GtGroup g, const float* x, const float* nw, \
-                                          float eps, int cols, int n_sc, int gpr,         \
-                                          int group_shift, int seq) {                     \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, true, true>(g, x, nw, eps, cols, n_sc, gpr,   \
-                                                        group_shift, 0, seq);)            \
+    extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
+        gt_swiglu_norm_b##B##_r##NAME(const GtGroup g, const float* x, const float* nw,   \
+                                      float eps, int cols, int n_sc, int gpr,             \
+                                      int group_shift, int seq) {                         \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, true, W>(g, x, nw, eps, cols, n_sc, gpr, \
+                                                           group_shift, 0, seq);)         \
     }
 
 #define SFX_GT_WIDTH(B)                                                                   \
-    SFX_GT_MATVEC(B, 1, 3)                                                                \
-    SFX_GT_MATVEC(B, 1, 4)                                                                \
-    SFX_GT_MATVEC(B, 2, 3)                                                                \
-    SFX_GT_MATVEC(B, 2, 4)                                                                \
-    SFX_GT_MATVEC(B, 4, 3)                                                                \
-    SFX_GT_MATVEC(B, 4, 4)                                                                \
-    SFX_GT_SWIGLU(B, 1, 3)                                                                \
-    SFX_GT_SWIGLU(B, 1, 4)                                                                \
-    SFX_GT_SWIGLU(B, 2, 3)                                                                \
-    SFX_GT_SWIGLU(B, 2, 4)
+    SFX_GT_MATVEC(B, 1, 3, 8, 1_s3)                                                       \
+    SFX_GT_MATVEC(B, 1, 4, 8, 1_s4)                                                       \
+    SFX_GT_MATVEC(B, 2, 3, 8, 2_s3)                                                       \
+    SFX_GT_MATVEC(B, 2, 4, 8, 2_s4)                                                       \
+    SFX_GT_MATVEC(B, 4, 3, 8, 4_s3)                                                       \
+    SFX_GT_MATVEC(B, 4, 4, 8, 4_s4)                                                       \
+    SFX_GT_MATVEC(B, 1, 3, 16, 1_s3_w16)                                                  \
+    SFX_GT_SWIGLU(B, 1, 3, 8, 1_s3)                                                       \
+    SFX_GT_SWIGLU(B, 1, 4, 8, 1_s4)                                                       \
+    SFX_GT_SWIGLU(B, 2, 3, 8, 2_s3)                                                       \
+    SFX_GT_SWIGLU(B, 2, 4, 8, 2_s4)                                                       \
+    SFX_GT_SWIGLU(B, 1, 3, 16, 1_s3_w16)
 
 SFX_GT_WIDTH(2)
 SFX_GT_WIDTH(4)
