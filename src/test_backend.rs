@@ -9,8 +9,8 @@ use sfx_runtime::resident::ResidentKernels;
 
 pub struct TestArgs {
     pub device: DeviceChoice,
-    /// Only ops whose name contains this.
-    pub op: Option<String>,
+    /// Only ops whose name contains one of these (all ops when empty).
+    pub op: Vec<String>,
     pub seed: Option<u64>,
     pub json: bool,
 }
@@ -28,14 +28,24 @@ impl OnBackend for Task<'_> {
         let selected: Vec<_> = all
             .iter()
             .enumerate()
-            .filter(|(_, c)| self.args.op.as_deref().is_none_or(|o| c.op.contains(o)))
+            .filter(|(_, c)| selects(&self.args.op, c.op))
             .collect();
         if selected.is_empty() {
-            let mut ops: Vec<&str> = all.iter().map(|c| c.op).collect();
-            ops.dedup();
+            // Each op once, in the suite's order (cases of one op are not all adjacent).
+            let mut ops: Vec<&str> = Vec::new();
+            for c in &all {
+                if !ops.contains(&c.op) {
+                    ops.push(c.op);
+                }
+            }
             bail!(
-                "--op {:?} matches no op; ops: {}",
-                self.args.op.as_deref().unwrap_or(""),
+                "--op {} matches no op; ops: {}",
+                self.args
+                    .op
+                    .iter()
+                    .map(|o| format!("{o:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
                 ops.join(", ")
             );
         }
@@ -49,6 +59,12 @@ impl OnBackend for Task<'_> {
         }
         Ok(out)
     }
+}
+
+/// Whether an op is selected by the `--op` filters: any of them is part of its name, or there
+/// are none.
+fn selects(filters: &[String], op: &str) -> bool {
+    filters.is_empty() || filters.iter().any(|f| op.contains(f.as_str()))
 }
 
 fn print_row(r: &CaseResult) {
@@ -120,4 +136,19 @@ pub fn run(args: TestArgs) -> Result<()> {
         bail!("{failed} conformance case(s) failed");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::selects;
+
+    #[test]
+    fn op_filters_select_any_match_or_everything() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(selects(&f(&[]), "attention"));
+        assert!(selects(&f(&["group"]), "group_swiglu"));
+        assert!(!selects(&f(&["group"]), "model_decode"));
+        assert!(selects(&f(&["group", "model_decode"]), "model_decode"));
+        assert!(!selects(&f(&["group", "model_decode"]), "attention"));
+    }
 }

@@ -306,6 +306,21 @@ fn bad_device_and_bench_arguments_are_named() {
         &["test-backend", "--device", "cpu", "--op", "no_such_op"],
     );
     assert_clean_failure(code, &err, "matches no op");
+    // Repeated filters: the error names every one, and lists each op once.
+    let (code, err) = run(
+        SFX,
+        &[
+            "test-backend",
+            "--device",
+            "cpu",
+            "--op",
+            "no_such_op",
+            "--op",
+            "nor_this",
+        ],
+    );
+    assert_clean_failure(code, &err, "\"no_such_op\" / \"nor_this\" matches no op");
+    assert_eq!(err.matches("model_decode").count(), 1, "{err}");
 }
 
 /// A machine without a GPU (CI): asking for CUDA is a clear error, not a panic, and `auto`

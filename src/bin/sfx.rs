@@ -63,9 +63,10 @@ enum Command {
         /// cpu, cuda, cuda:N or auto (the GPU when there is one).
         #[arg(long, default_value = "auto")]
         device: strataflux::device::DeviceChoice,
-        /// Run only ops whose name contains this (e.g. attention, matmul_t).
+        /// Run only ops whose name contains this (e.g. attention, matmul_t); repeat it to
+        /// run the ops any of the names match (--op group --op model_decode).
         #[arg(long)]
-        op: Option<String>,
+        op: Vec<String>,
         /// Seed of the random inputs (default: fresh each run; printed to replay).
         #[arg(long)]
         seed: Option<u64>,
