@@ -19,8 +19,10 @@
 #     group      sfx only: group-code conformance, rtn2/3/4 bench, file-layout rows sweep, and
 #                an ncu profile of one rtn2 decode step (per-kernel time, bandwidth, stalls)
 #     plans      sfx only: the tile matvecs' conformance under forced plans
-#                (SFX_GT_PLAN=tiles,stages[,sets], so every kernel variant and the sequential
-#                sets run), then per-kernel decode time of rtn2 and rtn4 under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and tg128 (graphs on)
+#                (SFX_GT_PLAN=tiles,stages[,sets[,warps]], so every kernel variant, the
+#                sequential sets and the 16-warp blocks run), then per-kernel decode time of
+#                rtn2 and rtn4 under each plan (SFX_PROFILE_KERNELS=1, step graphs off) and
+#                tg128 (graphs on)
 #     trellis    sfx only: the trellis (QTIP/YAQA) conformance ops and the whole-model decode
 #                cases (OPS=… to choose), tg128/pp512 of trellis formats on the 8B shape beside
 #                rtn2 (FORMATS="qtip2:hyb qtip2:1mad …"), per-kernel decode times of qtip2, the
@@ -115,7 +117,7 @@ case "$STAGE" in
     ;;
   plans)
     PLANS="${PLANS:-1,3 1,4 2,3 2,4 4,3 4,4}"
-    for plan in 1,3 2,4 4,4 1,3,2; do
+    for plan in 1,3 2,4 4,4 1,3,2 1,3,3 1,3,2,16; do
       for op in group_linear group_projections group_swiglu; do
         SFX_GT_PLAN=$plan "$BIN/sfx" test-backend --device cuda --op $op > "$OUT/test_backend_${op}_plan${plan//,/_}.md" 2>&1
         echo "plan=$plan $(grep "cases on cuda" "$OUT/test_backend_${op}_plan${plan//,/_}.md")"

@@ -698,11 +698,17 @@ fn sequential_sets(
     sm_count: usize,
     every_launch: bool,
 ) -> usize {
-    let per_sm = (smem_per_sm / smem_block.max(1)).max(1);
+    let per_sm = blocks_per_sm(smem_block, smem_per_sm).max(1);
     if per_sm > 2 && !every_launch {
         return 1;
     }
     blocks.div_ceil(per_sm * sm_count.max(1)).clamp(1, 16)
+}
+
+/// Blocks of `smem_block` bytes (the driver's per-block reserve included) that an SM's shared
+/// memory holds at once.
+fn blocks_per_sm(smem_block: usize, smem_per_sm: usize) -> usize {
+    smem_per_sm / smem_block.max(1)
 }
 
 /// Columns of a warp's unit of work (`GtUnit`).
@@ -811,7 +817,7 @@ impl CudaBackend {
             let wide = TilePlan { warps: 16, ..plan };
             if self.inner.tile_wide
                 && wide.kernel_index(swiglu).is_some()
-                && dev.smem_per_sm / block_smem(plan).max(1) == 1
+                && blocks_per_sm(block_smem(plan), dev.smem_per_sm) == 1
                 && Self::tile_smem(super_chunks, c.bits, wide, swiglu) <= dev.smem_optin
             {
                 plan = wide;

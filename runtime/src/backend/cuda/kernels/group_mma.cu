@@ -340,7 +340,7 @@ struct GtSlot {
 
 // A block takes R tiles of one item (SwiGLU: R gate tiles and the same R up tiles) over the
 // whole row, stages x once, and splits the columns over its warps: warp w takes units w,
-// w + 8, …; with seq > 1 it then takes the next R tiles, seq times (x staged once, and the
+// w + WARPS, …; with seq > 1 it then takes the next R tiles, seq times (x staged once, and the
 // ring runs on across the tiles instead of draining at the end of each: short rows gave a
 // warp 4 units, too few for the ring to reach its steady state). Codes stream through a
 // per-warp ring of S slots in shared memory by cp.async,
@@ -480,7 +480,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
                 }
                 szw[r] = *reinterpret_cast<const uint2*>(slot + sz_at + r * 32 * 8);
             }
-            issue();  // into the slot unit u − 8 left
+            issue();  // into the slot this warp's previous unit (u − WARPS) left
             uint32_t zz[NT][2];  // 128 + z of rows g and g + 8, in both halves
 #pragma unroll
             for (int r = 0; r < NT; ++r) {
