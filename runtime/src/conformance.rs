@@ -920,8 +920,9 @@ fn coded_dequant(spec: &Op, x: &Inputs, rows: &[usize]) -> Result<Vec<f32>> {
 }
 
 /// One coded projection case `(m, rows, cols, bias, acc)`: decode (m ≤ 4, matvec) within 1e-5
-/// of the CPU; prefill within 1e-3 (an f32 panel the device GEMM multiplies in TF32, 10-bit
-/// mantissas on both operands: relative error ~2⁻¹¹ per product).
+/// of the CPU; prefill within 1e-3 (group codes: an f32 panel the device GEMM multiplies in
+/// TF32, 10-bit mantissas on both operands; trellis codes: exact decoded values against x'
+/// rounded to f16 — either way a relative error of ~2⁻¹¹ per product).
 fn add_coded_linear(
     add: &mut impl FnMut(&'static str, String, Op, f64, f64),
     op: &'static str,
@@ -951,10 +952,11 @@ fn add_coded_linear(
 
 /// Trellis-coded projections (QTIP / YAQA tiles) on the same shape families as the group
 /// codes (rows multiples of 16; 576, 1536, 14336 take dense Hadamard factors): every code at
-/// every K in both tile orders on decode; the default format (HYB K2, row-major as
-/// `sfx-convert` writes it) and QTIP's checkpoints' format (HYB K2, mma order) on every shape,
-/// prefill included (TF32 GEMM on a decoded panel); the fused q/k/v and gate/up paths for
-/// one format per code.
+/// every K in both tile orders on decode and on a prefill of 70 tokens (two token blocks of
+/// the GEMM; 3 tile rows, fewer than a block's warps; 576 columns: a dense factor and padding
+/// tiles); the default format (HYB K2, row-major as `sfx-convert` writes it) and QTIP's
+/// checkpoints' format (HYB K2, mma order) on every shape; the fused q/k/v and gate/up paths
+/// for one format per code.
 fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
     const HYB: TrellisCode = TrellisCode::Hyb { q: 9 };
     let decode = [
@@ -971,6 +973,7 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
         (2, 48, 64, true, true),
         (9, 96, 576, true, false),
         (40, 256, 1024, false, true),
+        (70, 160, 1536, false, true),
     ];
     let mut i = 0;
     for code in [HYB, TrellisCode::OneMad, TrellisCode::ThreeInst] {
@@ -981,7 +984,7 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
                 let shapes: Vec<_> = if full {
                     shapes_all.to_vec()
                 } else {
-                    vec![decode[i % decode.len()]]
+                    vec![decode[i % decode.len()], (70, 48, 576, true, true)]
                 };
                 i += 1;
                 for shape in shapes {

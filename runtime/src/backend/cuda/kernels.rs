@@ -73,11 +73,11 @@ pub(crate) struct TileKernels {
 }
 
 /// Trellis-coded weights (trellis.cu): matvecs by `[code: HYB, 1MAD, 3INST][K − 2][order:
-/// row-major, mma][tile rows per group − 1]`, the prefill dequantization by `[code][K − 2]
-/// [order]`, the input transform by `[norm fused][order]`, and the output transforms.
+/// row-major, mma][tile rows per group − 1]`, the prefill GEMMs by `[code][K − 2][order]`,
+/// the input transform by `[norm fused][order]`, and the output transforms.
 pub(crate) struct TrellisKernels {
     pub matvec: [[[[Kernel; 2]; 2]; 3]; 3],
-    pub dequant: [[[Kernel; 2]; 3]; 3],
+    pub gemm: [[[Kernel; 2]; 3]; 3],
     pub prepare: [[Kernel; 2]; 2],
     pub finish: Kernel,
     pub finish_swiglu: Kernel,
@@ -140,7 +140,7 @@ impl Kernels {
         let gq = find("group")?;
         let gt = find("group_mma")?;
         let tr = find("trellis")?;
-        // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{R}, tr_dequant_{code}_k{K}_{…}.
+        // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{R}, tr_gemm_{code}_k{K}_{…}.
         macro_rules! tr_orders {
             ($prefix:literal, $code:literal, $k:literal) => {
                 [
@@ -164,20 +164,20 @@ impl Kernels {
                 ]
             };
         }
-        macro_rules! tr_dequant {
+        macro_rules! tr_gemm {
             ($code:literal) => {
                 [
                     [
-                        tr.function(concat!("tr_dequant_", $code, "_k2_rm"))?,
-                        tr.function(concat!("tr_dequant_", $code, "_k2_mma"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k2_rm"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k2_mma"))?,
                     ],
                     [
-                        tr.function(concat!("tr_dequant_", $code, "_k3_rm"))?,
-                        tr.function(concat!("tr_dequant_", $code, "_k3_mma"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k3_rm"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k3_mma"))?,
                     ],
                     [
-                        tr.function(concat!("tr_dequant_", $code, "_k4_rm"))?,
-                        tr.function(concat!("tr_dequant_", $code, "_k4_mma"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k4_rm"))?,
+                        tr.function(concat!("tr_gemm_", $code, "_k4_mma"))?,
                     ],
                 ]
             };
@@ -354,11 +354,7 @@ impl Kernels {
             },
             trellis: TrellisKernels {
                 matvec: [tr_matvec!("hyb"), tr_matvec!("1mad"), tr_matvec!("3inst")],
-                dequant: [
-                    tr_dequant!("hyb"),
-                    tr_dequant!("1mad"),
-                    tr_dequant!("3inst"),
-                ],
+                gemm: [tr_gemm!("hyb"), tr_gemm!("1mad"), tr_gemm!("3inst")],
                 prepare: [
                     [
                         tr.function("tr_prepare_rm")?,
@@ -379,8 +375,9 @@ impl Kernels {
                 f.allow_shared(device.smem_optin)?;
             }
         }
-        // The tensor-core prefill's double-buffered tiles (69 KB at head 128) and the group
-        // matvec's staged x (up to ~50K columns) exceed the 48 KB default too.
+        // The tensor-core prefill's double-buffered tiles (69 KB at head 128), the group
+        // matvec's staged x (up to ~50K columns) and the trellis GEMM's two staged units
+        // (70 KB) exceed the 48 KB default too.
         for f in k
             .prefill_mma_f16
             .iter()
@@ -393,6 +390,7 @@ impl Kernels {
             .chain(k.group.tile.swiglu.iter().flatten())
             .chain(k.group.tile.swiglu_norm.iter().flatten())
             .chain(k.trellis.matvec.iter().flatten().flatten().flatten())
+            .chain(k.trellis.gemm.iter().flatten().flatten())
             .chain(k.trellis.prepare.iter().flatten())
             .chain([&k.trellis.finish, &k.trellis.finish_swiglu])
         {

@@ -5,15 +5,14 @@
 //! three launches per projection set (kernels/trellis.cu): `tr_prepare` (norm, signs, H_in,
 //! f16 planes; only for inputs with a dense Hadamard factor — the matvec's prologue transforms
 //! power-of-two inputs), `tr_matvec` (tiles decoded into tensor-core fragments), `tr_finish`
-//! (H_outᵀ, signs and scale, bias, store / add / SwiGLU). Prefill decodes the tiles into a
-//! transient f32 panel for the GEMM, between the same two transforms.
+//! (H_outᵀ, signs and scale, bias, store / add / SwiGLU). Prefill runs the same two transforms
+//! around `tr_gemm`, which decodes each tile once into tensor-core fragments for 64 tokens.
 
 use super::device::DeviceMem;
 use super::resident::CudaResidentLinear;
 use super::trellis_layout::{pack_units, units, UNIT_COLS};
 use super::{
-    blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef,
-    MATVEC_MAX_TOKENS,
+    blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, MATVEC_MAX_TOKENS,
 };
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
@@ -43,8 +42,14 @@ const PLANE_PAD_WORDS: usize = 8;
 const ZERO_WORDS: usize = 16 * 8;
 /// Longest row of a transform row block (`TR_ROW_MAX`).
 const ROW_MAX: usize = 512;
-/// CUDA's limit on a grid's z extent (the transforms' tokens).
+/// CUDA's limit on a grid's z extent (the transforms' tokens), and on y.
 const MAX_GRID_Z: u32 = 65535;
+/// The prefill GEMM's block: tile rows (one a warp) and tokens (`TR_GEMM_WARPS`,
+/// `TR_GEMM_TOKENS`), and its shared memory: the compact HYB table and two staged units of
+/// 64 token rows of 136 words (`TR_GEMM_STRIDE`).
+const GEMM_WARPS: usize = 8;
+const GEMM_TOKENS: usize = 64;
+const GEMM_SMEM: usize = ((1 << HYB_Q) + 2 * GEMM_TOKENS * (16 * 8 + 8)) * 4;
 
 /// A dense ±1 Hadamard factor on the device (None for m = 1: a plain Walsh–Hadamard
 /// transform).
@@ -138,7 +143,6 @@ pub(super) struct TrPrepItem {
     m: i32,
     planes: u64,
     sigma: u64,
-    out: u64,
 }
 
 #[repr(C)]
@@ -245,6 +249,15 @@ fn matvec_smem(
     // The transform's buffer: n values, a pad float per warp row, 64 reduction slots.
     let region = prologue_cols.map_or(partials, |n| partials.max(n + 128));
     lut + (items * 2 * plane_words(pcols) + ZERO_WORDS + region) * 4
+}
+
+/// A prefill's per-token buffers in place of a matrix's decode scratch: `values` (what
+/// tr_prepare writes: f16 planes [m][2][pcols]; what tr_finish reads: rotated outputs
+/// [m][rows]) and the planes' scales σ [m].
+#[derive(Clone, Copy)]
+struct PrefillBuffers {
+    values: u64,
+    sigma: u64,
 }
 
 /// The input transform a matvec runs in its prologue: the raw input and the fused norm.
@@ -368,12 +381,12 @@ impl CudaBackend {
     }
 
     /// The input transform of up to three items over the same x (m tokens): the planes and
-    /// scales each item's matvec reads (`planes`), or f32 rows into `out` (prefill).
+    /// scales each item's matvec reads, or (prefill) those of `PrefillBuffers`.
     fn trellis_prepare(
         &self,
         x: &CudaBuffer,
         m: usize,
-        items: &[(&MatrixData, Option<u64>)],
+        items: &[(&MatrixData, Option<PrefillBuffers>)],
         norm: Option<(&CudaBuffer, f32)>,
     ) -> Result<()> {
         let w0 = items[0].0;
@@ -389,9 +402,8 @@ impl CudaBackend {
                 su: c.su.ptr,
                 hm: c.had_in.ptr(),
                 m: i32_of("trellis prepare", c.had_in.m)?,
-                planes: if out.is_some() { 0 } else { c.planes.ptr },
-                sigma: c.sigma.ptr,
-                out: out.unwrap_or(0),
+                planes: out.map_or(c.planes.ptr, |o| o.values),
+                sigma: out.map_or(c.sigma.ptr, |o| o.sigma),
             };
         }
         let k = &self.k().trellis;
@@ -424,12 +436,17 @@ impl CudaBackend {
     }
 
     /// The output transform of up to three items (m tokens), reading each item's rotated
-    /// outputs at `rot` (None: its decode scratch, scaled by its σ): `y (+)= …`, or with
-    /// `swiglu` (items gate, up) `y_gate = silu(g)·u`.
+    /// outputs and σ at `rot` (None: its decode scratch): `y (+)= …`, or with `swiglu` (items
+    /// gate, up) `y_gate = silu(g)·u`.
     fn trellis_finish(
         &self,
         m: usize,
-        items: &[(&MatrixData, Option<u64>, Option<&CudaBuffer>, u64)],
+        items: &[(
+            &MatrixData,
+            Option<PrefillBuffers>,
+            Option<&CudaBuffer>,
+            u64,
+        )],
         accumulate: bool,
         swiglu: bool,
     ) -> Result<()> {
@@ -442,8 +459,8 @@ impl CudaBackend {
             let c = trellis_of(w, "trellis finish")?;
             views.push((w.rows, c.had_out.m));
             *slot = TrFinishItem {
-                rot: rot.unwrap_or(c.rotated.ptr),
-                sigma: if rot.is_some() { 0 } else { c.sigma.ptr },
+                rot: rot.map_or(c.rotated.ptr, |r| r.values),
+                sigma: rot.map_or(c.sigma.ptr, |r| r.sigma),
                 sv: c.sv.ptr,
                 hm: c.had_out.ptr(),
                 bias: bias.map_or(0, |b| b.mem.ptr),
@@ -583,7 +600,8 @@ impl CudaBackend {
         if self.trellis_launch_matvec(m, ws, Some(Prologue { x, norm }))? {
             return Ok(());
         }
-        let prep: Vec<(&MatrixData, Option<u64>)> = ws.iter().map(|w| (*w, None)).collect();
+        let prep: Vec<(&MatrixData, Option<PrefillBuffers>)> =
+            ws.iter().map(|w| (*w, None)).collect();
         self.trellis_prepare(x, m, &prep, norm)?;
         self.trellis_launch_matvec(m, ws, None).map(|_| ())
     }
@@ -648,8 +666,9 @@ impl CudaBackend {
         )
     }
 
-    /// Prefill (m > 4): x' rows by the input transform, the decoded tiles as an f32 panel,
-    /// the GEMM, then the output transform (with the bias and the residual add).
+    /// Prefill (m > 4): the input transform into f16 planes, `tr_gemm` (each tile decoded
+    /// once per 64 tokens into tensor-core fragments), then the output transform (with the
+    /// bias and the residual add).
     pub(super) fn trellis_gemm(
         &self,
         x: &CudaBuffer,
@@ -661,44 +680,57 @@ impl CudaBackend {
     ) -> Result<()> {
         let c = trellis_of(w, "trellis gemm")?;
         let (rows, cols) = (w.rows, w.cols);
-        let xr = CudaBuffer {
-            mem: self.dev().alloc(4 * m * cols)?,
-            len: m * cols,
+        let pcols = c.pcols();
+        // Columns past the matrix are zero in the planes: the padding tiles' codes are zeros,
+        // which decode to values.
+        let planes = if pcols > cols {
+            self.dev().alloc_zeroed(2 * m * 2 * pcols)?
+        } else {
+            self.dev().alloc(2 * m * 2 * pcols)?
         };
-        self.trellis_prepare(x, m, &[(w, Some(xr.mem.ptr))], None)?;
-        let panel = self.dev().alloc(4 * rows * cols)?;
-        let warps = rows / 16 * c.n_units;
+        let sigma = self.dev().alloc(4 * m)?;
+        let out = PrefillBuffers {
+            values: planes.ptr,
+            sigma: sigma.ptr,
+        };
+        self.trellis_prepare(x, m, &[(w, Some(out))], None)?;
+        let rotated = self.dev().alloc(4 * m * rows)?;
+        let gemm = &self.k().trellis.gemm[c.code_index()][c.k_index()][usize::from(c.mma())];
+        let grid_y = u32::try_from(m.div_ceil(GEMM_TOKENS))
+            .ok()
+            .filter(|&b| b <= MAX_GRID_Z)
+            .ok_or_else(|| {
+                RuntimeError::Unsupported(format!("trellis gemm: {m} tokens in one launch"))
+            })?;
         self.launch(
-            &self.k().trellis.dequant[c.code_index()][c.k_index()][usize::from(c.mma())],
-            (blocks(warps * 32, 256), 1, 1),
-            (256, 1, 1),
-            0,
+            gemm,
+            ((rows / 16).div_ceil(GEMM_WARPS) as u32, grid_y, 1),
+            (GEMM_WARPS as u32 * 32, 1, 1),
+            GEMM_SMEM,
             &mut [
                 Arg::Ptr(w.mem.ptr),
                 Arg::Ptr(c.lut_ptr()),
-                Arg::Ptr(panel.ptr),
+                Arg::Ptr(planes.ptr),
+                Arg::Ptr(rotated.ptr),
                 Arg::I32(i32_of("trellis gemm", rows)?),
                 Arg::I32(i32_of("trellis gemm", cols)?),
+                Arg::I32(i32_of("trellis gemm", m)?),
                 Arg::I32(i32_of("trellis gemm", c.n_units)?),
             ],
         )?;
-        let mut yr = CudaBuffer {
-            mem: self.dev().alloc(4 * m * rows)?,
-            len: m * rows,
-        };
-        self.gemm(
-            &xr,
-            m,
-            WeightRef::tf32_panel(&panel, rows, cols),
-            None,
-            &mut yr,
-            false,
-        )?;
         // Stream-ordered frees: the buffers go after the work queued before them.
-        drop(panel);
+        drop(planes);
         self.trellis_finish(
             m,
-            &[(w, Some(yr.mem.ptr), bias, y.mem.ptr)],
+            &[(
+                w,
+                Some(PrefillBuffers {
+                    values: rotated.ptr,
+                    sigma: sigma.ptr,
+                }),
+                bias,
+                y.mem.ptr,
+            )],
             accumulate,
             false,
         )

@@ -163,16 +163,11 @@ mod tests {
         out
     }
 
-    /// The kernels' matvec over the packed layout for one token: Ŵ · x as the MMAs sum it
-    /// (f64 products; x enters unsplit), with 1MAD's integer values scaled back.
-    fn emulate(w: &TrellisQuantized, x: &[f32]) -> Vec<f64> {
-        let k = usize::from(w.scheme().k);
+    /// The hi plane of x as tr_prepare stores it (mma order: each tile permuted), unscaled.
+    fn plane(w: &TrellisQuantized, x: &[f32]) -> Vec<f64> {
         let mma = w.scheme().order == TileOrder::Mma;
-        let packed = pack_units(w);
-        let n_units = units(w.cols());
-        let pcols = n_units * UNIT_COLS;
-        // The plane as tr_prepare stores it (mma order: each tile permuted).
-        let plane: Vec<f64> = (0..pcols)
+        let pcols = units(w.cols()) * UNIT_COLS;
+        (0..pcols)
             .map(|i| {
                 let col = if mma {
                     let q = i & 15;
@@ -186,26 +181,46 @@ mod tests {
                     0.0
                 }
             })
-            .collect();
-        let scale = if w.scheme().code == TrellisCode::OneMad {
+            .collect()
+    }
+
+    /// Lane `lane`'s K·4 words of unit `u` of tile row `tr` in the packed layout.
+    fn lane_words(packed: &[u32], k: usize, n_units: usize, tr: usize, u: usize) -> Vec<Vec<u32>> {
+        (0..32)
+            .map(|lane| {
+                (0..4 * k)
+                    .map(|j| {
+                        let (chunk, i) = (j / 4, j % 4);
+                        packed[((tr * n_units + u) * k + chunk) * 32 * 4 + lane * 4 + i]
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// 1MAD's integer values scaled back to the code's values.
+    fn code_scale(w: &TrellisQuantized) -> f64 {
+        if w.scheme().code == TrellisCode::OneMad {
             f64::from(crate::resident::trellis::ONE_MAD_SCALE)
         } else {
             1.0
-        };
+        }
+    }
+
+    /// The kernels' matvec over the packed layout for one token: Ŵ · x as the MMAs sum it
+    /// (f64 products; x enters unsplit), with 1MAD's integer values scaled back.
+    fn emulate(w: &TrellisQuantized, x: &[f32]) -> Vec<f64> {
+        let k = usize::from(w.scheme().k);
+        let mma = w.scheme().order == TileOrder::Mma;
+        let packed = pack_units(w);
+        let n_units = units(w.cols());
+        let plane = plane(w, x);
+        let scale = code_scale(w);
         let mut y = vec![0.0f64; w.rows()];
         for tr in 0..w.rows() / 16 {
             let mut d = [[0.0f64; 4]; 32];
             for u in 0..n_units {
-                let words: Vec<Vec<u32>> = (0..32)
-                    .map(|lane| {
-                        (0..4 * k)
-                            .map(|j| {
-                                let (chunk, i) = (j / 4, j % 4);
-                                packed[((tr * n_units + u) * k + chunk) * 32 * 4 + lane * 4 + i]
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let words = lane_words(&packed, k, n_units, tr, u);
                 for t in 0..UNIT_TILES {
                     let own: Vec<u32> = (0..32).map(|l| own_bits(&words[l], k, t)).collect();
                     // A and B as full matrices from the lanes' fragments.
@@ -298,6 +313,116 @@ mod tests {
             }
         }
         y
+    }
+
+    /// The prefill GEMM (trellis.cu `tr_gemm_body`) over one n-block of 8 tokens: A from the
+    /// lanes' pairs (row-major tiles after the exchange with lane t ^ 2), B from each lane's
+    /// 8-byte chunk of the staged planes, the rows each C register lands in.
+    fn emulate_gemm(w: &TrellisQuantized, xs: &[Vec<f32>]) -> Vec<Vec<f64>> {
+        let k = usize::from(w.scheme().k);
+        let mma = w.scheme().order == TileOrder::Mma;
+        let packed = pack_units(w);
+        let n_units = units(w.cols());
+        let planes: Vec<Vec<f64>> = xs.iter().map(|x| plane(w, x)).collect();
+        let scale = code_scale(w);
+        let mut y = vec![vec![0.0f64; w.rows()]; xs.len()];
+        for tr in 0..w.rows() / 16 {
+            let mut d = [[0.0f64; 8]; 16];
+            for u in 0..n_units {
+                let words = lane_words(&packed, k, n_units, tr, u);
+                for t in 0..UNIT_TILES {
+                    let own: Vec<u32> = (0..32).map(|l| own_bits(&words[l], k, t)).collect();
+                    let pairs: Vec<[[f64; 2]; 4]> = (0..32)
+                        .map(|l| {
+                            let tl = w.tlut();
+                            decode_pairs(w.scheme().code, k, own[l], own[(l + 1) & 31], tl)
+                        })
+                        .collect();
+                    let mut a = [[0.0f64; 16]; 16];
+                    let mut b = [[0.0f64; 8]; 16];
+                    for lane in 0..32 {
+                        let (g, tq) = (lane >> 2, lane & 3);
+                        let p = pairs[lane];
+                        let fa = if mma {
+                            p
+                        } else {
+                            let (mine, partner) = (p, pairs[lane ^ 2]);
+                            if tq < 2 {
+                                [mine[0], partner[0], mine[1], partner[1]]
+                            } else {
+                                [partner[2], mine[2], partner[3], mine[3]]
+                            }
+                        };
+                        for (reg, pair) in fa.iter().enumerate() {
+                            let row = g + 8 * (reg & 1);
+                            let col = 2 * tq + 8 * (reg >> 1);
+                            a[row][col] = pair[0];
+                            a[row][col + 1] = pair[1];
+                        }
+                        let chunk = if mma { tq } else { 2 * (tq & 1) + (tq >> 1) };
+                        let base = (u * UNIT_TILES + t) * 16 + 4 * chunk;
+                        if let Some(pl) = planes.get(g) {
+                            b[2 * tq][g] = pl[base];
+                            b[2 * tq + 1][g] = pl[base + 1];
+                            b[2 * tq + 8][g] = pl[base + 2];
+                            b[2 * tq + 9][g] = pl[base + 3];
+                        }
+                    }
+                    for (r, dr) in d.iter_mut().enumerate() {
+                        for (n, dn) in dr.iter_mut().enumerate() {
+                            *dn += (0..16).map(|kk| a[r][kk] * b[kk][n]).sum::<f64>();
+                        }
+                    }
+                }
+            }
+            for (n, yn) in y.iter_mut().enumerate() {
+                for g in 0..8 {
+                    let (r0, r1) = if mma { (g, g + 8) } else { (2 * g, 2 * g + 1) };
+                    yn[tr * 16 + r0] = d[g][n] * scale;
+                    yn[tr * 16 + r1] = d[g + 8][n] * scale;
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn gemm_fragments_reproduce_the_decoded_product() {
+        let codes = [
+            TrellisCode::Hyb { q: 9 },
+            TrellisCode::OneMad,
+            TrellisCode::ThreeInst,
+        ];
+        let (rows, cols) = (32, 288);
+        for code in codes {
+            for k in 2..=4u8 {
+                for order in [TileOrder::RowMajor, TileOrder::Mma] {
+                    let w = weight(code, k, order, rows, cols);
+                    let mut seed = 5;
+                    let xs: Vec<Vec<f32>> = (0..8)
+                        .map(|_| {
+                            (0..cols)
+                                .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+                                .collect()
+                        })
+                        .collect();
+                    let deq = decode_rotated(&w);
+                    let got = emulate_gemm(&w, &xs);
+                    for (n, x) in xs.iter().enumerate() {
+                        for r in 0..rows {
+                            let want: f64 = (0..cols)
+                                .map(|c| f64::from(deq[r * cols + c]) * f64::from(x[c]))
+                                .sum();
+                            assert!(
+                                (got[n][r] - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "{code:?} K{k} {order:?} token {n} row {r}: {} vs {want}",
+                                got[n][r]
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

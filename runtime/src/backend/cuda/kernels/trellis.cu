@@ -67,6 +67,9 @@
 #define TR_HYB 0
 #define TR_1MAD 1
 #define TR_3INST 2
+// Tile orders of the entry points' names: row-major (sfx-convert), mma (QTIP's kernels).
+#define rm_ORDER false
+#define mma_ORDER true
 
 // Dynamic shared memory of every kernel here: floats for the transforms, words for the matvec.
 extern __shared__ __align__(16) float tr_smem[];
@@ -246,9 +249,8 @@ struct TrPrepItem {
     const float* su;  // [n] input signs
     const float* hm;  // [m, m] ±1, null when m = 1
     int m;
-    __half* planes;   // [tokens][2][pcols] hi, lo (decode), or null
+    __half* planes;   // [tokens][2][pcols] hi, lo (the prefill GEMM reads hi only)
     float* sigma;     // [tokens] the planes' scale σ
-    float* out;       // [tokens][n] f32 x' (prefill), or null
 };
 
 struct TrPrep {
@@ -324,10 +326,6 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
     float val[1] = {acc};
     row_fwht<1>(val, v.P, buf);
     const int o = s.r * v.P + s.c;
-    if (it.out) {
-        if (s.valid) it.out[(size_t)t * n + o] = val[0] * scale;
-        return;
-    }
     const float sigma = plane_sigma(norm2);
     if (threadIdx.x == 0 && blockIdx.x == 0) it.sigma[t] = sigma;
     __half* hi = it.planes + (size_t)t * 2 * pcols;
@@ -427,7 +425,7 @@ extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
     g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
 }
 // ---------------------------------------------------------------------------------------------
-// Decoding (shared by the matvec and the prefill dequantization).
+// Decoding (shared by the matvec and the prefill GEMM).
 
 // Word j (compile-time) of a lane's unit string held in K uint4.
 template <int K>
@@ -508,91 +506,6 @@ __device__ __forceinline__ void decode_pairs(uint32_t own, uint32_t next, uint32
         }
     }
 }
-
-// Tile position (row, column) of the lane's pair j, value v (0, 1).
-template <bool MMA>
-__device__ __forceinline__ void pair_position(int lane, int j, int v, int& row, int& col) {
-    if (MMA) {
-        const int s = 4 * lane + j;  // trellis step of the pair (V = 2 numbering)
-        row = 8 * (s & 1) + (s >> 4);
-        col = 8 * ((s >> 1) & 1) + 2 * ((s >> 2) & 3) + v;
-    } else {
-        const int p = 8 * lane + 2 * j + v;
-        row = p >> 4;
-        col = p & 15;
-    }
-}
-
-// Prefill: the decoded values Ŵ (as the MMA sees them: 1MAD's integers, without sv) as f32
-// rows. One warp per (tile row, unit).
-template <int CODE, int K, bool MMA>
-__device__ void tr_dequant_body(const uint4* __restrict__ codes, const uint32_t* __restrict__ lut,
-                                float* __restrict__ out, int rows, int cols, int n_units) {
-    const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
-    const int tiles = rows / 16, ctiles = cols / 16;
-    if (warp >= tiles * n_units) return;
-    const int tr = warp / n_units, u = warp % n_units;
-    uint4 w[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) w[i] = codes[((size_t)warp * K + i) * 32 + lane];
-#pragma unroll
-    for (int t = 0; t < TR_UNIT_TILES; ++t) {
-        const int tc = u * TR_UNIT_TILES + t;
-        const uint32_t own = own_bits<K>(w, t);
-        const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
-        if (tc >= ctiles) continue;
-        uint32_t a[4], b[4] = {0, 0, 0, 0};
-        if (CODE == TR_HYB) {
-            // The compact table (no lane copies): byte offset idx·128 → idx·4.
-            const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
-            const uint32_t hi = own >> 16;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint32_t s = window_state<K>(lo, hi, 2 * K * i);
-                const uint32_t h = s * s + s;
-                a[i] = lut[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
-            }
-        } else {
-            decode_pairs<CODE, K>(own, next, 0u, a, b);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-            for (int v = 0; v < 2; ++v) {
-                const uint16_t ha = (uint16_t)(v ? a[j] >> 16 : a[j] & 0xffffu);
-                float val = __half2float(__ushort_as_half(ha));
-                if (CODE == TR_3INST) {
-                    const uint16_t hb = (uint16_t)(v ? b[j] >> 16 : b[j] & 0xffffu);
-                    val += __half2float(__ushort_as_half(hb));
-                }
-                int row, col;
-                pair_position<MMA>(lane, j, v, row, col);
-                out[(size_t)(tr * 16 + row) * cols + tc * 16 + col] = val;
-            }
-        }
-    }
-}
-
-#define SFX_TR_DEQUANT(NAME, CODE, K, MMA)                                                   \
-    extern "C" __global__ void tr_dequant_##NAME##_k##K##_##MMA(                             \
-        const uint4* codes, const uint32_t* lut, float* out, int rows, int cols, int n_units) { \
-        tr_dequant_body<CODE, K, MMA##_ORDER>(codes, lut, out, rows, cols, n_units);          \
-    }
-#define rm_ORDER false
-#define mma_ORDER true
-
-#define SFX_TR_DEQUANT_CODE(NAME, CODE) \
-    SFX_TR_DEQUANT(NAME, CODE, 2, rm)   \
-    SFX_TR_DEQUANT(NAME, CODE, 3, rm)   \
-    SFX_TR_DEQUANT(NAME, CODE, 4, rm)   \
-    SFX_TR_DEQUANT(NAME, CODE, 2, mma)  \
-    SFX_TR_DEQUANT(NAME, CODE, 3, mma)  \
-    SFX_TR_DEQUANT(NAME, CODE, 4, mma)
-
-SFX_TR_DEQUANT_CODE(hyb, TR_HYB)
-SFX_TR_DEQUANT_CODE(1mad, TR_1MAD)
-SFX_TR_DEQUANT_CODE(3inst, TR_3INST)
 
 // ---------------------------------------------------------------------------------------------
 // The decode matvec (sm_80+: f16 m16n8k16 MMA).
@@ -1033,3 +946,179 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
 SFX_TR_MATVEC_CODE(hyb, TR_HYB)
 SFX_TR_MATVEC_CODE(1mad, TR_1MAD)
 SFX_TR_MATVEC_CODE(3inst, TR_3INST)
+
+// ---------------------------------------------------------------------------------------------
+// The prefill GEMM (sm_80+): Y[t][r] = Σ_c Ŵ[r][c] · x'σ[t][c] for a block of 8 tile rows (one a
+// warp) and 64 tokens, each tile decoded once into A fragments and multiplied against the 64
+// tokens' B fragments (8 MMAs per decode; 3INST: 16) — no dequantized copy of the weight. B is
+// the hi plane tr_prepare writes (x'σ rounded to f16: 11 significant bits, as TF32 keeps), one
+// unit (256 columns × 64 tokens) at a time, double-buffered by cp.async while the warps
+// multiply the previous unit.
+//   mma order: the decoded pairs are A's registers as they come (A row = tile row), and the
+//     planes hold each tile permuted so lane t's four B values are one 8-byte load at 4t.
+//   row-major: lane 4g + t decodes columns 8(t mod 2)..+7 of tile row 2g + t/2; one exchange
+//     with lane t ^ 2 (two shuffles) leaves it four columns of each of rows 2g and 2g + 1 —
+//     b(t) = 8(t mod 2) + 4(t/2) .. + 3 — so A row g is tile row 2g and A row g + 8 is 2g + 1,
+//     and A's k slots 2t, 2t + 1, 2t + 8, 2t + 9 are columns b(t) .. b(t) + 3: B's four values
+//     are then the natural-order plane's 8-byte chunk b(t)/4 = 2(t mod 2) + t/2.
+#define TR_GEMM_WARPS 8
+#define TR_GEMM_TOKENS 64
+// Words per staged token row of one unit: 128 words of f16 pairs + 8, so the eight token rows
+// of a B fragment start 8 banks apart and a half-warp's 8-byte loads cover all 32 banks once.
+#define TR_GEMM_STRIDE (TR_UNIT_TILES * 8 + 8)
+#define TR_GEMM_STAGE_WORDS (TR_GEMM_TOKENS * TR_GEMM_STRIDE)
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+
+// Copies unit u of the hi planes of tokens tok0.. into a stage buffer (zeros past m).
+__device__ __forceinline__ void tr_gemm_stage(uint32_t* dst, const __half* __restrict__ planes,
+                                              int u, int tok0, int m, int pcols) {
+    for (int i = threadIdx.x; i < TR_GEMM_TOKENS * 32; i += blockDim.x) {
+        const int r = i >> 5, c = i & 31;
+        const int tok = tok0 + r;
+        const __half* src =
+            planes + (size_t)min(tok, m - 1) * 2 * pcols + (size_t)u * 256 + c * 8;
+        copy16_async(dst + r * TR_GEMM_STRIDE + c * 4, src, tok < m ? 16 : 0);
+    }
+    copy_async_commit();
+}
+
+template <int K>
+__device__ __forceinline__ void tr_gemm_load_codes(uint4 (&w)[K], const uint4* __restrict__ unit,
+                                                   int lane) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) w[i] = __ldg(unit + i * 32 + lane);
+}
+
+// Row-major tiles: the lane's pairs (columns 8(t mod 2) + 2j of row 2g + t/2) exchanged with
+// lane t ^ 2 into A registers (rows 2g → A row g, 2g + 1 → A row g + 8; see above).
+__device__ __forceinline__ void tr_gemm_exchange(uint32_t (&a)[4], int tq) {
+    const bool top = tq < 2;
+    const uint32_t r0 = __shfl_xor_sync(SFX_FULL_MASK, top ? a[2] : a[0], 2);
+    const uint32_t r1 = __shfl_xor_sync(SFX_FULL_MASK, top ? a[3] : a[1], 2);
+    const uint32_t a0 = top ? a[0] : r0, a2 = top ? a[1] : r1;
+    const uint32_t a1 = top ? r0 : a[2], a3 = top ? r1 : a[3];
+    a[0] = a0;
+    a[1] = a1;
+    a[2] = a2;
+    a[3] = a3;
+}
+
+template <int CODE, int K, bool MMA>
+__device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __restrict__ lut,
+                             const __half* __restrict__ planes, float* __restrict__ y, int rows,
+                             int cols, int m, int n_units) {
+    constexpr int NB = TR_GEMM_TOKENS / 8;
+    uint32_t* table = tr_words;  // the compact HYB table: 2^Q pairs, sign applied per lookup
+    uint32_t* stage = tr_words + (1 << TR_HYB_Q);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int tr = blockIdx.x * TR_GEMM_WARPS + warp;
+    const int tok0 = blockIdx.y * TR_GEMM_TOKENS;
+    const bool active = tr < (rows >> 4);
+    const int ctiles = cols >> 4, pcols = n_units * 256;
+    if (CODE == TR_HYB)
+        for (int i = threadIdx.x; i < (1 << TR_HYB_Q); i += blockDim.x) table[i] = lut[i];
+    const uint4* unit0 = codes + (size_t)min(tr, (rows >> 4) - 1) * n_units * K * 32;
+    uint4 w[K];
+    tr_gemm_load_codes<K>(w, unit0, lane);
+    tr_gemm_stage(stage, planes, 0, tok0, m, pcols);
+    // B's 8-byte chunk of a tile for this lane (see above), as a word offset.
+    const int chunk = MMA ? tq : 2 * (tq & 1) + (tq >> 1);
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+    for (int u = 0; u < n_units; ++u) {
+        uint4 wn[K];
+        if (u + 1 < n_units) {
+            tr_gemm_stage(stage + ((u + 1) & 1) * TR_GEMM_STAGE_WORDS, planes, u + 1, tok0, m,
+                          pcols);
+            tr_gemm_load_codes<K>(wn, unit0 + (size_t)(u + 1) * K * 32, lane);
+            copy_async_wait<1>();
+        } else {
+            copy_async_wait<0>();
+        }
+        __syncthreads();
+        const uint32_t* bs =
+            stage + (u & 1) * TR_GEMM_STAGE_WORDS + g * TR_GEMM_STRIDE + 2 * chunk;
+        if (active) {
+#pragma unroll
+            for (int t = 0; t < TR_UNIT_TILES; ++t) {
+                const uint32_t own = own_bits<K>(w, t);
+                const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
+                if (u * TR_UNIT_TILES + t >= ctiles) break;  // the rest of the unit is padding
+                uint32_t a[4], b[4] = {0, 0, 0, 0};
+                if (CODE == TR_HYB) {
+                    const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
+                    const uint32_t hi = own >> 16;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const uint32_t s = window_state<K>(lo, hi, 2 * K * i);
+                        const uint32_t h = s * s + s;
+                        a[i] = table[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
+                    }
+                } else {
+                    decode_pairs<CODE, K>(own, next, 0u, a, b);
+                }
+                if (!MMA) {
+                    tr_gemm_exchange(a, tq);
+                    if (CODE == TR_3INST) tr_gemm_exchange(b, tq);
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const uint2 bv =
+                        *reinterpret_cast<const uint2*>(bs + nb * 8 * TR_GEMM_STRIDE + t * 8);
+                    mma_f16(acc[nb], a, bv.x, bv.y);
+                    if (CODE == TR_3INST) mma_f16(acc[nb], b, bv.x, bv.y);
+                }
+            }
+        }
+        // Every warp is done with this buffer before the next iteration refills it.
+        __syncthreads();
+        if (u + 1 < n_units) {
+#pragma unroll
+            for (int i = 0; i < K; ++i) w[i] = wn[i];
+        }
+    }
+    if (!active) return;
+    // C: c0, c1 = (A row g, tokens 2t, 2t + 1 of the n-block), c2, c3 = (A row g + 8, same).
+    const int r0 = tr * 16 + (MMA ? g : 2 * g), r1 = r0 + (MMA ? 8 : 1);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        const int t0 = tok0 + nb * 8 + 2 * tq;
+        if (t0 < m) {
+            y[(size_t)t0 * rows + r0] = acc[nb][0];
+            y[(size_t)t0 * rows + r1] = acc[nb][2];
+        }
+        if (t0 + 1 < m) {
+            y[(size_t)(t0 + 1) * rows + r0] = acc[nb][1];
+            y[(size_t)(t0 + 1) * rows + r1] = acc[nb][3];
+        }
+    }
+}
+#define SFX_TR_GEMM_BODY(...) __VA_ARGS__
+#else
+#define SFX_TR_GEMM_BODY(...) __trap();
+#endif
+
+// Entry points tr_gemm_{hyb,1mad,3inst}_k{K}_{rm,mma}: grid (tile rows / 8, tokens / 64).
+#define SFX_TR_GEMM(NAME, CODE, K, ORD)                                                         \
+    extern "C" __global__ void __launch_bounds__(TR_GEMM_WARPS * 32, 2)                         \
+        tr_gemm_##NAME##_k##K##_##ORD(const uint4* codes, const uint32_t* lut,                   \
+                                      const __half* planes, float* y, int rows, int cols, int m, \
+                                      int n_units) {                                             \
+        SFX_TR_GEMM_BODY(                                                                        \
+            tr_gemm_body<CODE, K, ORD##_ORDER>(codes, lut, planes, y, rows, cols, m, n_units);)  \
+    }
+
+#define SFX_TR_GEMM_CODE(NAME, CODE) \
+    SFX_TR_GEMM(NAME, CODE, 2, rm)   \
+    SFX_TR_GEMM(NAME, CODE, 3, rm)   \
+    SFX_TR_GEMM(NAME, CODE, 4, rm)   \
+    SFX_TR_GEMM(NAME, CODE, 2, mma)  \
+    SFX_TR_GEMM(NAME, CODE, 3, mma)  \
+    SFX_TR_GEMM(NAME, CODE, 4, mma)
+
+SFX_TR_GEMM_CODE(hyb, TR_HYB)
+SFX_TR_GEMM_CODE(1mad, TR_1MAD)
+SFX_TR_GEMM_CODE(3inst, TR_3INST)
