@@ -955,8 +955,9 @@ fn add_coded_linear(
 /// every K in both tile orders on decode and on a prefill of 70 tokens (two token blocks of
 /// the GEMM; 3 tile rows, fewer than a block's warps; 576 columns: a dense factor and padding
 /// tiles); the default format (HYB K2, row-major as `sfx-convert` writes it) and QTIP's
-/// checkpoints' format (HYB K2, mma order) on every shape; the fused q/k/v and gate/up paths
-/// for one format per code.
+/// checkpoints' format (HYB K2, mma order) on every shape, 260 tokens included (the GEMM's
+/// 128-token blocks; `SFX_TR_GEMM_TOKENS=128` runs every case's prefill on them); the fused
+/// q/k/v and gate/up paths for one format per code.
 fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
     const HYB: TrellisCode = TrellisCode::Hyb { q: 9 };
     let decode = [
@@ -974,6 +975,7 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
         (9, 96, 576, true, false),
         (40, 256, 1024, false, true),
         (70, 160, 1536, false, true),
+        (260, 48, 576, true, false),
     ];
     let mut i = 0;
     for code in [HYB, TrellisCode::OneMad, TrellisCode::ThreeInst] {

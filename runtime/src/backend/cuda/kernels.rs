@@ -73,14 +73,18 @@ pub(crate) struct TileKernels {
 }
 
 /// Trellis-coded weights (trellis.cu): matvecs by `[code: HYB, 1MAD, 3INST][K − 2][order:
-/// row-major, mma][tile rows per group − 1]`, the prefill GEMMs by `[code][K − 2][order]`,
-/// the input transform by `[norm fused][order]`, and the output transforms.
+/// row-major, mma][tile rows per group − 1]`, the prefill GEMMs by `[code][K − 2][order]
+/// [tokens per block: 64, 128]`,
+/// the input transform by `[norm fused][order]`, the output transforms, and the prefill
+/// transforms (one block per token) by `[order]` and alone.
 pub(crate) struct TrellisKernels {
     pub matvec: [[[[Kernel; 2]; 2]; 3]; 3],
-    pub gemm: [[[Kernel; 2]; 3]; 3],
+    pub gemm: [[[[Kernel; 2]; 2]; 3]; 3],
     pub prepare: [[Kernel; 2]; 2],
     pub finish: Kernel,
     pub finish_swiglu: Kernel,
+    pub prepare_tokens: [Kernel; 2],
+    pub finish_tokens: Kernel,
 }
 
 pub(crate) struct Kernels {
@@ -168,16 +172,34 @@ impl Kernels {
             ($code:literal) => {
                 [
                     [
-                        tr.function(concat!("tr_gemm_", $code, "_k2_rm"))?,
-                        tr.function(concat!("tr_gemm_", $code, "_k2_mma"))?,
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k2_rm_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k2_rm_t128"))?,
+                        ],
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k2_mma_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k2_mma_t128"))?,
+                        ],
                     ],
                     [
-                        tr.function(concat!("tr_gemm_", $code, "_k3_rm"))?,
-                        tr.function(concat!("tr_gemm_", $code, "_k3_mma"))?,
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k3_rm_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k3_rm_t128"))?,
+                        ],
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k3_mma_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k3_mma_t128"))?,
+                        ],
                     ],
                     [
-                        tr.function(concat!("tr_gemm_", $code, "_k4_rm"))?,
-                        tr.function(concat!("tr_gemm_", $code, "_k4_mma"))?,
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k4_rm_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k4_rm_t128"))?,
+                        ],
+                        [
+                            tr.function(concat!("tr_gemm_", $code, "_k4_mma_t64"))?,
+                            tr.function(concat!("tr_gemm_", $code, "_k4_mma_t128"))?,
+                        ],
                     ],
                 ]
             };
@@ -367,6 +389,11 @@ impl Kernels {
                 ],
                 finish: tr.function("tr_finish")?,
                 finish_swiglu: tr.function("tr_finish_swiglu")?,
+                prepare_tokens: [
+                    tr.function("tr_prepare_tokens_rm")?,
+                    tr.function("tr_prepare_tokens_mma")?,
+                ],
+                finish_tokens: tr.function("tr_finish_tokens")?,
             },
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
@@ -376,8 +403,9 @@ impl Kernels {
             }
         }
         // The tensor-core prefill's double-buffered tiles (69 KB at head 128), the group
-        // matvec's staged x (up to ~50K columns) and the trellis GEMM's two staged units
-        // (70 KB) exceed the 48 KB default too.
+        // matvec's staged x (up to ~50K columns), the trellis GEMM's two staged units (70 KB)
+        // and the trellis prefill transforms' two copies of a vector exceed the 48 KB default
+        // too.
         for f in k
             .prefill_mma_f16
             .iter()
@@ -390,9 +418,11 @@ impl Kernels {
             .chain(k.group.tile.swiglu.iter().flatten())
             .chain(k.group.tile.swiglu_norm.iter().flatten())
             .chain(k.trellis.matvec.iter().flatten().flatten().flatten())
-            .chain(k.trellis.gemm.iter().flatten().flatten())
+            .chain(k.trellis.gemm.iter().flatten().flatten().flatten())
             .chain(k.trellis.prepare.iter().flatten())
             .chain([&k.trellis.finish, &k.trellis.finish_swiglu])
+            .chain(k.trellis.prepare_tokens.iter())
+            .chain([&k.trellis.finish_tokens])
         {
             f.allow_shared(device.smem_optin)?;
         }

@@ -263,6 +263,12 @@ struct Inner {
     /// Trellis matvecs over power-of-two inputs run the input transform in their prologue
     /// (`SFX_TR_PROLOGUE=0` launches tr_prepare before them, for comparison).
     trellis_prologue: bool,
+    /// Trellis prefill transforms run one block per token with the vector in shared memory
+    /// (`SFX_TR_TOKEN_TRANSFORMS=0` keeps the decode kernels' row blocks, for comparison).
+    trellis_token_transforms: bool,
+    /// `SFX_TR_GEMM_TOKENS` (64, 128): tokens per block of the trellis prefill GEMM, for
+    /// tuning runs.
+    trellis_gemm_tokens: Option<usize>,
 }
 
 /// Rows one argmax launch covers (its scratch is sized once, so a captured step never sees it
@@ -368,6 +374,12 @@ impl CudaBackend {
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2)),
                 trellis_prologue: std::env::var("SFX_TR_PROLOGUE").map_or(true, |v| v != "0"),
+                trellis_token_transforms: std::env::var("SFX_TR_TOKEN_TRANSFORMS")
+                    .map_or(true, |v| v != "0"),
+                trellis_gemm_tokens: std::env::var("SFX_TR_GEMM_TOKENS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|t| [64, 128].contains(t)),
                 group_tiles: dev_has_mma
                     && std::env::var("SFX_GROUP_TILES").map_or(true, |v| v != "0"),
                 mma_prefill: dev_has_mma

@@ -44,12 +44,16 @@ const ZERO_WORDS: usize = 16 * 8;
 const ROW_MAX: usize = 512;
 /// CUDA's limit on a grid's z extent (the transforms' tokens), and on y.
 const MAX_GRID_Z: u32 = 65535;
-/// The prefill GEMM's block: tile rows (one a warp) and tokens (`TR_GEMM_WARPS`,
-/// `TR_GEMM_TOKENS`), and its shared memory: the compact HYB table and two staged units of
-/// 64 token rows of 136 words (`TR_GEMM_STRIDE`).
+/// The prefill GEMM's block: tile rows (one a warp, `TR_GEMM_WARPS`).
 const GEMM_WARPS: usize = 8;
-const GEMM_TOKENS: usize = 64;
-const GEMM_SMEM: usize = ((1 << HYB_Q) + 2 * GEMM_TOKENS * (16 * 8 + 8)) * 4;
+
+/// Shared memory of a prefill GEMM block of `tokens` (64 or 128) tokens (`TrGemmShape`): the
+/// compact HYB table and two stages of 16 (64 tokens) or 8 tiles (128) per token row, each
+/// row 8 words a tile + 8.
+fn gemm_smem(tokens: usize) -> usize {
+    let stage_tiles = if tokens == 64 { 16 } else { 8 };
+    ((1 << HYB_Q) + 2 * tokens * (stage_tiles * 8 + 8)) * 4
+}
 
 /// A dense ±1 Hadamard factor on the device (None for m = 1: a plain Walsh–Hadamard
 /// transform).
@@ -409,6 +413,26 @@ impl CudaBackend {
         let k = &self.k().trellis;
         let order = usize::from(c0.mma());
         let mut args = vec![Arg::TrellisPrep(p), Arg::Ptr(x.mem.ptr)];
+        let tail = [
+            Arg::I32(i32_of("trellis prepare", n)?),
+            Arg::I32(i32_of("trellis prepare", c0.pcols())?),
+            Arg::F32(inv_sqrt(n)),
+        ];
+        if norm.is_none() {
+            let views: Vec<(usize, usize)> = items
+                .iter()
+                .map(|(w, _)| {
+                    (
+                        n,
+                        trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m),
+                    )
+                })
+                .collect();
+            if let Some(((grid, block), smem)) = self.token_transform_dims(&views, m)? {
+                args.extend(tail);
+                return self.launch(&k.prepare_tokens[order], grid, block, smem, &mut args);
+            }
+        }
         let kernel = match norm {
             None => &k.prepare[0][order],
             Some((w, eps)) => {
@@ -416,11 +440,7 @@ impl CudaBackend {
                 &k.prepare[1][order]
             }
         };
-        args.extend([
-            Arg::I32(i32_of("trellis prepare", n)?),
-            Arg::I32(i32_of("trellis prepare", c0.pcols())?),
-            Arg::F32(inv_sqrt(n)),
-        ]);
+        args.extend(tail);
         let (grid, block) = transform_grid(
             "trellis prepare",
             items.iter().map(|(w, _)| {
@@ -480,8 +500,52 @@ impl CudaBackend {
                 vec![Arg::TrellisFinish(f), Arg::I32(accumulate as i32)],
             )
         };
+        if !swiglu {
+            if let Some(((grid, block), smem)) = self.token_transform_dims(&views, m)? {
+                return self.launch(&k.finish_tokens, grid, block, smem, &mut args);
+            }
+        }
         let (grid, block) = transform_grid("trellis finish", views.into_iter(), launched, m)?;
         self.launch_projection(kernel, grid, block, 0, &mut args)
+    }
+
+    /// The launch of a prefill transform (`tr_prepare_tokens`, `tr_finish_tokens`) over items
+    /// of row views `(n, m)`: one block per (token, item), with two copies of the vector and
+    /// the row mix's coefficients in shared memory. None for decode (m ≤ 4: the row blocks
+    /// spread a vector over SMs) or where that does not fit.
+    fn token_transform_dims(
+        &self,
+        views: &[(usize, usize)],
+        tokens: usize,
+    ) -> Result<Option<(LaunchDims, usize)>> {
+        let floats = |&(n, m): &(usize, usize)| {
+            let rows = n / (n / m.max(1)).clamp(1, ROW_MAX);
+            2 * n + rows * rows.next_multiple_of(4)
+        };
+        let smem = 4 * views.iter().map(floats).max().unwrap_or(0);
+        let n = views.iter().map(|v| v.0).max().unwrap_or(0);
+        // The kernels' static reduction slots come out of the same opt-in limit.
+        if tokens <= MATVEC_MAX_TOKENS
+            || !self.inner.trellis_token_transforms
+            || smem + 256 > self.dev().smem_optin
+        {
+            return Ok(None);
+        }
+        let grid_x = u32::try_from(tokens).map_err(|_| {
+            RuntimeError::Unsupported(format!("trellis transform: {tokens} tokens in one launch"))
+        })?;
+        let threads = n.next_multiple_of(32).min(ROW_MAX) as u32;
+        Ok(Some((
+            ((grid_x, views.len() as u32, 1), (threads, 1, 1)),
+            smem,
+        )))
+    }
+
+    /// Tokens per block of the prefill GEMM: 128 where that still gives every SM work.
+    fn trellis_gemm_tokens(&self, m: usize) -> usize {
+        self.inner
+            .trellis_gemm_tokens
+            .unwrap_or(if m >= 256 { 128 } else { 64 })
     }
 
     /// Tile rows per row group of a matvec (`SFX_TR_ROWS` = 1 or 2 forces it): two share
@@ -695,8 +759,10 @@ impl CudaBackend {
         };
         self.trellis_prepare(x, m, &[(w, Some(out))], None)?;
         let rotated = self.dev().alloc(4 * m * rows)?;
-        let gemm = &self.k().trellis.gemm[c.code_index()][c.k_index()][usize::from(c.mma())];
-        let grid_y = u32::try_from(m.div_ceil(GEMM_TOKENS))
+        let tokens = self.trellis_gemm_tokens(m);
+        let gemm = &self.k().trellis.gemm[c.code_index()][c.k_index()][usize::from(c.mma())]
+            [usize::from(tokens == 128)];
+        let grid_y = u32::try_from(m.div_ceil(tokens))
             .ok()
             .filter(|&b| b <= MAX_GRID_Z)
             .ok_or_else(|| {
@@ -706,7 +772,7 @@ impl CudaBackend {
             gemm,
             ((rows / 16).div_ceil(GEMM_WARPS) as u32, grid_y, 1),
             (GEMM_WARPS as u32 * 32, 1, 1),
-            GEMM_SMEM,
+            gemm_smem(tokens),
             &mut [
                 Arg::Ptr(w.mem.ptr),
                 Arg::Ptr(c.lut_ptr()),

@@ -424,6 +424,110 @@ extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
     const float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
     g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
 }
+// Prefill transforms: one block per (token, item) with the whole vector in shared memory, so
+// each value is loaded once. The row blocks above suit decode (a few vectors spread over many
+// SMs) but re-read every input row for every output row: at 512 tokens a 14336-wide launch
+// took 0.3–0.5 ms. Dynamic shared memory: the vector as [M][P] (the row view), the mixed rows
+// [M][P], then the mix's coefficients Cᵀ [M][M4] (M4 = M rounded up to 4, zero columns).
+
+// Where the coefficients start in a prefill transform's shared memory (floats, n values).
+__device__ __forceinline__ int token_coeff_offset(int n) { return 2 * n; }
+
+// out = the row mix of buf (C, or Cᵀ with `transpose`), then the Walsh–Hadamard transform of
+// each row in place (the order of the row-block kernels). A thread owns four output rows of a
+// column: one load of the column's value and one 16-byte coefficient load per four FMAs (per
+// FMA the coefficient's index arithmetic and load cost ~8 instructions). Every thread of the
+// block calls it.
+__device__ void token_mix_fwht(const float* buf, float* out, float* coeff,
+                               const float* __restrict__ hm, int m, const RowView& v,
+                               bool transpose) {
+    const int M4 = (v.M + 3) & ~3;
+    for (int i = threadIdx.x; i < v.M * M4; i += blockDim.x) {
+        const int k = i / M4, r = i - k * M4;
+        coeff[i] = r < v.M ? row_coeff(hm, m, v.lq, transpose, r, k) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < (M4 / 4) * v.P; i += blockDim.x) {
+        const int q = i / v.P, c = i - q * v.P;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < v.M; ++k) {
+            const float x = buf[k * v.P + c];
+            const float4 co = *reinterpret_cast<const float4*>(coeff + k * M4 + 4 * q);
+            acc.x = fmaf(co.x, x, acc.x);
+            acc.y = fmaf(co.y, x, acc.y);
+            acc.z = fmaf(co.z, x, acc.z);
+            acc.w = fmaf(co.w, x, acc.w);
+        }
+        const int r = 4 * q;
+        out[r * v.P + c] = acc.x;
+        if (r + 1 < v.M) out[(r + 1) * v.P + c] = acc.y;
+        if (r + 2 < v.M) out[(r + 2) * v.P + c] = acc.z;
+        if (r + 3 < v.M) out[(r + 3) * v.P + c] = acc.w;
+    }
+    __syncthreads();
+    block_fwht_rows(out, v.M, v.P);
+}
+
+// grid (tokens, items): tr_prepare's planes and σ (no fused norm: prefill normalises first).
+template <bool MMA>
+__device__ void tr_prepare_tokens_body(const TrPrep& pr, const float* __restrict__ x, int n,
+                                       int pcols, float inv_sqrt_n) {
+    __shared__ float red[32];
+    float* buf = tr_smem;
+    float* out = tr_smem + n;
+    TrPrepItem it = pr.item[0];
+#pragma unroll
+    for (int k = 1; k < TR_MAX_ITEMS; ++k)
+        if ((int)blockIdx.y == k) it = pr.item[k];
+    const int t = blockIdx.x;
+    const RowView v = row_view(n, it.m);
+    const float* xt = x + (size_t)t * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float xv = xt[i];
+        ss = fmaf(xv, xv, ss);
+        buf[i] = xv * it.su[i];
+    }
+    const float sigma = plane_sigma(sqrtf(block_sum(ss, red)));  // block_sum: a barrier too
+    token_mix_fwht(buf, out, tr_smem + token_coeff_offset(n), it.hm, it.m, v, false);
+    if (threadIdx.x == 0) it.sigma[t] = sigma;
+    __half* hi = it.planes + (size_t)t * 2 * pcols;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        store_plane_value<MMA>(hi, hi + pcols, i, out[i] * (inv_sqrt_n * sigma));
+}
+
+extern "C" __global__ void tr_prepare_tokens_rm(const TrPrep p, const float* x, int n, int pcols,
+                                                float inv_sqrt_n) {
+    tr_prepare_tokens_body<false>(p, x, n, pcols, inv_sqrt_n);
+}
+extern "C" __global__ void tr_prepare_tokens_mma(const TrPrep p, const float* x, int n,
+                                                 int pcols, float inv_sqrt_n) {
+    tr_prepare_tokens_body<true>(p, x, n, pcols, inv_sqrt_n);
+}
+
+// grid (tokens, items): tr_finish over whole vectors.
+extern "C" __global__ void tr_finish_tokens(const TrFinish f, int accumulate) {
+    TrFinishItem it = f.item[0];
+#pragma unroll
+    for (int k = 1; k < TR_MAX_ITEMS; ++k)
+        if ((int)blockIdx.y == k) it = f.item[k];
+    const int t = blockIdx.x, n = it.n;
+    float* buf = tr_smem;
+    float* out = tr_smem + n;
+    const float* rot = it.rot + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = rot[i];
+    __syncthreads();
+    token_mix_fwht(buf, out, tr_smem + token_coeff_offset(n), it.hm, it.m, row_view(n, it.m),
+                   true);
+    const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
+    float* y = it.y + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float o = out[i] * scale * it.sv[i];
+        if (it.bias) o += it.bias[i];
+        y[i] = accumulate ? y[i] + o : o;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decoding (shared by the matvec and the prefill GEMM).
 
@@ -949,11 +1053,11 @@ SFX_TR_MATVEC_CODE(3inst, TR_3INST)
 
 // ---------------------------------------------------------------------------------------------
 // The prefill GEMM (sm_80+): Y[t][r] = Σ_c Ŵ[r][c] · x'σ[t][c] for a block of 8 tile rows (one a
-// warp) and 64 tokens, each tile decoded once into A fragments and multiplied against the 64
-// tokens' B fragments (8 MMAs per decode; 3INST: 16) — no dequantized copy of the weight. B is
-// the hi plane tr_prepare writes (x'σ rounded to f16: 11 significant bits, as TF32 keeps), one
-// unit (256 columns × 64 tokens) at a time, double-buffered by cp.async while the warps
-// multiply the previous unit.
+// warp) and NT tokens (64 or 128), each tile decoded once into A fragments and multiplied
+// against the NT tokens' B fragments (NT/8 MMAs per decode; 3INST: twice) — no dequantized
+// copy of the weight. B is the hi plane tr_prepare writes (x'σ rounded to f16: 11 significant
+// bits, as TF32 keeps), staged ST tiles (16 at NT = 64, 8 at NT = 128: ~70 KB either way) ×
+// NT tokens at a time, double-buffered by cp.async while the warps multiply the previous stage.
 //   mma order: the decoded pairs are A's registers as they come (A row = tile row), and the
 //     planes hold each tile permuted so lane t's four B values are one 8-byte load at 4t.
 //   row-major: lane 4g + t decodes columns 8(t mod 2)..+7 of tile row 2g + t/2; one exchange
@@ -962,23 +1066,32 @@ SFX_TR_MATVEC_CODE(3inst, TR_3INST)
 //     and A's k slots 2t, 2t + 1, 2t + 8, 2t + 9 are columns b(t) .. b(t) + 3: B's four values
 //     are then the natural-order plane's 8-byte chunk b(t)/4 = 2(t mod 2) + t/2.
 #define TR_GEMM_WARPS 8
-#define TR_GEMM_TOKENS 64
-// Words per staged token row of one unit: 128 words of f16 pairs + 8, so the eight token rows
-// of a B fragment start 8 banks apart and a half-warp's 8-byte loads cover all 32 banks once.
-#define TR_GEMM_STRIDE (TR_UNIT_TILES * 8 + 8)
-#define TR_GEMM_STAGE_WORDS (TR_GEMM_TOKENS * TR_GEMM_STRIDE)
+
+template <int NT>
+struct TrGemmShape {
+    static constexpr int ST = NT == 64 ? 16 : 8;  // tiles per stage
+    static constexpr int PARTS = TR_UNIT_TILES / ST;
+    // Words per staged token row: ST·8 words of f16 pairs + 8, so the eight token rows of a
+    // B fragment start 8 banks apart and a half-warp's 8-byte loads cover all 32 banks once.
+    static constexpr int STRIDE = ST * 8 + 8;
+    static constexpr int STAGE_WORDS = NT * STRIDE;
+};
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 
-// Copies unit u of the hi planes of tokens tok0.. into a stage buffer (zeros past m).
+// Copies stage s (unit s / PARTS, part s mod PARTS) of the hi planes of tokens tok0.. (zeros
+// past m).
+template <int NT>
 __device__ __forceinline__ void tr_gemm_stage(uint32_t* dst, const __half* __restrict__ planes,
-                                              int u, int tok0, int m, int pcols) {
-    for (int i = threadIdx.x; i < TR_GEMM_TOKENS * 32; i += blockDim.x) {
-        const int r = i >> 5, c = i & 31;
+                                              int s, int tok0, int m, int pcols) {
+    using S = TrGemmShape<NT>;
+    constexpr int CHUNKS = S::ST * 2;  // 16-byte chunks of a token's stage row
+    const int col0 = s * S::ST * 16;   // parts of a unit are contiguous columns
+    for (int i = threadIdx.x; i < NT * CHUNKS; i += blockDim.x) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
         const int tok = tok0 + r;
-        const __half* src =
-            planes + (size_t)min(tok, m - 1) * 2 * pcols + (size_t)u * 256 + c * 8;
-        copy16_async(dst + r * TR_GEMM_STRIDE + c * 4, src, tok < m ? 16 : 0);
+        const __half* src = planes + (size_t)min(tok, m - 1) * 2 * pcols + col0 + c * 8;
+        copy16_async(dst + r * S::STRIDE + c * 4, src, tok < m ? 16 : 0);
     }
     copy_async_commit();
 }
@@ -1004,77 +1117,83 @@ __device__ __forceinline__ void tr_gemm_exchange(uint32_t (&a)[4], int tq) {
     a[3] = a3;
 }
 
-template <int CODE, int K, bool MMA>
+template <int CODE, int K, bool MMA, int NT>
 __device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __restrict__ lut,
                              const __half* __restrict__ planes, float* __restrict__ y, int rows,
                              int cols, int m, int n_units) {
-    constexpr int NB = TR_GEMM_TOKENS / 8;
+    using S = TrGemmShape<NT>;
+    constexpr int NB = NT / 8;
     uint32_t* table = tr_words;  // the compact HYB table: 2^Q pairs, sign applied per lookup
     uint32_t* stage = tr_words + (1 << TR_HYB_Q);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int tr = blockIdx.x * TR_GEMM_WARPS + warp;
-    const int tok0 = blockIdx.y * TR_GEMM_TOKENS;
+    const int tok0 = blockIdx.y * NT;
     const bool active = tr < (rows >> 4);
-    const int ctiles = cols >> 4, pcols = n_units * 256;
+    const int ctiles = cols >> 4, pcols = n_units * 256, stages = n_units * S::PARTS;
     if (CODE == TR_HYB)
         for (int i = threadIdx.x; i < (1 << TR_HYB_Q); i += blockDim.x) table[i] = lut[i];
     const uint4* unit0 = codes + (size_t)min(tr, (rows >> 4) - 1) * n_units * K * 32;
-    uint4 w[K];
+    uint4 w[K], wn[K];
     tr_gemm_load_codes<K>(w, unit0, lane);
-    tr_gemm_stage(stage, planes, 0, tok0, m, pcols);
+    tr_gemm_stage<NT>(stage, planes, 0, tok0, m, pcols);
     // B's 8-byte chunk of a tile for this lane (see above), as a word offset.
     const int chunk = MMA ? tq : 2 * (tq & 1) + (tq >> 1);
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
     for (int u = 0; u < n_units; ++u) {
-        uint4 wn[K];
-        if (u + 1 < n_units) {
-            tr_gemm_stage(stage + ((u + 1) & 1) * TR_GEMM_STAGE_WORDS, planes, u + 1, tok0, m,
-                          pcols);
-            tr_gemm_load_codes<K>(wn, unit0 + (size_t)(u + 1) * K * 32, lane);
-            copy_async_wait<1>();
-        } else {
-            copy_async_wait<0>();
-        }
-        __syncthreads();
-        const uint32_t* bs =
-            stage + (u & 1) * TR_GEMM_STAGE_WORDS + g * TR_GEMM_STRIDE + 2 * chunk;
-        if (active) {
 #pragma unroll
-            for (int t = 0; t < TR_UNIT_TILES; ++t) {
-                const uint32_t own = own_bits<K>(w, t);
-                const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
-                if (u * TR_UNIT_TILES + t >= ctiles) break;  // the rest of the unit is padding
-                uint32_t a[4], b[4] = {0, 0, 0, 0};
-                if (CODE == TR_HYB) {
-                    const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
-                    const uint32_t hi = own >> 16;
+        for (int part = 0; part < S::PARTS; ++part) {
+            const int s = u * S::PARTS + part;
+            if (s + 1 < stages) {
+                tr_gemm_stage<NT>(stage + ((s + 1) & 1) * S::STAGE_WORDS, planes, s + 1, tok0,
+                                  m, pcols);
+                if (part == S::PARTS - 1)
+                    tr_gemm_load_codes<K>(wn, unit0 + (size_t)(u + 1) * K * 32, lane);
+                copy_async_wait<1>();
+            } else {
+                copy_async_wait<0>();
+            }
+            __syncthreads();
+            const uint32_t* bs =
+                stage + (s & 1) * S::STAGE_WORDS + g * S::STRIDE + 2 * chunk;
+            if (active) {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const uint32_t s = window_state<K>(lo, hi, 2 * K * i);
-                        const uint32_t h = s * s + s;
-                        a[i] = table[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
+                for (int tt = 0; tt < S::ST; ++tt) {
+                    const int t = part * S::ST + tt;
+                    const uint32_t own = own_bits<K>(w, t);
+                    const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
+                    if (u * TR_UNIT_TILES + t >= ctiles) break;  // the rest is padding
+                    uint32_t a[4], b[4] = {0, 0, 0, 0};
+                    if (CODE == TR_HYB) {
+                        const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
+                        const uint32_t hi = own >> 16;
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const uint32_t st = window_state<K>(lo, hi, 2 * K * i);
+                            const uint32_t h = st * st + st;
+                            a[i] = table[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
+                        }
+                    } else {
+                        decode_pairs<CODE, K>(own, next, 0u, a, b);
                     }
-                } else {
-                    decode_pairs<CODE, K>(own, next, 0u, a, b);
-                }
-                if (!MMA) {
-                    tr_gemm_exchange(a, tq);
-                    if (CODE == TR_3INST) tr_gemm_exchange(b, tq);
-                }
+                    if (!MMA) {
+                        tr_gemm_exchange(a, tq);
+                        if (CODE == TR_3INST) tr_gemm_exchange(b, tq);
+                    }
 #pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    const uint2 bv =
-                        *reinterpret_cast<const uint2*>(bs + nb * 8 * TR_GEMM_STRIDE + t * 8);
-                    mma_f16(acc[nb], a, bv.x, bv.y);
-                    if (CODE == TR_3INST) mma_f16(acc[nb], b, bv.x, bv.y);
+                    for (int nb = 0; nb < NB; ++nb) {
+                        const uint2 bv =
+                            *reinterpret_cast<const uint2*>(bs + nb * 8 * S::STRIDE + tt * 8);
+                        mma_f16(acc[nb], a, bv.x, bv.y);
+                        if (CODE == TR_3INST) mma_f16(acc[nb], b, bv.x, bv.y);
+                    }
                 }
             }
+            // Every warp is done with this buffer before the next stage refills it.
+            __syncthreads();
         }
-        // Every warp is done with this buffer before the next iteration refills it.
-        __syncthreads();
         if (u + 1 < n_units) {
 #pragma unroll
             for (int i = 0; i < K; ++i) w[i] = wn[i];
@@ -1101,23 +1220,26 @@ __device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __
 #define SFX_TR_GEMM_BODY(...) __trap();
 #endif
 
-// Entry points tr_gemm_{hyb,1mad,3inst}_k{K}_{rm,mma}: grid (tile rows / 8, tokens / 64).
-#define SFX_TR_GEMM(NAME, CODE, K, ORD)                                                         \
+// Entry points tr_gemm_{hyb,1mad,3inst}_k{K}_{rm,mma}_t{NT}: grid (tile rows / 8, tokens / NT).
+#define SFX_TR_GEMM(NAME, CODE, K, ORD, NT)                                                     \
     extern "C" __global__ void __launch_bounds__(TR_GEMM_WARPS * 32, 2)                         \
-        tr_gemm_##NAME##_k##K##_##ORD(const uint4* codes, const uint32_t* lut,                   \
-                                      const __half* planes, float* y, int rows, int cols, int m, \
-                                      int n_units) {                                             \
-        SFX_TR_GEMM_BODY(                                                                        \
-            tr_gemm_body<CODE, K, ORD##_ORDER>(codes, lut, planes, y, rows, cols, m, n_units);)  \
+        tr_gemm_##NAME##_k##K##_##ORD##_t##NT(const uint4* codes, const uint32_t* lut,           \
+                                              const __half* planes, float* y, int rows,         \
+                                              int cols, int m, int n_units) {                   \
+        SFX_TR_GEMM_BODY(tr_gemm_body<CODE, K, ORD##_ORDER, NT>(codes, lut, planes, y, rows,     \
+                                                                cols, m, n_units);)             \
     }
 
+#define SFX_TR_GEMM_K(NAME, CODE, K)    \
+    SFX_TR_GEMM(NAME, CODE, K, rm, 64)  \
+    SFX_TR_GEMM(NAME, CODE, K, rm, 128) \
+    SFX_TR_GEMM(NAME, CODE, K, mma, 64) \
+    SFX_TR_GEMM(NAME, CODE, K, mma, 128)
+
 #define SFX_TR_GEMM_CODE(NAME, CODE) \
-    SFX_TR_GEMM(NAME, CODE, 2, rm)   \
-    SFX_TR_GEMM(NAME, CODE, 3, rm)   \
-    SFX_TR_GEMM(NAME, CODE, 4, rm)   \
-    SFX_TR_GEMM(NAME, CODE, 2, mma)  \
-    SFX_TR_GEMM(NAME, CODE, 3, mma)  \
-    SFX_TR_GEMM(NAME, CODE, 4, mma)
+    SFX_TR_GEMM_K(NAME, CODE, 2)     \
+    SFX_TR_GEMM_K(NAME, CODE, 3)     \
+    SFX_TR_GEMM_K(NAME, CODE, 4)
 
 SFX_TR_GEMM_CODE(hyb, TR_HYB)
 SFX_TR_GEMM_CODE(1mad, TR_1MAD)
