@@ -262,9 +262,9 @@ fn converted(quant: &str, head: &str) -> Result<std::path::PathBuf, Failed> {
     Ok(out)
 }
 
-/// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill:
-/// the CUDA GEMM takes TF32 panels), the same over the first 128 fed one at a time (decode
-/// only: the group matvec), and greedy continuations.
+/// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill: group
+/// codes through TF32 panels, trellis codes through tensor-core tiles on f16 inputs), the same
+/// over the first 128 fed one at a time (decode only: the matvecs), and greedy continuations.
 fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> {
     let path = converted(quant, head)?;
     let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
@@ -283,7 +283,7 @@ fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> 
     let b = all_logits(&gpu, &ids);
     let kl = common::mean_kl(&a, &b, vocab);
     let max_abs = max_abs_diff(&a, &b);
-    // The decode path alone (matvec kernels, no TF32 prefill panels) over the first tokens:
+    // The decode path alone (matvec kernels, none of the prefill GEMMs) over the first tokens:
     // tells a prefill-precision gap from a decode-kernel one.
     let dec_ids = &ids[..DECODE_TOKENS.min(ids.len())];
     let (da, db) = (decode_logits(&cpu, dec_ids), decode_logits(&gpu, dec_ids));
