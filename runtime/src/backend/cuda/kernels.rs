@@ -144,64 +144,39 @@ impl Kernels {
         let gq = find("group")?;
         let gt = find("group_mma")?;
         let tr = find("trellis")?;
-        // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{R}, tr_gemm_{code}_k{K}_{…}.
+        // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{1|2} and
+        // tr_gemm_{code}_k{K}_{rm|mma}_t{64|128}, as [K − 2][order][variant].
         macro_rules! tr_orders {
-            ($prefix:literal, $code:literal, $k:literal) => {
+            ($prefix:literal, $code:literal, $k:literal, $v1:literal, $v2:literal) => {
                 [
                     [
-                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_r1"))?,
-                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_r2"))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_", $v1))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_rm_", $v2))?,
                     ],
                     [
-                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_r1"))?,
-                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_r2"))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_", $v1))?,
+                        tr.function(concat!($prefix, $code, "_k", $k, "_mma_", $v2))?,
                     ],
+                ]
+            };
+        }
+        macro_rules! tr_widths {
+            ($prefix:literal, $code:literal, $v1:literal, $v2:literal) => {
+                [
+                    tr_orders!($prefix, $code, "2", $v1, $v2),
+                    tr_orders!($prefix, $code, "3", $v1, $v2),
+                    tr_orders!($prefix, $code, "4", $v1, $v2),
                 ]
             };
         }
         macro_rules! tr_matvec {
             ($code:literal) => {
-                [
-                    tr_orders!("tr_matvec_", $code, "2"),
-                    tr_orders!("tr_matvec_", $code, "3"),
-                    tr_orders!("tr_matvec_", $code, "4"),
-                ]
+                tr_widths!("tr_matvec_", $code, "r1", "r2")
             };
         }
         macro_rules! tr_gemm {
             ($code:literal) => {
-                [
-                    [
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k2_rm_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k2_rm_t128"))?,
-                        ],
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k2_mma_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k2_mma_t128"))?,
-                        ],
-                    ],
-                    [
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k3_rm_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k3_rm_t128"))?,
-                        ],
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k3_mma_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k3_mma_t128"))?,
-                        ],
-                    ],
-                    [
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k4_rm_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k4_rm_t128"))?,
-                        ],
-                        [
-                            tr.function(concat!("tr_gemm_", $code, "_k4_mma_t64"))?,
-                            tr.function(concat!("tr_gemm_", $code, "_k4_mma_t128"))?,
-                        ],
-                    ],
-                ]
+                tr_widths!("tr_gemm_", $code, "t64", "t128")
             };
         }
         // Group-code entry points are named by bits and rows per thread (kernels/group.cu).

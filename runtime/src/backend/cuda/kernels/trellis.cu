@@ -1036,20 +1036,22 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             g, lut, n_units, gpb, total_groups, x, nw, eps, n, inv_sqrt_n);)                    \
     }
 
-#define SFX_TR_MATVEC_K(NAME, CODE, K) \
-    SFX_TR_MATVEC(NAME, CODE, K, rm, 1)  \
-    SFX_TR_MATVEC(NAME, CODE, K, rm, 2)  \
-    SFX_TR_MATVEC(NAME, CODE, K, mma, 1) \
-    SFX_TR_MATVEC(NAME, CODE, K, mma, 2)
+// Every entry point of a family: both tile orders × two variants (V1, V2) × K × code.
+#define SFX_TR_EACH_ORDER(ENTRY, NAME, CODE, K, V1, V2) \
+    ENTRY(NAME, CODE, K, rm, V1)                        \
+    ENTRY(NAME, CODE, K, rm, V2)                        \
+    ENTRY(NAME, CODE, K, mma, V1)                       \
+    ENTRY(NAME, CODE, K, mma, V2)
+#define SFX_TR_EACH_K(ENTRY, NAME, CODE, V1, V2)        \
+    SFX_TR_EACH_ORDER(ENTRY, NAME, CODE, 2, V1, V2)     \
+    SFX_TR_EACH_ORDER(ENTRY, NAME, CODE, 3, V1, V2)     \
+    SFX_TR_EACH_ORDER(ENTRY, NAME, CODE, 4, V1, V2)
+#define SFX_TR_EACH_CODE(ENTRY, V1, V2)                 \
+    SFX_TR_EACH_K(ENTRY, hyb, TR_HYB, V1, V2)           \
+    SFX_TR_EACH_K(ENTRY, 1mad, TR_1MAD, V1, V2)         \
+    SFX_TR_EACH_K(ENTRY, 3inst, TR_3INST, V1, V2)
 
-#define SFX_TR_MATVEC_CODE(NAME, CODE) \
-    SFX_TR_MATVEC_K(NAME, CODE, 2)     \
-    SFX_TR_MATVEC_K(NAME, CODE, 3)     \
-    SFX_TR_MATVEC_K(NAME, CODE, 4)
-
-SFX_TR_MATVEC_CODE(hyb, TR_HYB)
-SFX_TR_MATVEC_CODE(1mad, TR_1MAD)
-SFX_TR_MATVEC_CODE(3inst, TR_3INST)
+SFX_TR_EACH_CODE(SFX_TR_MATVEC, 1, 2)
 
 // ---------------------------------------------------------------------------------------------
 // The prefill GEMM (sm_80+): Y[t][r] = Σ_c Ŵ[r][c] · x'σ[t][c] for a block of 8 tile rows (one a
@@ -1230,17 +1232,4 @@ __device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __
                                                                 cols, m, n_units);)             \
     }
 
-#define SFX_TR_GEMM_K(NAME, CODE, K)    \
-    SFX_TR_GEMM(NAME, CODE, K, rm, 64)  \
-    SFX_TR_GEMM(NAME, CODE, K, rm, 128) \
-    SFX_TR_GEMM(NAME, CODE, K, mma, 64) \
-    SFX_TR_GEMM(NAME, CODE, K, mma, 128)
-
-#define SFX_TR_GEMM_CODE(NAME, CODE) \
-    SFX_TR_GEMM_K(NAME, CODE, 2)     \
-    SFX_TR_GEMM_K(NAME, CODE, 3)     \
-    SFX_TR_GEMM_K(NAME, CODE, 4)
-
-SFX_TR_GEMM_CODE(hyb, TR_HYB)
-SFX_TR_GEMM_CODE(1mad, TR_1MAD)
-SFX_TR_GEMM_CODE(3inst, TR_3INST)
+SFX_TR_EACH_CODE(SFX_TR_GEMM, 64, 128)
