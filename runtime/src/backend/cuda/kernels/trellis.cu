@@ -75,6 +75,17 @@
 extern __shared__ __align__(16) float tr_smem[];
 extern __shared__ __align__(16) uint32_t tr_words[];
 
+// Item k of a launch's list, with compile-time indices only (a runtime index into a kernel
+// parameter array would copy the array to local memory).
+template <typename T, int N>
+__device__ __forceinline__ T item_at(const T (&items)[N], int k) {
+    T it = items[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i)
+        if (k == i) it = items[i];
+    return it;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Transforms (any architecture). A vector of n = m·p values is read as the row-major [m, p]
 // view; H_n = H_m ⊗ H_p is a Walsh–Hadamard transform of every row (p a power of two) and a
@@ -292,10 +303,7 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
     __shared__ float red[32];
-    TrPrepItem it = pr.item[0];
-#pragma unroll
-    for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.y == k) it = pr.item[k];
+    const TrPrepItem it = item_at(pr.item, blockIdx.y);
     const int t = blockIdx.z;
     const RowView v = row_view(n, it.m);
     if ((int)blockIdx.x * v.RB >= v.M) return;
@@ -371,10 +379,7 @@ struct TrFinish {
 extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
-    TrFinishItem it = f.item[0];
-#pragma unroll
-    for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.y == k) it = f.item[k];
+    const TrFinishItem it = item_at(f.item, blockIdx.y);
     const int t = blockIdx.z;
     const RowView v = row_view(it.n, it.m);
     if ((int)blockIdx.x * v.RB >= v.M) return;
@@ -475,10 +480,7 @@ __device__ void tr_prepare_tokens_body(const TrPrep& pr, const float* __restrict
     __shared__ float red[32];
     float* buf = tr_smem;
     float* out = tr_smem + n;
-    TrPrepItem it = pr.item[0];
-#pragma unroll
-    for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.y == k) it = pr.item[k];
+    const TrPrepItem it = item_at(pr.item, blockIdx.y);
     const int t = blockIdx.x;
     const RowView v = row_view(n, it.m);
     const float* xt = x + (size_t)t * n;
@@ -507,10 +509,7 @@ extern "C" __global__ void tr_prepare_tokens_mma(const TrPrep p, const float* x,
 
 // grid (tokens, items): tr_finish over whole vectors.
 extern "C" __global__ void tr_finish_tokens(const TrFinish f, int accumulate) {
-    TrFinishItem it = f.item[0];
-#pragma unroll
-    for (int k = 1; k < TR_MAX_ITEMS; ++k)
-        if ((int)blockIdx.y == k) it = f.item[k];
+    const TrFinishItem it = item_at(f.item, blockIdx.y);
     const int t = blockIdx.x, n = it.n;
     float* buf = tr_smem;
     float* out = tr_smem + n;
@@ -654,15 +653,6 @@ __device__ __forceinline__ int item_of(const TrGroup& g, int grp, int& local) {
     return k;
 }
 
-__device__ __forceinline__ TrItem item_at(const TrGroup& g, int k) {
-    TrItem it = g.item[0];
-#pragma unroll
-    for (int i = 1; i < TR_MAX_ITEMS; ++i)
-        if (k == i) it = g.item[i];
-    return it;
-}
-
-
 // The matvec prologue's input transform where n = THREADS·E (E values a lane): x (RMS-
 // normalised with nw) is read once into registers; per item, ⊙ su, then H_n in two passes:
 // each warp's 32E contiguous values in registers (shuffles, then register stages), and after
@@ -713,7 +703,7 @@ __device__ __forceinline__ void prologue_planes(const TrGroup& g, int k0, int k1
     // Pass 2: lanes gi of a W-lane group hold row gi of positions p0 … p0 + E − 1.
     const int gi = lane % W, p0 = (warp * (32 / W) + lane / W) * E;
     for (int k = k0; k <= k1; ++k) {
-        const TrItem it = item_at(g, k);
+        const TrItem it = item_at(g.item, k);
         float v[E];
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] = xv[i] * it.su[base + 32 * i];
@@ -794,7 +784,7 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     auto locate = [&](int gl, Locus& at) {
         int local;
         at.item = item_of(g, gb0 + gl, local);
-        const TrItem it = item_at(g, at.item);
+        const TrItem it = item_at(g.item, at.item);
         const int tiles = it.rows >> 4;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -868,7 +858,7 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             const float sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
             const float f = inv_sqrt_n * inv_rms * sigma;
             for (int k = k0; k <= k1; ++k) {
-                const TrItem it = item_at(g, k);
+                const TrItem it = item_at(g.item, k);
                 for (int i = threadIdx.x; i < n; i += THREADS) {
                     const float v = nw != nullptr ? xt[i] * nw[i] : xt[i];
                     buf[i] = v * it.su[i];
@@ -886,7 +876,7 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         }
     } else {
         for (int k = k0; k <= k1; ++k) {
-            const TrItem it = item_at(g, k);
+            const TrItem it = item_at(g.item, k);
             const uint4* src = reinterpret_cast<const uint4*>(it.planes + (size_t)t * 2 * pcols);
             const int chunks = pcols / 8;  // 16-byte chunks per plane
             for (int i = threadIdx.x; i < 2 * chunks; i += THREADS) {
@@ -1013,7 +1003,7 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         const int sgl = s / (R * 16), r = (s / 16) % R, row = s & 15;
         int local;
         const int k = item_of(g, gb0 + sgl, local);
-        const TrItem it = item_at(g, k);
+        const TrItem it = item_at(g.item, k);
         const int tr = local * R + r;
         if (tr < (it.rows >> 4)) it.y[(size_t)t * it.rows + tr * 16 + row] = total;
     }
