@@ -6,7 +6,8 @@
 //! f16 planes; only for inputs with a dense Hadamard factor — the matvec's prologue transforms
 //! power-of-two inputs), `tr_matvec` (tiles decoded into tensor-core fragments), `tr_finish`
 //! (H_outᵀ, signs and scale, bias, store / add / SwiGLU). Prefill runs the same two transforms
-//! around `tr_gemm`, which decodes each tile once into tensor-core fragments for 64 tokens.
+//! around `tr_gemm`, which decodes each tile once into tensor-core fragments for 64 or 128
+//! tokens.
 
 use super::device::DeviceMem;
 use super::resident::CudaResidentLinear;
@@ -731,8 +732,8 @@ impl CudaBackend {
     }
 
     /// Prefill (m > 4): the input transform into f16 planes, `tr_gemm` (each tile decoded
-    /// once per 64 tokens into tensor-core fragments), then the output transform (with the
-    /// bias and the residual add).
+    /// once per 64 or 128 tokens into tensor-core fragments), then the output transform (with
+    /// the bias and the residual add).
     pub(super) fn trellis_gemm(
         &self,
         x: &CudaBuffer,
@@ -745,8 +746,8 @@ impl CudaBackend {
         let c = trellis_of(w, "trellis gemm")?;
         let (rows, cols) = (w.rows, w.cols);
         let pcols = c.pcols();
-        // Columns past the matrix are zero in the planes: the padding tiles' codes are zeros,
-        // which decode to values.
+        // Columns past the matrix stay zero in the planes, as in the decode scratch: the GEMM
+        // skips their tiles, but its stages copy them.
         let planes = if pcols > cols {
             self.dev().alloc_zeroed(2 * m * 2 * pcols)?
         } else {
