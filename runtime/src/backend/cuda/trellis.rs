@@ -193,12 +193,17 @@ fn inv_sqrt(n: usize) -> f32 {
     (1.0 / (n as f64).sqrt()) as f32
 }
 
+/// The kernels' `row_view` of a transform over n = m·p values: (P = min(p, 512), n/P rows).
+fn row_view(n: usize, m: usize) -> (usize, usize) {
+    let row = (n / m.max(1)).clamp(1, ROW_MAX);
+    (row, (n / row).max(1))
+}
+
 /// Row blocks of a transform over n = m·p values (the kernels' `row_view`): rows of
 /// P = min(p, 512) values, min(512/P, rows) of them per block, one thread a value. Returns
 /// (blocks, threads).
 fn row_blocks(n: usize, m: usize) -> (u32, u32) {
-    let row = (n / m.max(1)).clamp(1, ROW_MAX);
-    let rows = (n / row).max(1);
+    let (row, rows) = row_view(n, m);
     let per_block = (ROW_MAX / row).min(rows);
     (
         rows.div_ceil(per_block) as u32,
@@ -401,8 +406,10 @@ impl CudaBackend {
             count: items.len() as i32,
             ..TrPrep::default()
         };
+        let mut views = Vec::with_capacity(items.len());
         for (slot, (w, out)) in p.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis prepare")?;
+            views.push((n, c.had_in.m));
             *slot = TrPrepItem {
                 su: c.su.ptr,
                 hm: c.had_in.ptr(),
@@ -420,15 +427,6 @@ impl CudaBackend {
             Arg::F32(inv_sqrt(n)),
         ];
         if norm.is_none() {
-            let views: Vec<(usize, usize)> = items
-                .iter()
-                .map(|(w, _)| {
-                    (
-                        n,
-                        trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m),
-                    )
-                })
-                .collect();
             if let Some(((grid, block), smem)) = self.token_transform_dims(&views, m)? {
                 args.extend(tail);
                 return self.launch(&k.prepare_tokens[order], grid, block, smem, &mut args);
@@ -442,17 +440,7 @@ impl CudaBackend {
             }
         };
         args.extend(tail);
-        let (grid, block) = transform_grid(
-            "trellis prepare",
-            items.iter().map(|(w, _)| {
-                (
-                    n,
-                    trellis_of(w, "trellis prepare").map_or(1, |c| c.had_in.m),
-                )
-            }),
-            items.len(),
-            m,
-        )?;
+        let (grid, block) = transform_grid("trellis prepare", views.into_iter(), items.len(), m)?;
         self.launch_projection(kernel, grid, block, 0, &mut args)
     }
 
@@ -520,7 +508,7 @@ impl CudaBackend {
         tokens: usize,
     ) -> Result<Option<(LaunchDims, usize)>> {
         let floats = |&(n, m): &(usize, usize)| {
-            let rows = n / (n / m.max(1)).clamp(1, ROW_MAX);
+            let (_, rows) = row_view(n, m);
             2 * n + rows * rows.next_multiple_of(4)
         };
         let smem = 4 * views.iter().map(floats).max().unwrap_or(0);
