@@ -64,8 +64,9 @@ fn pack_tile_row(w: &TrellisQuantized, tr: usize, k: usize, col_tiles: usize, ou
 
 #[cfg(test)]
 mod tests {
-    //! A model of the kernels' lane arithmetic (trellis.cu: `own_bits`, `window_state`,
-    //! `decode_pairs`, the fragment registers of both tile orders, the B planes and the output
+    //! A model of the kernels' lane arithmetic (trellis.cu: `own_bits`, `tile_window`, the
+    //! matvec's two-tile word window at K = 2, `window_state`, `decode_window`, the fragment
+    //! registers of both tile orders, the B planes and the output
     //! reduction), run on the packed layout and checked against the trellis module's own
     //! decoder (`decode_rotated`), so the layout and the index algebra are verified without a
     //! GPU; the CUDA conformance suite then checks the kernels themselves.
@@ -117,17 +118,54 @@ mod tests {
         f64::from(f16::from_bits((bits & 0xffff) as u16).to_f32())
     }
 
-    /// The lane's four pairs as (low, high) values of the A operand(s): for 3INST the sum of
-    /// the two MMAs' operands.
-    fn decode_pairs(
+    /// CUDA's `__byte_perm(x, y, s)`: byte i of the result is byte (s >> 4i) & 7 of y ‖ x.
+    fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
+        let bytes = (u64::from(y) << 32) | u64::from(x);
+        (0..4).fold(0, |r, i| {
+            let sel = (s >> (4 * i)) & 7;
+            r | ((((bytes >> (8 * sel)) & 0xff) as u32) << (8 * i))
+        })
+    }
+
+    /// `tile_window`: own ‖ the first 16 bits of next, as (lo, hi).
+    fn tile_window(k: usize, own: u32, next: u32) -> (u32, u32) {
+        ((own << 16) | (next >> (8 * k - 16)), own >> 16)
+    }
+
+    /// The matvec's windows of tile t for every lane: at K = 2 one byte permutation of the
+    /// lane's word of two tiles and lane c + 1's (shuffled once per pair of tiles), else
+    /// `tile_window` of the lanes' own bits.
+    fn matvec_windows(words: &[Vec<u32>], k: usize, t: usize) -> Vec<(u32, u32)> {
+        (0..32)
+            .map(|l| {
+                if k == 2 {
+                    let (v, next) = (
+                        unit_word(&words[l], t >> 1),
+                        unit_word(&words[(l + 1) & 31], t >> 1),
+                    );
+                    (
+                        byte_perm(v, next, if t & 1 == 1 { 0x1054 } else { 0x3276 }),
+                        0,
+                    )
+                } else {
+                    tile_window(
+                        k,
+                        own_bits(&words[l], k, t),
+                        own_bits(&words[(l + 1) & 31], k, t),
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The lane's four pairs as (low, high) values of the A operand(s) from its window: for
+    /// 3INST the sum of the two MMAs' operands.
+    fn decode_window(
         code: TrellisCode,
         k: usize,
-        own: u32,
-        next: u32,
+        (lo, hi): (u32, u32),
         tlut: &[f16],
     ) -> [[f64; 2]; 4] {
-        let lo = (own << 16) | (next >> (8 * k - 16));
-        let hi = own >> 16;
         let mut out = [[0.0; 2]; 4];
         match code {
             TrellisCode::Hyb { .. } => {
@@ -222,19 +260,13 @@ mod tests {
             for u in 0..n_units {
                 let words = lane_words(&packed, k, n_units, tr, u);
                 for t in 0..UNIT_TILES {
-                    let own: Vec<u32> = (0..32).map(|l| own_bits(&words[l], k, t)).collect();
+                    let windows = matvec_windows(&words, k, t);
                     // A and B as full matrices from the lanes' fragments.
                     let mut a = [[0.0f64; 16]; 16];
                     let mut b = [[0.0f64; 8]; 16];
                     for lane in 0..32 {
                         let (g, tq) = (lane >> 2, lane & 3);
-                        let pairs = decode_pairs(
-                            w.scheme().code,
-                            k,
-                            own[lane],
-                            own[(lane + 1) & 31],
-                            w.tlut(),
-                        );
+                        let pairs = decode_window(w.scheme().code, k, windows[lane], w.tlut());
                         let regs = if mma { [0, 1, 2, 3] } else { [0, 2, 1, 3] };
                         for (j, pair) in pairs.iter().enumerate() {
                             let (row, col) = match regs[j] {
@@ -334,8 +366,8 @@ mod tests {
                     let own: Vec<u32> = (0..32).map(|l| own_bits(&words[l], k, t)).collect();
                     let pairs: Vec<[[f64; 2]; 4]> = (0..32)
                         .map(|l| {
-                            let tl = w.tlut();
-                            decode_pairs(w.scheme().code, k, own[l], own[(l + 1) & 31], tl)
+                            let window = tile_window(k, own[l], own[(l + 1) & 31]);
+                            decode_window(w.scheme().code, k, window, w.tlut())
                         })
                         .collect();
                     let mut a = [[0.0f64; 16]; 16];

@@ -20,8 +20,10 @@
 //   HYB:   h = s·(s + 1); pair = table[(h >> 6) mod 2^9], first value negated by bit 15 of h
 //          (only the low 16 bits of s matter, so s needs no mask). The table lies in shared
 //          memory with the sign folded in (row (h >> 6) mod 2^10 of a doubled table) and 32
-//          times over, copy = lane, so a warp's lookups never share a bank and a step is
-//          five instructions: shift, multiply-add, mask, address multiply-add, load.
+//          times over, copy = lane, so a warp's lookups never share a bank and a step is five
+//          instructions: shift, multiply-add, mask, address multiply-add, load. (16 copies make the address
+//          one LOP3, (h & 0xffc0) | 4·(lane mod 16), but lanes c and c + 16 then share a bank
+//          whenever their rows differ with equal parity: measured slower, 273 vs 298 tok/s.)
 //   1MAD:  y = 34038481·s + 76625530 (mod 2^32); the byte sum of y (one dp4a) lands in the
 //          mantissa of 1024.0 and one f16x2 subtraction leaves the exact integers sum − 510;
 //          1/147.800537109375 is folded into sv on the host.
@@ -55,9 +57,11 @@
 #define TR_UNIT_TILES 16
 #define TR_HYB_Q 9
 // The HYB table in shared memory: 2^(Q+1) rows (the sign bit folded into the index: rows
-// 2^Q.. hold the pairs with the first value negated), 32 copies interleaved (copy = lane).
+// 2^Q.. hold the pairs with the first value negated), 32 copies interleaved (copy = lane), so
+// row r starts at byte 128·r = 2·(h & 0xffc0).
 #define TR_LUT_ROWS (2 << TR_HYB_Q)
-#define TR_LUT_WORDS (TR_LUT_ROWS * 32)
+#define TR_LUT_COPIES 32
+#define TR_LUT_WORDS (TR_LUT_ROWS * TR_LUT_COPIES)
 // Planes of one item are 8 words apart in bank terms, so a warp's 8-byte B reads of the hi
 // and lo planes (4 words of offsets each) never share a bank.
 #define TR_PLANE_PAD_WORDS 8
@@ -567,15 +571,21 @@ __device__ __forceinline__ uint32_t f16x2_sub(uint32_t a, uint32_t b) {
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// The four f16 pairs (sequence positions 8c + 2j, + 1 of the lane) of one tile: `own` this
-// lane's bits, `next` lane c + 1's; HYB reads copy `lane` of the replicated table at the start
-// of dynamic shared memory (`lane4`: that copy's shared address), and 3INST returns its second
-// halves in `b`.
+// A lane's window of one tile, own ‖ next16 (8K + 16 bits): the low 32 bits in `lo`, the rest
+// (K > 2) in `hi`, from `own` (this lane's bits) and `next` (lane c + 1's).
+template <int K>
+__device__ __forceinline__ void tile_window(uint32_t own, uint32_t next, uint32_t& lo,
+                                            uint32_t& hi) {
+    lo = (own << 16) | (next >> (8 * K - 16));
+    hi = own >> 16;
+}
+
+// The four f16 pairs (sequence positions 8c + 2j, + 1 of the lane) of one tile from its window
+// (tile_window); HYB reads copy `lane` of the replicated table at the start of dynamic shared
+// memory (`lane4`: that copy's shared address), and 3INST returns its second halves in `b`.
 template <int CODE, int K>
-__device__ __forceinline__ void decode_pairs(uint32_t own, uint32_t next, uint32_t lane4,
-                                             uint32_t (&a)[4], uint32_t (&b)[4]) {
-    const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
-    const uint32_t hi = own >> 16;
+__device__ __forceinline__ void decode_window(uint32_t lo, uint32_t hi, uint32_t lane4,
+                                              uint32_t (&a)[4], uint32_t (&b)[4]) {
     if (CODE == TR_HYB) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -820,7 +830,7 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         uint32_t w[PER];
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
-            const int j = (k * THREADS + (int)threadIdx.x) >> 3;
+            const int j = (k * THREADS + (int)threadIdx.x) / (TR_LUT_COPIES / 4);
             w[k] = __ldg(lut + (j & ((1 << TR_HYB_Q) - 1))) ^ (j >> TR_HYB_Q ? 0x8000u : 0u);
         }
 #pragma unroll
@@ -937,15 +947,28 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             bzero ? zero_words
                   : planes + (cur.item * 2 + bplane) * plane_words + u * TR_UNIT_TILES * 8 +
                         boff / 2;
+        // K = 2: a word holds this lane's bits of two tiles, so one shuffle of the word serves
+        // both and each window is one byte permutation (own ‖ next16 of tile 2j: the high
+        // halves; of tile 2j + 1: the low ones) — 1.5 instructions a tile instead of 3.
+        uint32_t next_word[R];
 #pragma unroll
         for (int tt = 0; tt < TR_UNIT_TILES; ++tt) {
             const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + tt * 8);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const uint32_t own = own_bits<K>(w[r], tt);
-                const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
+                uint32_t lo, hi;
+                if (K == 2) {
+                    const uint32_t v = unit_word<K>(w[r], tt >> 1);
+                    if ((tt & 1) == 0)
+                        next_word[r] = __shfl_sync(SFX_FULL_MASK, v, (lane + 1) & 31);
+                    lo = __byte_perm(v, next_word[r], (tt & 1) ? 0x1054 : 0x3276);
+                    hi = 0;
+                } else {
+                    const uint32_t own = own_bits<K>(w[r], tt);
+                    tile_window<K>(own, __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31), lo, hi);
+                }
                 uint32_t p[4], q[4];
-                decode_pairs<CODE, K>(own, next, lane4, p, q);
+                decode_window<CODE, K>(lo, hi, lane4, p, q);
                 uint32_t a[4];
                 if (MMA) {
                     a[0] = p[0]; a[1] = p[1]; a[2] = p[2]; a[3] = p[3];
@@ -1158,9 +1181,9 @@ __device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __
                     const uint32_t next = __shfl_sync(SFX_FULL_MASK, own, (lane + 1) & 31);
                     if (u * TR_UNIT_TILES + t >= ctiles) break;  // the rest is padding
                     uint32_t a[4], b[4] = {0, 0, 0, 0};
+                    uint32_t lo, hi;
+                    tile_window<K>(own, next, lo, hi);
                     if (CODE == TR_HYB) {
-                        const uint32_t lo = (own << 16) | (next >> (8 * K - 16));
-                        const uint32_t hi = own >> 16;
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
                             const uint32_t st = window_state<K>(lo, hi, 2 * K * i);
@@ -1168,7 +1191,7 @@ __device__ void tr_gemm_body(const uint4* __restrict__ codes, const uint32_t* __
                             a[i] = table[(h >> 6) & ((1u << TR_HYB_Q) - 1)] ^ (h & 0x8000u);
                         }
                     } else {
-                        decode_pairs<CODE, K>(own, next, 0u, a, b);
+                        decode_window<CODE, K>(lo, hi, 0u, a, b);
                     }
                     if (!MMA) {
                         tr_gemm_exchange(a, tq);
