@@ -264,9 +264,9 @@ mod tests {
                     // A and B as full matrices from the lanes' fragments.
                     let mut a = [[0.0f64; 16]; 16];
                     let mut b = [[0.0f64; 8]; 16];
-                    for lane in 0..32 {
+                    for (lane, &window) in windows.iter().enumerate() {
                         let (g, tq) = (lane >> 2, lane & 3);
-                        let pairs = decode_window(w.scheme().code, k, windows[lane], w.tlut());
+                        let pairs = decode_window(w.scheme().code, k, window, w.tlut());
                         let regs = if mma { [0, 1, 2, 3] } else { [0, 2, 1, 3] };
                         for (j, pair) in pairs.iter().enumerate() {
                             let (row, col) = match regs[j] {
