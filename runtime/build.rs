@@ -20,6 +20,7 @@ const KERNELS: &[&str] = &[
     "group",
     "group_mma",
     "trellis",
+    "kvarn",
 ];
 
 fn main() {

@@ -11,9 +11,11 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, MatmulOut, RopeTable, WeightPrecision,
+    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, KvarnLayer, KvarnShape, MatmulOut,
+    RopeTable, WeightPrecision,
 };
 use crate::error::Result;
+use crate::kv::{KvBase, KvBits, Kvarn, RefineBits};
 use crate::model::{rope_cos_sin, Model, ModelOptions};
 use crate::resident::dequantize_trellis;
 use crate::resident::trellis_linear::with_our_tables;
@@ -103,6 +105,10 @@ pub enum Op {
         head_dim: usize,
         caches: bool,
     },
+    /// Decode attention of one token over a KVarN layer ([`Backend::kvarn_attention`]):
+    /// per KV head `sinks` FP16 rows, `tiles` tiles encoded by the CPU encoder, `tail` FP16
+    /// rows; the queries in the code frame, pre-scaled.
+    KvarnAttention(KvarnCase),
     SiluMul {
         len: usize,
     },
@@ -568,6 +574,37 @@ pub fn cases() -> Vec<Case> {
                     if caches { 1e-6 } else { 2e-5 },
                 );
             }
+        }
+    }
+    // KVarN decode attention: every base the CPU cache offers, GQA ratios 1–7, head sizes 64
+    // and 128, with and without sinks, tiles and tail, a sink run longer than one 128-row
+    // chunk. Stored elements are bit-identical on both sides (the kernel dequantizes as the
+    // CPU decoder rounds); what differs is summation order and exp, as for float attention.
+    for (key, value) in [(2, 2), (3, 2), (3, 3), (2, 1), (4, 4)] {
+        for (heads, kv_heads, head_dim, sinks, tiles, tail) in [
+            (9, 3, 64, 5, 2, 7),
+            (32, 8, 128, 128, 3, 1),
+            (14, 2, 64, 0, 1, 0),
+            (28, 4, 128, 130, 0, 50),
+            (8, 8, 64, 0, 4, 127),
+        ] {
+            add(
+                "kvarn_attention",
+                format!(
+                    "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
+                ),
+                Op::KvarnAttention(KvarnCase {
+                    bits: KvBits { key, value },
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    sinks,
+                    tiles,
+                    tail,
+                }),
+                2e-5,
+                2e-5,
+            );
         }
     }
     for len in [1, 1000, 57_344] {
@@ -1193,6 +1230,14 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.a = rng.vec(n * kv_heads * head_dim, 2.0);
             i.b = rng.vec(n * kv_heads * head_dim, 2.0);
         }
+        Op::KvarnAttention(ref c) => {
+            let d = c.head_dim;
+            i.a = rng.vec(c.heads * d, 1.5 / (d as f32).sqrt());
+            // Keys then values, [kv_heads, capacity, d] each: the sinks in b, the tail in c.
+            i.b = rng.vec(2 * c.kv_heads * c.sinks.max(1) * d, 1.5);
+            i.c = rng.vec(2 * c.kv_heads * c.tail.max(1) * d, 1.0);
+            i.bytes = kvarn_records(c, rng);
+        }
         Op::Attention {
             n,
             past,
@@ -1556,6 +1601,26 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let (kb, vb) = (b.upload(&x.a)?, b.upload(&x.b)?);
             b.write_kv(&kb, &vb, &mut kc, &mut vc, layout, &index(b, &pos)?)?;
             download_caches(b, &kc, &vc, layout)
+        }
+        Op::KvarnAttention(ref c) => {
+            let shape = kvarn_shape(c);
+            let (sink_half, tail_half) = (x.b.len() / 2, x.c.len() / 2);
+            let sink_k = b.upload_kv(&x.b[..sink_half], KvDtype::F16)?;
+            let sink_v = b.upload_kv(&x.b[sink_half..], KvDtype::F16)?;
+            let tail_k = b.upload_kv(&x.c[..tail_half], KvDtype::F16)?;
+            let tail_v = b.upload_kv(&x.c[tail_half..], KvDtype::F16)?;
+            let records = b.upload_kv_tiles(&x.bytes)?;
+            let layer = KvarnLayer {
+                sink_k: &sink_k,
+                sink_v: &sink_v,
+                tiles: &records,
+                tail_k: &tail_k,
+                tail_v: &tail_v,
+            };
+            let q = b.upload(&x.a)?;
+            let mut out = poisoned(b, c.heads * c.head_dim)?;
+            b.kvarn_attention(&q, &layer, &shape, &mut out)?;
+            download(b, &out)
         }
         Op::Attention {
             kv,
@@ -1935,6 +2000,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             k.extend(v);
             k
         }
+        Op::KvarnAttention(ref c) => naive_kvarn(c, x)?,
         Op::Attention {
             kv,
             n,
@@ -2118,6 +2184,109 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
 
 /// `y = x.a · wᵀ (+ x.c) (+ x.d)` in f64: the reference of every projection case.
 #[allow(clippy::too_many_arguments)]
+/// A KVarN attention case: positions per KV head (the stores' capacities are at least one
+/// row or tile, so no store is empty).
+#[derive(Debug, Clone)]
+pub struct KvarnCase {
+    bits: KvBits,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    sinks: usize,
+    tiles: usize,
+    tail: usize,
+}
+
+const KVARN_TILE: usize = 128;
+
+fn kvarn_shape(c: &KvarnCase) -> KvarnShape {
+    KvarnShape {
+        n_heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        bits: c.bits,
+        tile_tokens: KVARN_TILE,
+        sinks: c.sinks,
+        sink_capacity: c.sinks.max(1),
+        tiles: c.tiles,
+        tile_capacity: c.tiles.max(1),
+        tail: c.tail,
+        tail_capacity: c.tail.max(1),
+    }
+}
+
+/// `[kv_heads, max(tiles, 1), record]` tile records of random keys and values, encoded by the
+/// CPU's KVarN encoder (the unused capacity stays zero).
+fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> Vec<u8> {
+    let Ok(base) = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE) else {
+        return Vec::new(); // the op then reports the bad geometry itself
+    };
+    let (rec, cap, n) = (base.tile_bytes(), c.tiles.max(1), KVARN_TILE * c.head_dim);
+    let mut bytes = vec![0u8; c.kv_heads * cap * rec];
+    for h in 0..c.kv_heads {
+        for t in 0..c.tiles {
+            let (keys, values) = (rng.vec(n, 1.5), rng.vec(n, 1.0));
+            let out = &mut bytes[(h * cap + t) * rec..][..rec];
+            base.encode_tile(&keys, &values, RefineBits::NONE, out, &mut [], &mut []);
+        }
+    }
+    bytes
+}
+
+/// f64 attention over the positions a KVarN layer stores: FP16 rows rounded as the stores
+/// round them, tile rows as the CPU decoder reconstructs them.
+fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
+    let base = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE).ok()?;
+    let (d, g, rec) = (c.head_dim, c.heads / c.kv_heads, base.tile_bytes());
+    let (sc, tc, cap) = (c.sinks.max(1), c.tail.max(1), c.tiles.max(1));
+    let (sink_half, tail_half) = (x.b.len() / 2, x.c.len() / 2);
+    let r16 = |v: &[f32]| -> Vec<f64> {
+        v.iter()
+            .map(|&a| f16::from_f32(a).to_f32() as f64)
+            .collect()
+    };
+    let mut out = vec![0.0f64; c.heads * d];
+    let (mut kc, mut vt) = (vec![0.0f32; d * KVARN_TILE], vec![0.0f32; KVARN_TILE * d]);
+    for h in 0..c.kv_heads {
+        let mut keys: Vec<Vec<f64>> = Vec::new();
+        let mut values: Vec<Vec<f64>> = Vec::new();
+        for t in 0..c.sinks {
+            keys.push(r16(&x.b[(h * sc + t) * d..][..d]));
+            values.push(r16(&x.b[sink_half + (h * sc + t) * d..][..d]));
+        }
+        for ti in 0..c.tiles {
+            let r = &x.bytes[(h * cap + ti) * rec..][..rec];
+            base.decode_keys(r, &mut kc);
+            base.decode_values(r, &mut vt);
+            for t in 0..KVARN_TILE {
+                keys.push((0..d).map(|ch| kc[ch * KVARN_TILE + t] as f64).collect());
+                values.push(vt[t * d..][..d].iter().map(|&v| v as f64).collect());
+            }
+        }
+        for t in 0..c.tail {
+            keys.push(r16(&x.c[(h * tc + t) * d..][..d]));
+            values.push(r16(&x.c[tail_half + (h * tc + t) * d..][..d]));
+        }
+        for qh in 0..g {
+            let q = &x.a[(h * g + qh) * d..][..d];
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|k| q.iter().zip(k).map(|(&a, &b)| a as f64 * b).sum())
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            let o = &mut out[(h * g + qh) * d..][..d];
+            for (wp, v) in w.iter().zip(&values) {
+                for (oc, &vc) in o.iter_mut().zip(v) {
+                    *oc += wp / sum * vc;
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
 fn naive_xwt(
     w: &[f32],
     x: &Inputs,

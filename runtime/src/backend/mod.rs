@@ -15,8 +15,10 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod kvarn;
 
 use crate::error::{Result, RuntimeError};
+pub use kvarn::{KvarnLayer, KvarnShape};
 use sfx_formats::{DType, TensorView};
 
 /// How a float checkpoint tensor is stored once resident.
@@ -222,6 +224,8 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     type Index: Send + Sync;
     /// One layer's K or V cache storage `[kv_heads, capacity, head_dim]` of a [`KvDtype`].
     type KvStore: Send + Sync;
+    /// Bytes of encoded KV tiles (a KVarN layer's records, [`KvarnLayer`]).
+    type KvTiles: Send + Sync;
     /// A captured sequence of ops, replayed by one launch ([`Backend::launch_graph`]).
     type Graph: Send;
 
@@ -287,6 +291,8 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn upload_kv(&self, host: &[f32], dtype: KvDtype) -> Result<Self::KvStore>;
     /// Copies the whole store, widened to f32, to `out`.
     fn download_kv(&self, kv: &Self::KvStore, out: &mut [f32]) -> Result<()>;
+    /// Encoded KV tiles holding `bytes`.
+    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Self::KvTiles>;
 
     /// `out[t] = table[tokens[t]]` (token ids must already be checked against the vocab).
     fn embedding(
@@ -449,6 +455,19 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         shape: &AttentionShape,
         positions: &Self::Index,
         scratch: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Decode attention of one token's `n_heads` query heads (`q[n_heads · head_dim]`, in
+    /// the code frame and already scaled by 1/√head_dim) over every stored position of a
+    /// KVarN layer (sinks, then the encoded tiles, then the tail); `out` receives the outputs
+    /// in the code frame. Tiles are read as stored: a key is `(code·A + Z)·B` with A and Z
+    /// per channel and B per token, a value the same with A and Z per token and B per channel.
+    fn kvarn_attention(
+        &self,
+        q: &Self::Buffer,
+        layer: &KvarnLayer<'_, Self>,
+        shape: &KvarnShape,
         out: &mut Self::Buffer,
     ) -> Result<()>;
 

@@ -186,6 +186,39 @@ impl Kvarn {
     }
 }
 
+/// Byte offsets of the sections of one tile record (the module docs' layout), for kernels
+/// that read records in place: key codes `[head_dim, tile]` with A and Z per channel and B per
+/// token; value codes `[tile, head_dim]` with A and Z per token and B per channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvarnRecordLayout {
+    pub k_codes: usize,
+    pub k_a: usize,
+    pub k_z: usize,
+    pub k_b: usize,
+    pub v_codes: usize,
+    pub v_a: usize,
+    pub v_z: usize,
+    pub v_b: usize,
+    pub total: usize,
+}
+
+impl Kvarn {
+    pub fn record_layout(&self) -> KvarnRecordLayout {
+        let (k, v) = (self.layout.k, self.layout.v);
+        KvarnRecordLayout {
+            k_codes: k.codes,
+            k_a: k.a,
+            k_z: k.z,
+            k_b: k.b,
+            v_codes: v.codes,
+            v_a: v.a,
+            v_z: v.z,
+            v_b: v.b,
+            total: self.layout.total,
+        }
+    }
+}
+
 impl KvBase for Kvarn {
     fn name(&self) -> String {
         format!("kvarn {}", self.bits)

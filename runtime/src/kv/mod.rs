@@ -19,5 +19,5 @@ pub mod tier;
 
 pub use base::{KvBase, KvBits, RefineBits};
 pub use cache::{KvCacheStats, QuantKvCache};
-pub use kvarn::Kvarn;
+pub use kvarn::{Kvarn, KvarnRecordLayout};
 pub use spec::{KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig};

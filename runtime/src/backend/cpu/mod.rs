@@ -4,6 +4,7 @@
 mod attention;
 mod elementwise;
 pub(crate) mod gemm;
+mod kvarn;
 pub mod math;
 mod matvec;
 mod refine_kernels;
@@ -13,8 +14,8 @@ mod simd;
 pub use simd::SimdLevel;
 
 use crate::backend::{
-    synthetic_value, AttentionShape, Backend, KvDtype, KvLayout, MatmulOut, RopeTable,
-    WeightPrecision,
+    synthetic_value, AttentionShape, Backend, KvDtype, KvLayout, KvarnLayer, KvarnShape, MatmulOut,
+    RopeTable, WeightPrecision,
 };
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use half::bf16;
@@ -221,6 +222,7 @@ impl Backend for CpuBackend {
     type Matrix = CpuMatrix;
     type Index = CpuIndex;
     type KvStore = CpuKvStore;
+    type KvTiles = Vec<u8>;
     type Graph = ();
 
     fn name(&self) -> String {
@@ -297,6 +299,20 @@ impl Backend for CpuBackend {
         check_len("download_kv", "destination", out.len(), kv.data.len())?;
         out.copy_from_slice(&kv.data);
         Ok(())
+    }
+
+    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        Ok(bytes.to_vec())
+    }
+
+    fn kvarn_attention(
+        &self,
+        q: &CpuBuffer,
+        layer: &KvarnLayer<'_, Self>,
+        shape: &KvarnShape,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        kvarn::kvarn_attention(self.simd, q, layer, shape, out)
     }
 
     fn random_matrix(

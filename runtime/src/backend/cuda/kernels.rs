@@ -114,6 +114,8 @@ pub(crate) struct Kernels {
     pub gemm_f32: Kernel,
     pub group: GroupKernels,
     pub trellis: TrellisKernels,
+    /// KVarN decode attention (kvarn.cu).
+    pub kvarn_attn_decode: Kernel,
 }
 
 impl Kernels {
@@ -144,6 +146,7 @@ impl Kernels {
         let gq = find("group")?;
         let gt = find("group_mma")?;
         let tr = find("trellis")?;
+        let kv = find("kvarn")?;
         // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{1|2} and
         // tr_gemm_{code}_k{K}_{rm|mma}_t{64|128}, as [K − 2][order][variant].
         macro_rules! tr_orders {
@@ -370,6 +373,7 @@ impl Kernels {
                 ],
                 finish_tokens: tr.function("tr_finish_tokens")?,
             },
+            kvarn_attn_decode: kv.function("kvarn_attn_decode")?,
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {

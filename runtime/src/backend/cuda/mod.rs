@@ -10,18 +10,20 @@ mod blas;
 mod device;
 mod group;
 mod kernels;
+mod kvarn;
 mod resident;
 mod trellis;
 mod trellis_layout;
 
 use crate::backend::{
     rope_write_kv_attention_unfused, AttentionShape, Backend, GroupItem, KvDtype, KvLayout,
-    MatmulOut, RopeTable, WeightPrecision,
+    KvarnLayer, KvarnShape, MatmulOut, RopeTable, WeightPrecision,
 };
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
 use device::{Device, DeviceMem, PinnedMem};
 use kernels::Kernels;
+pub use kvarn::CudaKvTiles;
 use sfx_formats::{DType, TensorView};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -182,6 +184,7 @@ enum Arg {
     TrellisPrep(trellis::TrPrep),
     TrellisFinish(trellis::TrFinish),
     FreshKv(FreshKv),
+    Kvarn(kvarn::KvarnParams),
 }
 
 /// The new keys and values a decode attention launch rotates and stores itself (the kernels'
@@ -210,6 +213,7 @@ impl Arg {
             Arg::TrellisPrep(g) => g as *mut trellis::TrPrep as *mut c_void,
             Arg::TrellisFinish(g) => g as *mut trellis::TrFinish as *mut c_void,
             Arg::FreshKv(f) => f as *mut FreshKv as *mut c_void,
+            Arg::Kvarn(p) => p as *mut kvarn::KvarnParams as *mut c_void,
         }
     }
 }
@@ -844,6 +848,7 @@ impl Backend for CudaBackend {
     type Matrix = CudaMatrix;
     type Index = CudaIndex;
     type KvStore = CudaKvStore;
+    type KvTiles = CudaKvTiles;
     type Graph = CudaGraph;
 
     fn name(&self) -> String {
@@ -1058,6 +1063,20 @@ impl Backend for CudaBackend {
             len: host.len(),
             dtype,
         })
+    }
+
+    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<CudaKvTiles> {
+        self.upload_tiles(bytes)
+    }
+
+    fn kvarn_attention(
+        &self,
+        q: &CudaBuffer,
+        layer: &KvarnLayer<'_, Self>,
+        shape: &KvarnShape,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.kvarn_attention_kernel(q, layer, shape, out)
     }
 
     fn download_kv(&self, kv: &CudaKvStore, out: &mut [f32]) -> Result<()> {

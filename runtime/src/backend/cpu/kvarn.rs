@@ -1,0 +1,67 @@
+//! KVarN decode attention on the CPU backend: each KV head's stored positions viewed as the
+//! quantized cache views them, through the cache's own attention ([`attend_head`], no
+//! refinement), so the device kernels are checked against exactly what the CPU cache computes.
+
+use super::{CpuBackend, CpuBuffer, CpuKvStore, SimdLevel};
+use crate::backend::kvarn::{KvarnLayer, KvarnLens, KvarnShape};
+use crate::error::{Result, RuntimeError};
+use crate::kv::attend::{attend_head, HeadView};
+use crate::kv::Kvarn;
+use half::f16;
+use rayon::prelude::*;
+
+pub(super) fn kvarn_attention(
+    level: SimdLevel,
+    q: &CpuBuffer,
+    layer: &KvarnLayer<'_, CpuBackend>,
+    s: &KvarnShape,
+    out: &mut CpuBuffer,
+) -> Result<()> {
+    let record = s.validate(KvarnLens {
+        q: q.len(),
+        out: out.len(),
+        sink_k: layer.sink_k.data.len(),
+        sink_v: layer.sink_v.data.len(),
+        tile_bytes: layer.tiles.len(),
+        tail_k: layer.tail_k.data.len(),
+        tail_v: layer.tail_v.data.len(),
+    })?;
+    let base =
+        Kvarn::with_tile(s.bits, s.head_dim, s.tile_tokens).map_err(|msg| RuntimeError::Shape {
+            op: "kvarn_attention",
+            msg,
+        })?;
+    let d = s.head_dim;
+    let group = s.n_heads / s.kv_heads;
+    // The stores hold f16-rounded values widened to f32: narrowing them back is exact.
+    let rows = |store: &CpuKvStore, h: usize, cap: usize, n: usize| -> Vec<f16> {
+        store.data[h * cap * d..][..n * d]
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect()
+    };
+    out.0
+        .par_chunks_mut(group * d)
+        .enumerate()
+        .for_each(|(h, o)| {
+            let (sink_k, sink_v) = (
+                rows(layer.sink_k, h, s.sink_capacity, s.sinks),
+                rows(layer.sink_v, h, s.sink_capacity, s.sinks),
+            );
+            let (tail_k, tail_v) = (
+                rows(layer.tail_k, h, s.tail_capacity, s.tail),
+                rows(layer.tail_v, h, s.tail_capacity, s.tail),
+            );
+            let view = HeadView {
+                head_dim: d,
+                sink_k: &sink_k,
+                sink_v: &sink_v,
+                tiles: &layer.tiles[h * s.tile_capacity * record..][..s.tiles * record],
+                tail_k: &tail_k,
+                tail_v: &tail_v,
+                base: Some(&base),
+            };
+            attend_head(level, &view, &q.0[h * group * d..][..group * d], o, None);
+        });
+    Ok(())
+}

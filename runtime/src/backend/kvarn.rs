@@ -1,0 +1,209 @@
+//! The device side of a KVarN-coded KV cache (issue 15): what one decode step's attention
+//! reads of a layer, and the checks every backend runs on it before touching memory.
+
+use super::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::kv::KvBits;
+
+/// Largest query heads per KV head the device kernels take (Llama/Qwen use 1–8).
+pub const KVARN_MAX_GROUP: usize = 8;
+
+/// One layer of a KVarN cache as a decode step reads it. Every row is in the code frame
+/// (keys and values rotated by the normalised Hadamard transform of `head_dim`). Positions
+/// are, per KV head: `sinks` FP16 rows, then `tiles` encoded tiles of `tile_tokens` tokens,
+/// then `tail` FP16 rows (the token being decoded is the tail's last).
+pub struct KvarnLayer<'a, B: Backend> {
+    /// F16 stores `[kv_heads, sink_capacity, head_dim]`.
+    pub sink_k: &'a B::KvStore,
+    pub sink_v: &'a B::KvStore,
+    /// `[kv_heads, tile_capacity, tile_bytes]` encoded tile records.
+    pub tiles: &'a B::KvTiles,
+    /// F16 stores `[kv_heads, tail_capacity, head_dim]`.
+    pub tail_k: &'a B::KvStore,
+    pub tail_v: &'a B::KvStore,
+}
+
+/// Geometry of a [`KvarnLayer`] and how much of it is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvarnShape {
+    pub n_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub bits: KvBits,
+    pub tile_tokens: usize,
+    pub sinks: usize,
+    pub sink_capacity: usize,
+    pub tiles: usize,
+    pub tile_capacity: usize,
+    pub tail: usize,
+    pub tail_capacity: usize,
+}
+
+/// Element counts of a layer's stores, as a backend sees them.
+#[derive(Debug, Clone, Copy)]
+pub struct KvarnLens {
+    pub q: usize,
+    pub out: usize,
+    pub sink_k: usize,
+    pub sink_v: usize,
+    pub tile_bytes: usize,
+    pub tail_k: usize,
+    pub tail_v: usize,
+}
+
+impl KvarnShape {
+    /// Checks the shape against the stores' lengths; returns the bytes of one tile record.
+    pub fn validate(&self, lens: KvarnLens) -> Result<usize> {
+        let err = |msg: String| RuntimeError::Shape {
+            op: "kvarn_attention",
+            msg,
+        };
+        let base =
+            crate::kv::Kvarn::with_tile(self.bits, self.head_dim, self.tile_tokens).map_err(err)?;
+        let record = crate::kv::KvBase::tile_bytes(&base);
+        if self.kv_heads == 0 || !self.n_heads.is_multiple_of(self.kv_heads) {
+            return Err(err(format!(
+                "{} query heads over {} KV heads",
+                self.n_heads, self.kv_heads
+            )));
+        }
+        if self.sinks > self.sink_capacity
+            || self.tiles > self.tile_capacity
+            || self.tail > self.tail_capacity
+        {
+            return Err(err(format!(
+                "filled {}/{} sinks, {}/{} tiles, {}/{} tail rows",
+                self.sinks,
+                self.sink_capacity,
+                self.tiles,
+                self.tile_capacity,
+                self.tail,
+                self.tail_capacity
+            )));
+        }
+        if self.sinks + self.tiles + self.tail == 0 {
+            return Err(err("no stored positions to attend to".into()));
+        }
+        let d = self.head_dim;
+        let expect = [
+            ("queries", lens.q, self.n_heads * d),
+            ("output", lens.out, self.n_heads * d),
+            (
+                "sink keys",
+                lens.sink_k,
+                self.kv_heads * self.sink_capacity * d,
+            ),
+            (
+                "sink values",
+                lens.sink_v,
+                self.kv_heads * self.sink_capacity * d,
+            ),
+            (
+                "tile bytes",
+                lens.tile_bytes,
+                self.kv_heads * self.tile_capacity * record,
+            ),
+            (
+                "tail keys",
+                lens.tail_k,
+                self.kv_heads * self.tail_capacity * d,
+            ),
+            (
+                "tail values",
+                lens.tail_v,
+                self.kv_heads * self.tail_capacity * d,
+            ),
+        ];
+        for (what, got, want) in expect {
+            if got != want {
+                return Err(err(format!("{what}: {got} elements, expected {want}")));
+            }
+        }
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvarnShape {
+        KvarnShape {
+            n_heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            bits: KvBits { key: 2, value: 2 },
+            tile_tokens: 128,
+            sinks: 4,
+            sink_capacity: 4,
+            tiles: 1,
+            tile_capacity: 2,
+            tail: 3,
+            tail_capacity: 128,
+        }
+    }
+
+    fn lens(s: &KvarnShape) -> KvarnLens {
+        let d = s.head_dim;
+        KvarnLens {
+            q: s.n_heads * d,
+            out: s.n_heads * d,
+            sink_k: s.kv_heads * s.sink_capacity * d,
+            sink_v: s.kv_heads * s.sink_capacity * d,
+            tile_bytes: s.kv_heads * s.tile_capacity * 5248,
+            tail_k: s.kv_heads * s.tail_capacity * d,
+            tail_v: s.kv_heads * s.tail_capacity * d,
+        }
+    }
+
+    #[test]
+    fn a_consistent_layer_passes_and_names_its_record() {
+        let s = shape();
+        assert_eq!(s.validate(lens(&s)).ok(), Some(5248));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let s = shape();
+        let mut l = lens(&s);
+        l.tile_bytes -= 1;
+        let e = s
+            .validate(l)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("tile bytes"), "{e}");
+
+        let over = KvarnShape { tiles: 3, ..s };
+        let e = over
+            .validate(lens(&over))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("3/2 tiles"), "{e}");
+
+        let empty = KvarnShape {
+            sinks: 0,
+            tiles: 0,
+            tail: 0,
+            ..s
+        };
+        let e = empty
+            .validate(lens(&empty))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("no stored positions"), "{e}");
+
+        let odd = KvarnShape { head_dim: 48, ..s };
+        assert!(odd.validate(lens(&odd)).is_err());
+
+        let gqa = KvarnShape { n_heads: 8, ..s };
+        let e = gqa
+            .validate(lens(&gqa))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("8 query heads over 3 KV heads"), "{e}");
+    }
+}
