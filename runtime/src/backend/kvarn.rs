@@ -3,7 +3,7 @@
 
 use super::Backend;
 use crate::error::{Result, RuntimeError};
-use crate::kv::KvBits;
+use crate::kv::{KvBase, KvBits, Kvarn};
 
 /// Largest query heads per KV head the device kernels take (Llama/Qwen use 1–8).
 pub const KVARN_MAX_GROUP: usize = 8;
@@ -52,15 +52,14 @@ pub struct KvarnLens {
 }
 
 impl KvarnShape {
-    /// Checks the shape against the stores' lengths; returns the bytes of one tile record.
-    pub fn validate(&self, lens: KvarnLens) -> Result<usize> {
+    /// Checks the shape against the stores' lengths; returns the tiles' codec.
+    pub fn validate(&self, lens: KvarnLens) -> Result<Kvarn> {
         let err = |msg: String| RuntimeError::Shape {
             op: "kvarn_attention",
             msg,
         };
-        let base =
-            crate::kv::Kvarn::with_tile(self.bits, self.head_dim, self.tile_tokens).map_err(err)?;
-        let record = crate::kv::KvBase::tile_bytes(&base);
+        let base = Kvarn::with_tile(self.bits, self.head_dim, self.tile_tokens).map_err(err)?;
+        let record = base.tile_bytes();
         if self.kv_heads == 0 || !self.n_heads.is_multiple_of(self.kv_heads) {
             return Err(err(format!(
                 "{} query heads over {} KV heads",
@@ -119,7 +118,7 @@ impl KvarnShape {
                 return Err(err(format!("{what}: {got} elements, expected {want}")));
             }
         }
-        Ok(record)
+        Ok(base)
     }
 }
 
@@ -159,7 +158,10 @@ mod tests {
     #[test]
     fn a_consistent_layer_passes_and_names_its_record() {
         let s = shape();
-        assert_eq!(s.validate(lens(&s)).ok(), Some(5248));
+        assert_eq!(
+            s.validate(lens(&s)).map(|b| b.tile_bytes()).ok(),
+            Some(5248)
+        );
     }
 
     #[test]

@@ -4,9 +4,9 @@
 
 use super::{CpuBackend, CpuBuffer, CpuKvStore, SimdLevel};
 use crate::backend::kvarn::{KvarnLayer, KvarnLens, KvarnShape};
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::kv::attend::{attend_head, HeadView};
-use crate::kv::Kvarn;
+use crate::kv::KvBase;
 use half::f16;
 use rayon::prelude::*;
 
@@ -17,7 +17,7 @@ pub(super) fn kvarn_attention(
     s: &KvarnShape,
     out: &mut CpuBuffer,
 ) -> Result<()> {
-    let record = s.validate(KvarnLens {
+    let base = s.validate(KvarnLens {
         q: q.len(),
         out: out.len(),
         sink_k: layer.sink_k.data.len(),
@@ -26,11 +26,7 @@ pub(super) fn kvarn_attention(
         tail_k: layer.tail_k.data.len(),
         tail_v: layer.tail_v.data.len(),
     })?;
-    let base =
-        Kvarn::with_tile(s.bits, s.head_dim, s.tile_tokens).map_err(|msg| RuntimeError::Shape {
-            op: "kvarn_attention",
-            msg,
-        })?;
+    let record = base.tile_bytes();
     let d = s.head_dim;
     let group = s.n_heads / s.kv_heads;
     // The stores hold f16-rounded values widened to f32: narrowing them back is exact.

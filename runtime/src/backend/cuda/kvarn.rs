@@ -5,7 +5,6 @@ use super::{Arg, CudaBackend, CudaBuffer, CudaKvStore, DeviceMem};
 use crate::backend::kvarn::{KvarnLayer, KvarnLens, KvarnShape, KVARN_MAX_GROUP};
 use crate::backend::KvDtype;
 use crate::error::{Result, RuntimeError};
-use crate::kv::Kvarn;
 
 /// Tokens a block scores at once (`KV_CHUNK`): the most a tile may hold.
 const CHUNK: usize = 128;
@@ -77,7 +76,7 @@ impl CudaBackend {
         s: &KvarnShape,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        let record = s.validate(KvarnLens {
+        let base = s.validate(KvarnLens {
             q: q.len,
             out: out.len,
             sink_k: layer.sink_k.len,
@@ -109,14 +108,7 @@ impl CudaBackend {
                 ));
             }
         }
-        let base = Kvarn::with_tile(s.bits, s.head_dim, s.tile_tokens).map_err(|msg| {
-            RuntimeError::Shape {
-                op: "kvarn_attention",
-                msg,
-            }
-        })?;
         let r = base.record_layout();
-        debug_assert_eq!(r.total, record);
         let f = i32_field;
         let params = KvarnParams {
             q: q.mem.ptr,

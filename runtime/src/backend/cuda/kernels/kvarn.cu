@@ -88,26 +88,19 @@ extern "C" __global__ void __launch_bounds__(KV_CHUNK) kvarn_attn_decode(const K
             vr = p.tail_v + ((size_t)h * p.tail_cap + t0) * d;
         }
         if (tid < n) {
-            float s[KV_MAX_GROUP];
+            float s[KV_MAX_GROUP] = {};
+            auto add_key = [&](int c, float k) {  // channel c of token tid's key
 #pragma unroll
-            for (int g = 0; g < KV_MAX_GROUP; ++g) s[g] = 0.0f;
+                for (int g = 0; g < KV_MAX_GROUP; ++g)
+                    if (g < G) s[g] = fmaf(qs[g][c], k, s[g]);
+            };
             if (rec != nullptr) {
                 const float bt = rec_half(rec, p.k_b, tid);
-                for (int c = 0; c < d; ++c) {
-                    const float k = dequant(rec_code(rec, p.k_codes, c * n + tid, p.kb),
-                                            rec_half(rec, p.k_a, c), rec_half(rec, p.k_z, c), bt);
-#pragma unroll
-                    for (int g = 0; g < KV_MAX_GROUP; ++g)
-                        if (g < G) s[g] = fmaf(qs[g][c], k, s[g]);
-                }
+                for (int c = 0; c < d; ++c)
+                    add_key(c, dequant(rec_code(rec, p.k_codes, c * n + tid, p.kb),
+                                       rec_half(rec, p.k_a, c), rec_half(rec, p.k_z, c), bt));
             } else {
-                const __half* row = kr + (size_t)tid * d;
-                for (int c = 0; c < d; ++c) {
-                    const float k = __half2float(row[c]);
-#pragma unroll
-                    for (int g = 0; g < KV_MAX_GROUP; ++g)
-                        if (g < G) s[g] = fmaf(qs[g][c], k, s[g]);
-                }
+                for (int c = 0; c < d; ++c) add_key(c, __half2float(kr[(size_t)tid * d + c]));
             }
 #pragma unroll
             for (int g = 0; g < KV_MAX_GROUP; ++g)
@@ -136,25 +129,21 @@ extern "C" __global__ void __launch_bounds__(KV_CHUNK) kvarn_attn_decode(const K
         }
         __syncthreads();
         if (tid < d) {
+            auto add_value = [&](int t, float v) {  // channel tid of token t's value
+#pragma unroll
+                for (int g = 0; g < KV_MAX_GROUP; ++g)
+                    if (g < G) o[g] = fmaf(w[g][t], v, o[g]);
+            };
 #pragma unroll
             for (int g = 0; g < KV_MAX_GROUP; ++g)
                 if (g < G) o[g] *= rescale[g];
             if (rec != nullptr) {
                 const float bc = rec_half(rec, p.v_b, tid);
-                for (int t = 0; t < n; ++t) {
-                    const float v = dequant(rec_code(rec, p.v_codes, t * d + tid, p.vb),
-                                            rec_half(rec, p.v_a, t), rec_half(rec, p.v_z, t), bc);
-#pragma unroll
-                    for (int g = 0; g < KV_MAX_GROUP; ++g)
-                        if (g < G) o[g] = fmaf(w[g][t], v, o[g]);
-                }
+                for (int t = 0; t < n; ++t)
+                    add_value(t, dequant(rec_code(rec, p.v_codes, t * d + tid, p.vb),
+                                         rec_half(rec, p.v_a, t), rec_half(rec, p.v_z, t), bc));
             } else {
-                for (int t = 0; t < n; ++t) {
-                    const float v = __half2float(vr[(size_t)t * d + tid]);
-#pragma unroll
-                    for (int g = 0; g < KV_MAX_GROUP; ++g)
-                        if (g < G) o[g] = fmaf(w[g][t], v, o[g]);
-                }
+                for (int t = 0; t < n; ++t) add_value(t, __half2float(vr[(size_t)t * d + tid]));
             }
         }
         __syncthreads();  // the next chunk overwrites w and rescale
