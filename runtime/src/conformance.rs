@@ -109,6 +109,11 @@ pub enum Op {
     /// per KV head `sinks` FP16 rows, `tiles` tiles encoded by the CPU encoder, `tail` FP16
     /// rows; the queries in the code frame, pre-scaled.
     KvarnAttention(KvarnCase),
+    /// [`Backend::hadamard_rows`]: `rows` rows of `n` values into the KVarN code frame.
+    HadamardRows {
+        rows: usize,
+        n: usize,
+    },
     SiluMul {
         len: usize,
     },
@@ -606,6 +611,25 @@ pub fn cases() -> Vec<Case> {
                 2e-5,
             );
         }
+    }
+    // The code frame's rotation: head sizes 64–256 over a decode step's heads, a prefill
+    // chunk's rows, the longest row, and the trivial one. A device runs the CPU's operations
+    // in the CPU's order, so it must match bit for bit.
+    for (rows, n) in [
+        (9, 64),
+        (32, 128),
+        (512 * 3, 64),
+        (3, 256),
+        (2, 1024),
+        (4, 1),
+    ] {
+        add(
+            "hadamard_rows",
+            format!("{rows}×{n}"),
+            Op::HadamardRows { rows, n },
+            0.0,
+            1e-6,
+        );
     }
     for len in [1, 1000, 57_344] {
         add(
@@ -1230,6 +1254,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.a = rng.vec(n * kv_heads * head_dim, 2.0);
             i.b = rng.vec(n * kv_heads * head_dim, 2.0);
         }
+        Op::HadamardRows { rows, n } => i.a = rng.vec(rows * n, 2.0),
         Op::KvarnAttention(ref c) => {
             let d = c.head_dim;
             i.a = rng.vec(c.heads * d, 1.5 / (d as f32).sqrt());
@@ -1601,6 +1626,11 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let (kb, vb) = (b.upload(&x.a)?, b.upload(&x.b)?);
             b.write_kv(&kb, &vb, &mut kc, &mut vc, layout, &index(b, &pos)?)?;
             download_caches(b, &kc, &vc, layout)
+        }
+        Op::HadamardRows { n, .. } => {
+            let mut x_dev = b.upload(&x.a)?;
+            b.hadamard_rows(&mut x_dev, n)?;
+            download(b, &x_dev)
         }
         Op::KvarnAttention(ref c) => {
             let shape = kvarn_shape(c);
@@ -2001,6 +2031,28 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             k
         }
         Op::KvarnAttention(ref c) => naive_kvarn(c, x)?,
+        Op::HadamardRows { n, .. } => {
+            // H[i][j] = (−1)^popcount(i & j) / √n, as a matrix product.
+            let scale = 1.0 / (n as f64).sqrt();
+            x.a.chunks_exact(n)
+                .flat_map(|row| {
+                    (0..n).map(move |i| {
+                        row.iter()
+                            .enumerate()
+                            .map(|(j, &v)| {
+                                let sign = if (i & j).count_ones() % 2 == 0 {
+                                    1.0
+                                } else {
+                                    -1.0
+                                };
+                                sign * v as f64
+                            })
+                            .sum::<f64>()
+                            * scale
+                    })
+                })
+                .collect()
+        }
         Op::Attention {
             kv,
             n,

@@ -8,6 +8,24 @@ use crate::kv::{KvBase, KvBits, Kvarn};
 /// Largest query heads per KV head the device kernels take (Llama/Qwen use 1–8).
 pub const KVARN_MAX_GROUP: usize = 8;
 
+/// Longest row [`Backend::hadamard_rows`] rotates (one block's shared memory on a device).
+pub const HADAMARD_MAX_ROW: usize = 1024;
+
+/// Checks a [`Backend::hadamard_rows`] call; returns the number of rows and the scale 1/√n
+/// (computed as the KVarN codec computes it).
+pub fn hadamard_rows_check(len: usize, row_len: usize) -> Result<(usize, f32)> {
+    if !row_len.is_power_of_two() || row_len > HADAMARD_MAX_ROW || !len.is_multiple_of(row_len) {
+        return Err(RuntimeError::Shape {
+            op: "hadamard_rows",
+            msg: format!(
+                "rows of {row_len} values (a power of two up to {HADAMARD_MAX_ROW}) over a \
+                 buffer of {len}"
+            ),
+        });
+    }
+    Ok((len / row_len, 1.0 / (row_len as f32).sqrt()))
+}
+
 /// One layer of a KVarN cache as a decode step reads it. Every row is in the code frame
 /// (keys and values rotated by the normalised Hadamard transform of `head_dim`). Positions
 /// are, per KV head: `sinks` FP16 rows, then `tiles` encoded tiles of `tile_tokens` tokens,
@@ -162,6 +180,21 @@ mod tests {
             s.validate(lens(&s)).map(|b| b.tile_bytes()).ok(),
             Some(5248)
         );
+    }
+
+    #[test]
+    fn hadamard_rows_take_powers_of_two_that_divide_the_buffer() {
+        assert_eq!(
+            hadamard_rows_check(512, 128).ok(),
+            Some((4, 1.0 / 128f32.sqrt()))
+        );
+        for (len, row) in [(96, 48), (100, 64), (4096, 2048), (8, 0)] {
+            let e = hadamard_rows_check(len, row).err().map(|e| e.to_string());
+            assert!(
+                e.is_some_and(|e| e.contains(&format!("rows of {row} values"))),
+                "{len} {row}"
+            );
+        }
     }
 
     #[test]

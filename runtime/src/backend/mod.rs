@@ -458,6 +458,13 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         out: &mut Self::Buffer,
     ) -> Result<()>;
 
+    /// Rotates every row of `row_len` values (a power of two, at most
+    /// [`kvarn::HADAMARD_MAX_ROW`]) in place by the normalised Sylvester Hadamard matrix
+    /// H/√row_len — the KVarN code frame of a head vector, and its own inverse. The butterflies
+    /// run in increasing span, each sum and difference rounded, then the scale: every backend
+    /// rounds as the CPU's transform does.
+    fn hadamard_rows(&self, x: &mut Self::Buffer, row_len: usize) -> Result<()>;
+
     /// Decode attention of one token's `n_heads` query heads (`q[n_heads · head_dim]`, in
     /// the code frame and already scaled by 1/√head_dim) over every stored position of a
     /// KVarN layer (sinks, then the encoded tiles, then the tail); `out` receives the outputs

@@ -305,6 +305,15 @@ impl Backend for CpuBackend {
         Ok(bytes.to_vec())
     }
 
+    fn hadamard_rows(&self, x: &mut CpuBuffer, row_len: usize) -> Result<()> {
+        let (_, scale) = crate::backend::kvarn::hadamard_rows_check(x.len(), row_len)?;
+        use rayon::prelude::*;
+        let level = self.simd;
+        x.0.par_chunks_mut(row_len)
+            .for_each(|row| crate::resident::hadamard::fwht_scaled(level, row, scale));
+        Ok(())
+    }
+
     fn kvarn_attention(
         &self,
         q: &CpuBuffer,

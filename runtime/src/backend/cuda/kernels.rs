@@ -114,8 +114,9 @@ pub(crate) struct Kernels {
     pub gemm_f32: Kernel,
     pub group: GroupKernels,
     pub trellis: TrellisKernels,
-    /// KVarN decode attention (kvarn.cu).
+    /// KVarN decode attention and the code frame's rotation (kvarn.cu).
     pub kvarn_attn_decode: Kernel,
+    pub kvarn_hadamard_rows: Kernel,
 }
 
 impl Kernels {
@@ -374,6 +375,7 @@ impl Kernels {
                 finish_tokens: tr.function("tr_finish_tokens")?,
             },
             kvarn_attn_decode: kv.function("kvarn_attn_decode")?,
+            kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {

@@ -2,7 +2,9 @@
 //! stores and its encoded tile records read in place, one block per KV head.
 
 use super::{Arg, CudaBackend, CudaBuffer, CudaKvStore, DeviceMem};
-use crate::backend::kvarn::{KvarnLayer, KvarnLens, KvarnShape, KVARN_MAX_GROUP};
+use crate::backend::kvarn::{
+    hadamard_rows_check, KvarnLayer, KvarnLens, KvarnShape, KVARN_MAX_GROUP,
+};
 use crate::backend::KvDtype;
 use crate::error::{Result, RuntimeError};
 
@@ -67,6 +69,24 @@ impl CudaBackend {
             mem,
             len: bytes.len(),
         })
+    }
+
+    pub(super) fn hadamard_rows_kernel(&self, x: &mut CudaBuffer, row_len: usize) -> Result<()> {
+        let (rows, scale) = hadamard_rows_check(x.len, row_len)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            &self.k().kvarn_hadamard_rows,
+            (i32_field("rows", rows)? as u32, 1, 1),
+            ((row_len / 2).max(1) as u32, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(x.mem.ptr),
+                Arg::I32(i32_field("row length", row_len)?),
+                Arg::F32(scale),
+            ],
+        )
     }
 
     pub(super) fn kvarn_attention_kernel(

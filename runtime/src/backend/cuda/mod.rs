@@ -1069,6 +1069,10 @@ impl Backend for CudaBackend {
         self.upload_tiles(bytes)
     }
 
+    fn hadamard_rows(&self, x: &mut CudaBuffer, row_len: usize) -> Result<()> {
+        self.hadamard_rows_kernel(x, row_len)
+    }
+
     fn kvarn_attention(
         &self,
         q: &CudaBuffer,

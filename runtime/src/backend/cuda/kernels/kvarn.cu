@@ -154,3 +154,24 @@ extern "C" __global__ void __launch_bounds__(KV_CHUNK) kvarn_attn_decode(const K
             if (g < G) p.out[((size_t)h * G + g) * d + tid] = o[g] / z_run[g];
     }
 }
+
+// The KVarN code frame of a head vector: each row of n values (a power of two, n ≤ 1024) times
+// the normalised Sylvester Hadamard matrix, in place. One block per row, n/2 threads, one
+// butterfly each per stage; stages in increasing span, each sum and difference rounded, then
+// the scale — the CPU transform's operations in its order, so both round alike.
+extern "C" __global__ void kvarn_hadamard_rows(float* __restrict__ x, int n, float scale) {
+    __shared__ float v[1024];
+    float* row = x + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = row[i];
+    __syncthreads();
+    for (int h = 1; h < n; h <<= 1) {
+        const int i = threadIdx.x, j = (i / h) * 2 * h + (i % h);
+        if (j + h < n) {
+            const float a = v[j], b = v[j + h];
+            v[j] = __fadd_rn(a, b);
+            v[j + h] = __fsub_rn(a, b);
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = __fmul_rn(v[i], scale);
+}
