@@ -1,7 +1,7 @@
 //! The device side of a KVarN-coded KV cache (issue 15): what one decode step's attention
 //! reads of a layer, and the checks every backend runs on it before touching memory.
 
-use super::Backend;
+use super::{Backend, KvDtype};
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvBase, KvBits, Kvarn};
 
@@ -57,7 +57,8 @@ pub struct KvarnShape {
     pub tail_capacity: usize,
 }
 
-/// Element counts of a layer's stores, as a backend sees them.
+/// Element counts of a layer's stores, as a backend sees them, and the element types of its
+/// row stores (sink keys, sink values, tail keys, tail values).
 #[derive(Debug, Clone, Copy)]
 pub struct KvarnLens {
     pub q: usize,
@@ -67,6 +68,7 @@ pub struct KvarnLens {
     pub tile_bytes: usize,
     pub tail_k: usize,
     pub tail_v: usize,
+    pub row_dtypes: [KvDtype; 4],
 }
 
 impl KvarnShape {
@@ -136,6 +138,15 @@ impl KvarnShape {
                 return Err(err(format!("{what}: {got} elements, expected {want}")));
             }
         }
+        let stores = ["sink keys", "sink values", "tail keys", "tail values"];
+        for (what, dtype) in stores.into_iter().zip(lens.row_dtypes) {
+            if dtype != KvDtype::F16 {
+                return Err(err(format!(
+                    "the {what} store is {}, KVarN rows are f16",
+                    dtype.as_str()
+                )));
+            }
+        }
         Ok(base)
     }
 }
@@ -170,6 +181,7 @@ mod tests {
             tile_bytes: s.kv_heads * s.tile_capacity * 5248,
             tail_k: s.kv_heads * s.tail_capacity * d,
             tail_v: s.kv_heads * s.tail_capacity * d,
+            row_dtypes: [KvDtype::F16; 4],
         }
     }
 
@@ -197,24 +209,29 @@ mod tests {
         }
     }
 
+    /// The message of a rejected layer (empty if it was accepted).
+    fn rejection(s: &KvarnShape, l: KvarnLens) -> String {
+        s.validate(l)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn each_bad_field_is_named() {
         let s = shape();
         let mut l = lens(&s);
         l.tile_bytes -= 1;
-        let e = s
-            .validate(l)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = rejection(&s, l);
         assert!(e.contains("tile bytes"), "{e}");
 
+        let mut l = lens(&s);
+        l.row_dtypes[3] = KvDtype::F32;
+        let e = rejection(&s, l);
+        assert!(e.contains("tail values store is f32"), "{e}");
+
         let over = KvarnShape { tiles: 3, ..s };
-        let e = over
-            .validate(lens(&over))
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = rejection(&over, lens(&over));
         assert!(e.contains("3/2 tiles"), "{e}");
 
         let empty = KvarnShape {
@@ -223,22 +240,14 @@ mod tests {
             tail: 0,
             ..s
         };
-        let e = empty
-            .validate(lens(&empty))
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = rejection(&empty, lens(&empty));
         assert!(e.contains("no stored positions"), "{e}");
 
         let odd = KvarnShape { head_dim: 48, ..s };
         assert!(odd.validate(lens(&odd)).is_err());
 
         let gqa = KvarnShape { n_heads: 8, ..s };
-        let e = gqa
-            .validate(lens(&gqa))
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = rejection(&gqa, lens(&gqa));
         assert!(e.contains("8 query heads over 3 KV heads"), "{e}");
     }
 }

@@ -25,11 +25,12 @@ pub(super) fn kvarn_attention(
         tile_bytes: layer.tiles.len(),
         tail_k: layer.tail_k.data.len(),
         tail_v: layer.tail_v.data.len(),
+        row_dtypes: [layer.sink_k, layer.sink_v, layer.tail_k, layer.tail_v].map(|st| st.dtype),
     })?;
     let record = base.tile_bytes();
     let d = s.head_dim;
     let group = s.n_heads / s.kv_heads;
-    // The stores hold f16-rounded values widened to f32: narrowing them back is exact.
+    // The (f16) stores hold f16-rounded values widened to f32: narrowing them back is exact.
     let rows = |store: &CpuKvStore, h: usize, cap: usize, n: usize| -> Vec<f16> {
         store.data[h * cap * d..][..n * d]
             .iter()

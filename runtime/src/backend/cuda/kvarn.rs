@@ -1,11 +1,10 @@
 //! KVarN decode attention on the device (kernels/kvarn.cu): the layer's FP16 sink and tail
 //! stores and its encoded tile records read in place, one block per KV head.
 
-use super::{Arg, CudaBackend, CudaBuffer, CudaKvStore, DeviceMem};
+use super::{Arg, CudaBackend, CudaBuffer, DeviceMem};
 use crate::backend::kvarn::{
     hadamard_rows_check, KvarnLayer, KvarnLens, KvarnShape, KVARN_MAX_GROUP,
 };
-use crate::backend::KvDtype;
 use crate::error::{Result, RuntimeError};
 
 /// Tokens a block scores at once (`KV_CHUNK`): the most a tile may hold.
@@ -104,29 +103,15 @@ impl CudaBackend {
             tile_bytes: layer.tiles.len,
             tail_k: layer.tail_k.len,
             tail_v: layer.tail_v.len,
+            row_dtypes: [layer.sink_k, layer.sink_v, layer.tail_k, layer.tail_v].map(|st| st.dtype),
         })?;
         let group = s.n_heads / s.kv_heads;
-        let unsupported = |msg: String| Err(RuntimeError::Unsupported(msg));
         if group > KVARN_MAX_GROUP || s.head_dim > MAX_D || s.tile_tokens > CHUNK {
-            return unsupported(format!(
+            return Err(RuntimeError::Unsupported(format!(
                 "kvarn_attention on CUDA takes up to {KVARN_MAX_GROUP} query heads per KV head, \
                  head_dim ≤ {MAX_D} and tiles of ≤ {CHUNK} tokens (got {group}, {}, {})",
                 s.head_dim, s.tile_tokens
-            ));
-        }
-        let stores: [(&str, &CudaKvStore); 4] = [
-            ("sink keys", layer.sink_k),
-            ("sink values", layer.sink_v),
-            ("tail keys", layer.tail_k),
-            ("tail values", layer.tail_v),
-        ];
-        for (what, st) in stores {
-            if st.dtype != KvDtype::F16 {
-                return unsupported(format!(
-                    "kvarn_attention: the {what} store is {}, the kernel reads f16",
-                    st.dtype.as_str()
-                ));
-            }
+            )));
         }
         let r = base.record_layout();
         let f = i32_field;

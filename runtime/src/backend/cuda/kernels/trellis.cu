@@ -21,9 +21,10 @@
 //          (only the low 16 bits of s matter, so s needs no mask). The table lies in shared
 //          memory with the sign folded in (row (h >> 6) mod 2^10 of a doubled table) and 32
 //          times over, copy = lane, so a warp's lookups never share a bank and a step is five
-//          instructions: shift, multiply-add, mask, address multiply-add, load. (16 copies make the address
-//          one LOP3, (h & 0xffc0) | 4·(lane mod 16), but lanes c and c + 16 then share a bank
-//          whenever their rows differ with equal parity: measured slower, 273 vs 298 tok/s.)
+//          instructions: shift, multiply-add, mask, address multiply-add, load. (16 copies
+//          make the address one LOP3, (h & 0xffc0) | 4·(lane mod 16), but lanes c and c + 16
+//          then share a bank whenever their rows differ with equal parity: measured slower,
+//          273 vs 298 tok/s.)
 //   1MAD:  y = 34038481·s + 76625530 (mod 2^32); the byte sum of y (one dp4a) lands in the
 //          mantissa of 1024.0 and one f16x2 subtraction leaves the exact integers sum − 510;
 //          1/147.800537109375 is folded into sv on the host.
