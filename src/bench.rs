@@ -34,9 +34,33 @@ pub struct BenchArgs {
     /// The head's format: float (`dtype`) or group codes (`--head`; a tied embedding is the
     /// head's table).
     pub head: SyntheticWeights,
+    /// Element type of the float cache the depth is prefilled into (and of the float rows).
     pub kv: KvDtype,
+    /// The KV caches to measure (--kv); the float cache of `kv` alone when empty.
+    pub kv_caches: Vec<bench::BenchKv>,
     pub seed: u64,
     pub json: bool,
+}
+
+/// Parses `--kv`: a comma list of f16 / f32 (the float cache) and KVarN bases (2/2, 3/2, 3/3,
+/// 2/1, or kvarn:2/2) with `sinks` FP16 sink tokens.
+pub fn parse_kv_caches(s: &str, sinks: usize) -> Result<Vec<bench::BenchKv>> {
+    use sfx_runtime::kv::{KvBaseChoice, KvConfig};
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| match t.trim() {
+            "f16" => Ok(bench::BenchKv::Float(KvDtype::F16)),
+            "f32" => Ok(bench::BenchKv::Float(KvDtype::F32)),
+            other => match other.parse::<KvBaseChoice>() {
+                Ok(base @ KvBaseChoice::Kvarn(_)) => Ok(bench::BenchKv::Quantized(KvConfig {
+                    sinks,
+                    ..KvConfig::base(base)
+                })),
+                Ok(KvBaseChoice::F16) => Ok(bench::BenchKv::Float(KvDtype::F16)),
+                Err(e) => bail!("--kv {other:?}: {e}"),
+            },
+        })
+        .collect()
 }
 
 /// Parses "512", "128,256" into sizes (every entry a number; 0 allowed only for depths).
@@ -115,7 +139,6 @@ struct Row {
     params: u64,
     backend: String,
     graphs: bool,
-    kv_type: &'static str,
     #[serde(flatten)]
     result: BenchResult,
     /// bytes_per_token × mean tokens/s (decode rows).
@@ -206,19 +229,32 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
     for &graphs in &a.graphs {
         model.set_step_graphs(graphs);
         let json = a.json;
-        let results = bench::run(&model, &tests, &a.depths, a.reps, a.kv, a.seed, |what| {
-            if !json {
-                eprintln!("  {what} (graphs {})", if graphs { "on" } else { "off" });
-            }
-        })?;
+        let kvs = if a.kv_caches.is_empty() {
+            vec![bench::BenchKv::Float(a.kv)]
+        } else {
+            a.kv_caches.clone()
+        };
+        let results = bench::run(
+            &model,
+            &tests,
+            &a.depths,
+            a.reps,
+            a.kv,
+            &kvs,
+            a.seed,
+            |what| {
+                if !json {
+                    eprintln!("  {what} (graphs {})", if graphs { "on" } else { "off" });
+                }
+            },
+        )?;
         for r in results {
             rows.push(Row {
                 model: name.clone(),
                 size_bytes: model.resident_bytes() as u64,
                 params,
                 backend: backend_name.clone(),
-                graphs: graphs && model.uses_step_graphs(),
-                kv_type: a.kv.as_str(),
+                graphs: graphs && model.uses_step_graphs() && r.graph_capable,
                 effective_gbps: r.bytes_per_token * r.mean / 1e9,
                 result: r,
             });
@@ -296,7 +332,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             human_params(r.params),
             r.backend,
             if r.graphs { "on" } else { "off" },
-            r.kv_type,
+            r.result.kv,
             r.result.test,
             r.result.mean,
             r.result.sd,
@@ -304,4 +340,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_lists_name_float_caches_and_kvarn_bases() {
+        let kvs = parse_kv_caches("f16, 2/2,kvarn:3/2,f32", 64).unwrap();
+        let labels: Vec<String> = kvs.iter().map(bench::BenchKv::label).collect();
+        assert_eq!(labels, ["f16", "kvarn 2/2", "kvarn 3/2", "f32"]);
+        assert!(matches!(&kvs[1], bench::BenchKv::Quantized(c) if c.sinks == 64));
+        assert!(parse_kv_caches("", 128).unwrap().is_empty());
+        let e = parse_kv_caches("2/2,9/9", 128).unwrap_err().to_string();
+        assert!(e.contains("--kv \"9/9\""), "{e}");
+    }
 }

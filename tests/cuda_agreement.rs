@@ -6,7 +6,8 @@
 //! CUDA group kernels and the CPU ones, mean KL over a wiki window and greedy continuations
 //! (a divergence reports the CPU's top-2 logit gap there, to tell near-ties from errors), also
 //! with quantized heads (`--head q8`, `--head q4`: the tied embedding gathered from codes), and
-//! the trellis files (qtip2, yaqa2: the CUDA trellis kernels against the CPU's). On a machine
+//! the trellis files (qtip2, yaqa2: the CUDA trellis kernels against the CPU's), and KVarN KV
+//! caches held and attended to on the device (every base) against the same cache on the CPU. On a machine
 //! without a GPU every case is reported as ignored, by name.
 
 mod common;
@@ -231,6 +232,89 @@ fn wiki2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Prompt tokens of the KVarN case: past the 128 sinks and the first tile, into the tail.
+const KVARN_PROMPT: usize = 300;
+/// Decode steps after it: across the tail's flush at position 384.
+const KVARN_DECODE: usize = 150;
+
+/// Share of a KVarN base's own KL (CPU, against the float cache) that CPU and CUDA may differ
+/// by. Keys and values reach the encoder from different matmuls (differences of ~1e-6), and
+/// at 2 bits an element near a rounding boundary then lands on a different code: the two
+/// caches hold slightly different codes, so their gap scales with the base's coarseness
+/// (measured on the H200: 2/2 1.1e-3, 2/1 1.1e-4, 3/2 2.3e-5, 3/3 9.5e-6 — below 1 % of each
+/// base's own KL).
+const KVARN_KL_SHARE: f64 = 0.02;
+/// Steps whose greedy token may differ (near-ties after such a code flip).
+const KVARN_ARGMAX_MISSES: usize = 2;
+
+/// The KVarN cache in the backend ([`BackendKvarnCache`]) on both backends with the F32 model:
+/// a prompt prefilled through the cache (chunks attend to earlier ones as stored) and decode
+/// steps over the device-resident tiles, sinks and tail, across a tile flush. Every step's
+/// logits: mean KL(CPU ‖ CUDA) within [`KVARN_KL_SHARE`] of the base's own KL on the CPU (or
+/// the float bound, whichever is larger), greedy tokens the same but for
+/// [`KVARN_ARGMAX_MISSES`] steps.
+fn kvarn_decode(key: u32, value: u32) -> Result<(), Failed> {
+    use sfx_runtime::kv::{BackendKvarnCache, KvBaseChoice, KvBits, KvConfig};
+    use sfx_runtime::{KvCache, KvShape};
+    let (_, cpu) = common::float_model();
+    let gpu = cuda_model();
+    let vocab = cpu.config().vocab_size;
+    let ids = common::wiki_tokens(KVARN_PROMPT + KVARN_DECODE);
+    let config = KvConfig::base(KvBaseChoice::Kvarn(KvBits { key, value }));
+    fn run<B: Backend>(m: &Model<B>, ids: &[u32], config: &KvConfig) -> Result<Vec<f32>, Failed> {
+        let shape = KvShape::of(m.config());
+        let mut cache = BackendKvarnCache::new(m.backend(), shape, ids.len(), config)
+            .map_err(|e| e.to_string())?;
+        let mut out = m
+            .forward(&ids[..KVARN_PROMPT], &mut cache, LogitsMode::Last)
+            .map_err(|e| e.to_string())?
+            .into_vec();
+        for &t in &ids[KVARN_PROMPT..ids.len() - 1] {
+            let l = m.forward(&[t], &mut cache, LogitsMode::Last);
+            out.extend(l.map_err(|e| e.to_string())?.into_vec());
+        }
+        if cache.len() != ids.len() - 1 {
+            return Err(format!("cache holds {} positions", cache.len()).into());
+        }
+        Ok(out)
+    }
+    let a = run(cpu, &ids, &config)?;
+    let b = run(gpu, &ids, &config)?;
+    let kl = common::mean_kl(&a, &b, vocab);
+    // The base's own KL: the same steps through the CPU's float cache.
+    let exact = {
+        let mut cache = cpu.new_cache(ids.len()).map_err(|e| e.to_string())?;
+        let mut out = cpu
+            .forward(&ids[..KVARN_PROMPT], &mut cache, LogitsMode::Last)
+            .map_err(|e| e.to_string())?
+            .into_vec();
+        for &t in &ids[KVARN_PROMPT..ids.len() - 1] {
+            let l = cpu.forward(&[t], &mut cache, LogitsMode::Last);
+            out.extend(l.map_err(|e| e.to_string())?.into_vec());
+        }
+        out
+    };
+    let base_kl = common::mean_kl(&exact, &a, vocab);
+    let bound = MEAN_KL.max(KVARN_KL_SHARE * base_kl);
+    let greedy = |l: &[f32]| l.chunks_exact(vocab).map(argmax).collect::<Vec<_>>();
+    let (ga, gb) = (greedy(&a), greedy(&b));
+    let same = ga.iter().zip(&gb).filter(|(x, y)| x == y).count();
+    report(
+        &format!("kvarn_{key}_{value}"),
+        serde_json::json!({"steps": ga.len(), "mean_kl_cpu_cuda": kl,
+        "max_abs_logit_diff": max_abs_diff(&a, &b), "same_argmax": same,
+        "base_kl_cpu": base_kl, "bound_mean_kl": bound}),
+    );
+    if kl > bound || !kl.is_finite() || same + KVARN_ARGMAX_MISSES < ga.len() {
+        return Err(format!(
+            "KL {kl:.2e} (bound {bound:.2e}), argmax equal at {same}/{} steps",
+            ga.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Converts SmolLM2 to `quant` with `--head head` (no fit; AWQ on a small search grid) with
 /// this build's `sfx-convert` (`$SFX_CONVERT` when the test binary runs on another machine).
 /// `$SFX_AGREEMENT_SFX=dir` supplies files converted elsewhere as `dir/{quant}-head-{head}.sfx`
@@ -342,6 +426,11 @@ fn main() {
         Trial::test("cuda::smollm2::greedy_continuations", greedy_continuations)
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
+        // KVarN KV caches in device memory, every base the CPU has.
+        Trial::test("cuda::smollm2::kvarn_2_2", || kvarn_decode(2, 2)).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_3_2", || kvarn_decode(3, 2)).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_3_3", || kvarn_decode(3, 3)).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_2_1", || kvarn_decode(2, 1)).with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3", "bf16"))
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3", "bf16"))

@@ -49,6 +49,10 @@ pub struct BenchResult {
     pub depth: usize,
     /// Tokens processed per repetition.
     pub tokens: usize,
+    /// The KV cache ([`BenchKv::label`]).
+    pub kv: String,
+    /// Whether the cache lets decode steps replay as captured graphs.
+    pub graph_capable: bool,
     /// tokens/s of every timed repetition.
     pub samples: Vec<f64>,
     pub mean: f64,
@@ -93,73 +97,163 @@ pub fn weight_bytes_per_token<B: Backend>(model: &Model<B>) -> f64 {
     (layers + model.lm_head().resident_bytes()) as f64
 }
 
-/// Runs `tests` at every depth, `reps` timed repetitions each, on caches of `kv_dtype`.
+/// KV bytes a decode step reads at a context of `ctx` positions: every position of a float
+/// cache, or a KVarN cache's filled sink rows, encoded tiles and tail rows.
+fn kv_bytes_read(c: &sfx_formats::ModelConfig, kv: &BenchKv, ctx: usize) -> f64 {
+    let heads = (c.num_hidden_layers * c.num_key_value_heads) as f64;
+    let d = c.head_dim;
+    match kv {
+        BenchKv::Float(dtype) => heads * (2 * d * dtype.size_in_bytes() * ctx) as f64,
+        BenchKv::Quantized(config) => {
+            let Ok(Some(base)) = config.base.build(d) else {
+                return 0.0;
+            };
+            let sinks = ctx.min(config.sinks);
+            let rest = ctx - sinks;
+            let (tiles, tail) = (rest / base.tile_tokens(), rest % base.tile_tokens());
+            heads * ((sinks + tail) * d * 4 + tiles * base.tile_bytes()) as f64
+        }
+    }
+}
+
+/// The KV cache a row runs on.
+#[derive(Debug, Clone)]
+pub enum BenchKv {
+    /// The model's float cache of this element type.
+    Float(crate::backend::KvDtype),
+    /// A quantized cache ([`crate::kv::new_quantized_cache`]'s choice), encoded from the float
+    /// prefill of the depth as a quantized prefill encodes it.
+    Quantized(crate::kv::KvConfig),
+}
+
+impl BenchKv {
+    pub fn label(&self) -> String {
+        match self {
+            BenchKv::Float(dtype) => dtype.as_str().to_string(),
+            BenchKv::Quantized(c) => format!("kvarn {}", c.label()),
+        }
+    }
+}
+
+/// The cache of one row at `depth`: the float cache cut back, or a quantized cache encoded
+/// from it (cut back too when the cut is on a tile boundary, else encoded again).
+fn row_cache<'c, B: Backend>(
+    model: &Model<B>,
+    float: &'c mut crate::kv_cache::FloatKvCache<B>,
+    kv: &BenchKv,
+    depth: usize,
+    capacity: usize,
+    quantized: &'c mut Option<Box<dyn KvCache<B>>>,
+) -> Result<&'c mut dyn KvCache<B>> {
+    match kv {
+        BenchKv::Float(_) => {
+            float.truncate(depth)?;
+            Ok(float)
+        }
+        BenchKv::Quantized(config) => {
+            let reusable = match quantized.as_mut() {
+                Some(q) => q.truncate(depth).is_ok(),
+                None => false,
+            };
+            if !reusable {
+                let b = model.backend();
+                *quantized = Some(if crate::kv::runs_in_backend(config) {
+                    Box::new(crate::kv::BackendKvarnCache::from_float(
+                        b, float, depth, capacity, config,
+                    )?)
+                } else {
+                    Box::new(crate::kv::QuantKvCache::from_f32(
+                        b, float, depth, capacity, config,
+                    )?)
+                });
+            }
+            match quantized.as_deref_mut() {
+                Some(q) => Ok(q),
+                None => Err(crate::error::RuntimeError::EmptyInput),
+            }
+        }
+    }
+}
+
+/// Runs `tests` at every depth on every KV cache of `kvs`, `reps` timed repetitions each.
+/// The context of a depth is prefilled once into a float cache of `prefill_dtype`; quantized
+/// caches are encoded from it.
+#[allow(clippy::too_many_arguments)]
 pub fn run<B: Backend>(
     model: &Model<B>,
     tests: &[BenchTest],
     depths: &[usize],
     reps: usize,
-    kv_dtype: crate::backend::KvDtype,
+    prefill_dtype: crate::backend::KvDtype,
+    kvs: &[BenchKv],
     seed: u64,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<BenchResult>> {
     let c = model.config();
     let vocab = c.vocab_size;
     let longest = tests.iter().map(BenchTest::tokens).max().unwrap_or(1);
-    let kv_bytes_per_position =
-        2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_dtype.size_in_bytes();
     let weights = weight_bytes_per_token(model);
     let mut out = Vec::new();
     for &depth in depths {
-        let mut cache = model.new_cache_with(depth + longest + 1, kv_dtype)?;
+        let capacity = depth + longest + 1;
+        let mut float = model.new_cache_with(capacity, prefill_dtype)?;
         if depth > 0 {
             progress(&format!("prefilling a context of {depth} tokens"));
             let ctx = tokens(vocab, depth, seed ^ depth as u64);
-            model.forward(&ctx, &mut cache, LogitsMode::None)?;
+            model.forward(&ctx, &mut float, LogitsMode::None)?;
             model.backend().synchronize()?;
         }
-        for test in tests {
-            let label = test.label(depth);
-            progress(&label);
-            let mut samples = Vec::with_capacity(reps);
-            for rep in 0..=reps {
-                cache.truncate(depth)?;
-                let t0 = Instant::now();
-                match *test {
-                    BenchTest::Prompt(n) => {
-                        let prompt = tokens(vocab, n, seed ^ (rep as u64 + 1) << 20);
-                        model.forward(&prompt, &mut cache, LogitsMode::Last)?;
-                    }
-                    BenchTest::Generate(n) => {
-                        let mut t = tokens(vocab, 1, seed ^ rep as u64)[0];
-                        for _ in 0..n {
-                            t = model.forward_greedy(&[t], &mut cache)?;
+        for kv in kvs {
+            let mut quantized = None;
+            for test in tests {
+                let label = test.label(depth);
+                progress(&format!("{label}, {} KV", kv.label()));
+                let mut samples = Vec::with_capacity(reps);
+                let mut graph_capable = false;
+                for rep in 0..=reps {
+                    let cache = row_cache(model, &mut float, kv, depth, capacity, &mut quantized)?;
+                    graph_capable = cache.graph_id().is_some();
+                    let t0 = Instant::now();
+                    match *test {
+                        BenchTest::Prompt(n) => {
+                            let prompt = tokens(vocab, n, seed ^ (rep as u64 + 1) << 20);
+                            model.forward(&prompt, cache, LogitsMode::Last)?;
+                        }
+                        BenchTest::Generate(n) => {
+                            let mut t = tokens(vocab, 1, seed ^ rep as u64)[0];
+                            for _ in 0..n {
+                                t = model.forward_greedy(&[t], cache)?;
+                            }
                         }
                     }
+                    model.backend().synchronize()?;
+                    let secs = t0.elapsed().as_secs_f64();
+                    // Repetition 0 warms up (module loads, graph capture, allocator).
+                    if rep > 0 {
+                        samples.push(test.tokens() as f64 / secs.max(1e-12));
+                    }
                 }
-                model.backend().synchronize()?;
-                let secs = t0.elapsed().as_secs_f64();
-                // Repetition 0 warms up (module loads, graph capture, allocator).
-                if rep > 0 {
-                    samples.push(test.tokens() as f64 / secs.max(1e-12));
-                }
+                let (mean, sd) = mean_sd(&samples);
+                let bytes_per_token = match *test {
+                    BenchTest::Prompt(_) => 0.0,
+                    BenchTest::Generate(n) => {
+                        // At the run's mean context.
+                        let ctx = depth + n.div_ceil(2);
+                        weights + kv_bytes_read(c, kv, ctx)
+                    }
+                };
+                out.push(BenchResult {
+                    test: label,
+                    depth,
+                    tokens: test.tokens(),
+                    kv: kv.label(),
+                    graph_capable,
+                    samples,
+                    mean,
+                    sd,
+                    bytes_per_token,
+                });
             }
-            let (mean, sd) = mean_sd(&samples);
-            let bytes_per_token = match *test {
-                BenchTest::Prompt(_) => 0.0,
-                BenchTest::Generate(n) => {
-                    weights + kv_bytes_per_position as f64 * (depth as f64 + (n as f64 + 1.0) / 2.0)
-                }
-            };
-            out.push(BenchResult {
-                test: label,
-                depth,
-                tokens: test.tokens(),
-                samples,
-                mean,
-                sd,
-                bytes_per_token,
-            });
         }
     }
     Ok(out)
@@ -188,6 +282,7 @@ mod tests {
             &[0, 5],
             2,
             crate::backend::KvDtype::F16,
+            &[BenchKv::Float(crate::backend::KvDtype::F16)],
             1,
             |_| {},
         )
@@ -196,5 +291,41 @@ mod tests {
         assert_eq!(labels, ["pp9", "tg4", "pp9 @ d5", "tg4 @ d5"]);
         assert!(r.iter().all(|x| x.samples.len() == 2 && x.mean > 0.0));
         assert!(r[3].bytes_per_token > r[1].bytes_per_token);
+    }
+
+    /// A KVarN row at a depth past the first tile: its cache is encoded from the float
+    /// prefill, cut back between repetitions, and reads fewer KV bytes than the f16 row.
+    #[test]
+    fn bench_runs_a_quantized_cache_beside_the_float_one() {
+        use crate::kv::{KvBaseChoice, KvBits, KvConfig};
+        let c = crate::synthetic::preset("tiny-qwen3").unwrap();
+        let m = Model::synthetic(
+            crate::CpuBackend::new(),
+            &c,
+            DType::BF16,
+            3,
+            &ModelOptions::default(),
+        )
+        .unwrap();
+        let kvarn = KvConfig {
+            sinks: 4,
+            ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key: 2, value: 2 }))
+        };
+        let f16 = crate::backend::KvDtype::F16;
+        let r = run(
+            &m,
+            &[BenchTest::Prompt(3), BenchTest::Generate(6)],
+            &[4 + 128 + 120],
+            2,
+            f16,
+            &[BenchKv::Float(f16), BenchKv::Quantized(kvarn)],
+            1,
+            |_| {},
+        )
+        .unwrap();
+        let kv: Vec<&str> = r.iter().map(|x| x.kv.as_str()).collect();
+        assert_eq!(kv, ["f16", "f16", "kvarn 2/2", "kvarn 2/2"]);
+        assert!(r.iter().all(|x| x.samples.len() == 2 && x.mean > 0.0));
+        assert!(r[3].bytes_per_token < r[1].bytes_per_token);
     }
 }

@@ -11,10 +11,10 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, KvarnLayer, KvarnShape, MatmulOut,
-    RopeTable, WeightPrecision,
+    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, KvarnLayer, KvarnLayerMut, KvarnShape,
+    KvarnSlot, MatmulOut, RopeTable, WeightPrecision,
 };
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use crate::kv::{KvBase, KvBits, Kvarn, RefineBits};
 use crate::model::{rope_cos_sin, Model, ModelOptions};
 use crate::resident::dequantize_trellis;
@@ -107,8 +107,13 @@ pub enum Op {
     },
     /// Decode attention of one token over a KVarN layer ([`Backend::kvarn_attention`]):
     /// per KV head `sinks` FP16 rows, `tiles` tiles encoded by the CPU encoder, `tail` FP16
-    /// rows; the queries in the code frame, pre-scaled.
+    /// rows; the queries in the code frame (the op scales them).
     KvarnAttention(KvarnCase),
+    /// One decode step of a KVarN layer ([`Backend::kvarn_decode`]): the case's fill is what
+    /// the step at its position sees (the new row is the last sink, or the tail's last row);
+    /// sink capacity `sinks`, a tail of one tile. Output: the attention output, then the key
+    /// and value rows read back from the slot the position names.
+    KvarnDecode(KvarnCase),
     /// [`Backend::hadamard_rows`]: `rows` rows of `n` values into the KVarN code frame.
     HadamardRows {
         rows: usize,
@@ -581,10 +586,11 @@ pub fn cases() -> Vec<Case> {
             }
         }
     }
-    // KVarN decode attention: every base the CPU cache offers, GQA ratios 1–7, head sizes 64
+    // KVarN decode attention: every base the CPU cache offers, GQA ratios 1–8, head sizes 64
     // and 128, with and without sinks, tiles and tail, a sink run longer than one 128-row
-    // chunk. Stored elements are bit-identical on both sides (the kernel dequantizes as the
-    // CPU decoder rounds); what differs is summation order and exp, as for float attention.
+    // chunk. The kernel dequantizes each element with one fused multiply-add and applies the
+    // per-token (key) or per-channel (value) scale once per tile, so it differs from the CPU
+    // by float rounding, summation order and exp.
     for (key, value) in [(2, 2), (3, 2), (3, 3), (2, 1), (4, 4)] {
         for (heads, kv_heads, head_dim, sinks, tiles, tail) in [
             (9, 3, 64, 5, 2, 7),
@@ -592,6 +598,9 @@ pub fn cases() -> Vec<Case> {
             (14, 2, 64, 0, 1, 0),
             (28, 4, 128, 130, 0, 50),
             (8, 8, 64, 0, 4, 127),
+            // Long layers: many blocks per KV head (split-K) and their merge.
+            (32, 8, 128, 128, 40, 77),
+            (8, 1, 128, 128, 30, 0),
         ] {
             add(
                 "kvarn_attention",
@@ -599,6 +608,35 @@ pub fn cases() -> Vec<Case> {
                     "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
                 ),
                 Op::KvarnAttention(KvarnCase {
+                    bits: KvBits { key, value },
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    sinks,
+                    tiles,
+                    tail,
+                }),
+                2e-5,
+                2e-5,
+            );
+        }
+    }
+    // A whole decode step from the position on the device: the new row as the last sink, the
+    // tail's first and last rows, and mid-tail over many tiles.
+    for (key, value) in [(2, 2), (3, 2), (2, 1)] {
+        for (heads, kv_heads, head_dim, sinks, tiles, tail) in [
+            (9, 3, 64, 5, 0, 0),
+            (9, 3, 64, 128, 0, 1),
+            (32, 8, 128, 128, 2, 128),
+            (32, 8, 128, 128, 40, 70),
+            (8, 1, 128, 16, 3, 9),
+        ] {
+            add(
+                "kvarn_decode",
+                format!(
+                    "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
+                ),
+                Op::KvarnDecode(KvarnCase {
                     bits: KvBits { key, value },
                     heads,
                     kv_heads,
@@ -1255,6 +1293,16 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.b = rng.vec(n * kv_heads * head_dim, 2.0);
         }
         Op::HadamardRows { rows, n } => i.a = rng.vec(rows * n, 2.0),
+        Op::KvarnDecode(ref c) => {
+            let d = c.head_dim;
+            i.a = rng.vec(c.heads * d, 1.5);
+            // The step's key and value rows, then the stores (sinks in b, tail in c).
+            i.d = rng.vec(2 * c.kv_heads * d, 1.5);
+            i.b = rng.vec(2 * c.kv_heads * c.sinks * d, 1.5);
+            i.c = rng.vec(2 * c.kv_heads * KVARN_TILE * d, 1.0);
+            i.bytes = kvarn_records(c, rng);
+            i.ids = vec![kvarn_decode_position(c) as u32];
+        }
         Op::KvarnAttention(ref c) => {
             let d = c.head_dim;
             i.a = rng.vec(c.heads * d, 1.5 / (d as f32).sqrt());
@@ -1632,6 +1680,52 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             b.hadamard_rows(&mut x_dev, n)?;
             download(b, &x_dev)
         }
+        Op::KvarnDecode(ref c) => {
+            let shape = kvarn_decode_shape(c);
+            let (sink_half, tail_half) = (x.b.len() / 2, x.c.len() / 2);
+            let mut sink_k = b.upload_kv(&x.b[..sink_half], KvDtype::F16)?;
+            let mut sink_v = b.upload_kv(&x.b[sink_half..], KvDtype::F16)?;
+            let mut tail_k = b.upload_kv(&x.c[..tail_half], KvDtype::F16)?;
+            let mut tail_v = b.upload_kv(&x.c[tail_half..], KvDtype::F16)?;
+            let records = kvarn_tile_store(b, c, &x.bytes)?;
+            let row = c.kv_heads * c.head_dim;
+            let (q, k, v) = (
+                b.upload(&x.a)?,
+                b.upload(&x.d[..row])?,
+                b.upload(&x.d[row..])?,
+            );
+            let positions = index(b, &x.ids)?;
+            let mut out = poisoned(b, c.heads * c.head_dim)?;
+            let mut scratch = poisoned(b, b.kvarn_decode_scratch_len(&shape))?;
+            let layer = KvarnLayerMut {
+                sink_k: &mut sink_k,
+                sink_v: &mut sink_v,
+                tiles: &records,
+                tail_k: &mut tail_k,
+                tail_v: &mut tail_v,
+            };
+            b.kvarn_decode(
+                &q,
+                &k,
+                &v,
+                layer,
+                &shape,
+                &positions,
+                &mut scratch,
+                &mut out,
+            )?;
+            let mut all = download(b, &out)?;
+            let (stores, cap, r) = match kvarn_decode_slot(c) {
+                KvarnSlot::Sink(r) => ([&sink_k, &sink_v], c.sinks, r),
+                KvarnSlot::Tail(r) => ([&tail_k, &tail_v], KVARN_TILE, r),
+            };
+            for st in stores {
+                let mut h = vec![0.0f32; c.kv_heads * cap * c.head_dim];
+                b.download_kv(st, &mut h)?;
+                all.extend(kvarn_slot_rows(&h, c, cap, r));
+            }
+            Ok(all)
+        }
         Op::KvarnAttention(ref c) => {
             let shape = kvarn_shape(c);
             let (sink_half, tail_half) = (x.b.len() / 2, x.c.len() / 2);
@@ -1639,7 +1733,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let sink_v = b.upload_kv(&x.b[sink_half..], KvDtype::F16)?;
             let tail_k = b.upload_kv(&x.c[..tail_half], KvDtype::F16)?;
             let tail_v = b.upload_kv(&x.c[tail_half..], KvDtype::F16)?;
-            let records = b.upload_kv_tiles(&x.bytes)?;
+            let records = kvarn_tile_store(b, c, &x.bytes)?;
             let layer = KvarnLayer {
                 sink_k: &sink_k,
                 sink_v: &sink_v,
@@ -1649,7 +1743,8 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             };
             let q = b.upload(&x.a)?;
             let mut out = poisoned(b, c.heads * c.head_dim)?;
-            b.kvarn_attention(&q, &layer, &shape, &mut out)?;
+            let mut scratch = poisoned(b, b.kvarn_scratch_len(&shape))?;
+            b.kvarn_attention(&q, &layer, &shape, &mut scratch, &mut out)?;
             download(b, &out)
         }
         Op::Attention {
@@ -2031,6 +2126,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             k
         }
         Op::KvarnAttention(ref c) => naive_kvarn(c, x)?,
+        Op::KvarnDecode(ref c) => naive_kvarn_decode(c, x)?,
         Op::HadamardRows { n, .. } => {
             // H[i][j] = (−1)^popcount(i & j) / √n, as a matrix product.
             let scale = 1.0 / (n as f64).sqrt();
@@ -2285,6 +2381,140 @@ fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> Vec<u8> {
     bytes
 }
 
+/// The position whose decode step sees the case's fill: the last sink, or the tail's last row.
+fn kvarn_decode_position(c: &KvarnCase) -> usize {
+    if c.tiles == 0 && c.tail == 0 {
+        c.sinks.saturating_sub(1)
+    } else {
+        c.sinks + c.tiles * KVARN_TILE + c.tail.saturating_sub(1)
+    }
+}
+
+/// Where a decode case's step writes its rows.
+fn kvarn_decode_slot(c: &KvarnCase) -> KvarnSlot {
+    kvarn_decode_shape(c).decode_at(kvarn_decode_position(c)).1
+}
+
+/// Row `r` of every KV head of a `[kv_heads, cap, d]` store.
+fn kvarn_slot_rows(store: &[f32], c: &KvarnCase, cap: usize, r: usize) -> Vec<f32> {
+    let d = c.head_dim;
+    (0..c.kv_heads)
+        .flat_map(|h| store[(h * cap + r) * d..][..d].to_vec())
+        .collect()
+}
+
+/// A decode case's geometry: sink capacity `sinks`, the tail one tile.
+fn kvarn_decode_shape(c: &KvarnCase) -> KvarnShape {
+    KvarnShape {
+        sink_capacity: c.sinks,
+        tail_capacity: KVARN_TILE,
+        ..kvarn_shape(c)
+    }
+}
+
+/// Rows of `d` values times the normalised Sylvester Hadamard matrix, in f64.
+fn hadamard_f64(x: &[f64], d: usize) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    x.chunks_exact(d)
+        .flat_map(|row| {
+            (0..d).map(move |i| {
+                let dot: f64 = (0..d)
+                    .map(|j| {
+                        if (i & j).count_ones() % 2 == 0 {
+                            row[j]
+                        } else {
+                            -row[j]
+                        }
+                    })
+                    .sum();
+                dot * scale
+            })
+        })
+        .collect()
+}
+
+/// f64 decode step: rows rotated exactly, keys and values rounded to FP16 into their slot,
+/// attention as [`naive_kvarn`] over the fill the position sees, the output rotated back;
+/// then the stores as written.
+fn naive_kvarn_decode(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
+    let (d, kv) = (c.head_dim, c.kv_heads);
+    let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+    let r16 = |v: f64| f16::from_f32(v as f32).to_f32();
+    let q = hadamard_f64(&f64s(&x.a), d);
+    let kvr = hadamard_f64(&f64s(&x.d), d);
+    let mut sinks: Vec<f32> = x.b.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    let mut tail: Vec<f32> = x.c.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    let slot = kvarn_decode_slot(c);
+    let (store, cap, r) = match slot {
+        KvarnSlot::Sink(r) => (&mut sinks, c.sinks, r),
+        KvarnSlot::Tail(r) => (&mut tail, KVARN_TILE, r),
+    };
+    let half = store.len() / 2;
+    for h in 0..kv {
+        for ch in 0..d {
+            store[(h * cap + r) * d + ch] = r16(kvr[h * d + ch]);
+            store[half + (h * cap + r) * d + ch] = r16(kvr[(kv + h) * d + ch]);
+        }
+    }
+    // naive_kvarn's stores hold exactly the filled rows: sinks fill their capacity here; the
+    // tail is cut to its `tail` rows.
+    let th = tail.len() / 2;
+    let mut tail_fill = Vec::with_capacity(2 * kv * c.tail.max(1) * d);
+    for part in [&tail[..th], &tail[th..]] {
+        for h in 0..kv {
+            let rows = &part[h * KVARN_TILE * d..][..c.tail.max(1) * d];
+            tail_fill.extend_from_slice(rows);
+        }
+    }
+    let view = Inputs {
+        a: q.iter().map(|&v| v as f32).collect(),
+        b: sinks.clone(),
+        c: tail_fill,
+        bytes: x.bytes.clone(),
+        ..Inputs::default()
+    };
+    let out = naive_kvarn(c, &view)?;
+    let mut all = hadamard_f64(&out, d);
+    let (written, cap) = match slot {
+        KvarnSlot::Sink(_) => (&sinks, c.sinks),
+        KvarnSlot::Tail(_) => (&tail, KVARN_TILE),
+    };
+    let half = written.len() / 2;
+    for part in [&written[..half], &written[half..]] {
+        all.extend(kvarn_slot_rows(part, c, cap, r).iter().map(|&v| v as f64));
+    }
+    Some(all)
+}
+
+/// The case's tile store as the cache fills it: a zeroed store, one record written at a time,
+/// then every record read back (in two reads, one at an offset) and compared byte for byte.
+fn kvarn_tile_store<B: Backend>(b: &B, c: &KvarnCase, bytes: &[u8]) -> Result<B::KvTiles> {
+    let Ok(base) = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE) else {
+        return b.upload_kv_tiles(bytes); // the op reports the bad geometry itself
+    };
+    let rec = base.tile_bytes();
+    let mut store = b.alloc_kv_tiles(bytes.len())?;
+    for (i, r) in bytes.chunks_exact(rec).enumerate() {
+        b.write_kv_tiles(&mut store, i * rec, r)?;
+    }
+    let mut back = vec![0u8; bytes.len()];
+    let half = (bytes.len() / rec / 2) * rec;
+    b.read_kv_tiles(&store, 0, &mut back[..half])?;
+    b.read_kv_tiles(&store, half, &mut back[half..])?;
+    if back != bytes {
+        let at = back
+            .iter()
+            .zip(bytes)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        return Err(RuntimeError::Shape {
+            op: "read_kv_tiles",
+            msg: format!("byte {at} read back differs from the record written"),
+        });
+    }
+    Ok(store)
+}
+
 /// f64 attention over the positions a KVarN layer stores: FP16 rows rounded as the stores
 /// round them, tile rows as the CPU decoder reconstructs them.
 fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
@@ -2319,11 +2549,12 @@ fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
             keys.push(r16(&x.c[(h * tc + t) * d..][..d]));
             values.push(r16(&x.c[tail_half + (h * tc + t) * d..][..d]));
         }
+        let scale = 1.0 / (d as f64).sqrt();
         for qh in 0..g {
             let q = &x.a[(h * g + qh) * d..][..d];
             let scores: Vec<f64> = keys
                 .iter()
-                .map(|k| q.iter().zip(k).map(|(&a, &b)| a as f64 * b).sum())
+                .map(|k| q.iter().zip(k).map(|(&a, &b)| a as f64 * b * scale).sum())
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();

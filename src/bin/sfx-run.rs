@@ -15,7 +15,7 @@ use sfx_runtime::eval::{
 };
 use sfx_runtime::kv::spec::parse_fraction;
 use sfx_runtime::kv::{
-    KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig, QuantKvCache, RefineBits,
+    new_quantized_cache, KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig, RefineBits,
 };
 use sfx_runtime::refine::{
     file_settings, open_refinement, plan_from_sfx, MissPolicy, MlpMode, RefineOpenOptions, Refiner,
@@ -576,11 +576,12 @@ fn generate<B: Backend>(
         .as_ref()
         .map_or_else(|| cli.kv_dtype.clone(), KvConfig::label);
     let mut cache: Box<dyn KvCache<B>> = match &kv_config {
-        Some(config) => Box::new(QuantKvCache::<B>::new(
+        Some(config) => new_quantized_cache(
+            model.backend(),
             KvShape::of(model.config()),
             capacity,
             config,
-        )?),
+        )?,
         None => Box::new(model.new_cache(capacity)?),
     };
     let mut sampler = Sampler::new(SamplingParams {

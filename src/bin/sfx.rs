@@ -122,9 +122,17 @@ enum Command {
         /// gathers its rows from the head's codes; an untied one stays --dtype.
         #[arg(long, default_value = "auto", requires = "synthetic")]
         head: String,
-        /// KV cache element type: f16 or f32.
+        /// Element type of the float KV cache (the depth's prefill runs in it): f16 or f32.
         #[arg(long, default_value = "f16")]
         kv_type: String,
+        /// KV caches to measure, each a row set (comma list): f16, f32, or a KVarN base
+        /// key/value bits (2/2, 3/2, 3/3, 2/1) encoded from the depth's float prefill as a
+        /// quantized prefill encodes it. Default: the --kv-type float cache alone.
+        #[arg(long, default_value = "")]
+        kv: String,
+        /// FP16 sink tokens of KVarN caches.
+        #[arg(long, default_value_t = 128)]
+        kv_sinks: usize,
         /// Seed of synthetic weights and token ids.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -178,6 +186,8 @@ fn main() -> Result<()> {
             trellis_code,
             head,
             kv_type,
+            kv,
+            kv_sinks,
             seed,
             json,
         } => {
@@ -211,6 +221,7 @@ fn main() -> Result<()> {
                     "f32" => sfx_runtime::backend::KvDtype::F32,
                     other => bail!("--kv-type {other:?}: expected f16 or f32"),
                 },
+                kv_caches: strataflux::bench::parse_kv_caches(&kv, kv_sinks)?,
                 seed,
                 json,
             })

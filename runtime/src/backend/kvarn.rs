@@ -26,6 +26,21 @@ pub fn hadamard_rows_check(len: usize, row_len: usize) -> Result<(usize, f32)> {
     Ok((len / row_len, 1.0 / (row_len as f32).sqrt()))
 }
 
+/// Checks a byte range `offset..offset + n` of a tile store of `len` bytes
+/// ([`Backend::write_kv_tiles`], [`Backend::read_kv_tiles`]).
+pub fn tile_range_check(op: &'static str, len: usize, offset: usize, n: usize) -> Result<()> {
+    if offset.checked_add(n).is_none_or(|end| end > len) {
+        return Err(RuntimeError::Shape {
+            op,
+            msg: format!(
+                "bytes {offset}..{} of a tile store of {len}",
+                offset.saturating_add(n)
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// One layer of a KVarN cache as a decode step reads it. Every row is in the code frame
 /// (keys and values rotated by the normalised Hadamard transform of `head_dim`). Positions
 /// are, per KV head: `sinks` FP16 rows, then `tiles` encoded tiles of `tile_tokens` tokens,
@@ -55,6 +70,61 @@ pub struct KvarnShape {
     pub tile_capacity: usize,
     pub tail: usize,
     pub tail_capacity: usize,
+}
+
+/// A layer's stores as a decode step writes its rows into them ([`Backend::kvarn_decode`]).
+pub struct KvarnLayerMut<'a, B: Backend> {
+    pub sink_k: &'a mut B::KvStore,
+    pub sink_v: &'a mut B::KvStore,
+    pub tiles: &'a B::KvTiles,
+    pub tail_k: &'a mut B::KvStore,
+    pub tail_v: &'a mut B::KvStore,
+}
+
+impl<'a, B: Backend> KvarnLayerMut<'a, B> {
+    pub fn as_layer(&self) -> KvarnLayer<'_, B> {
+        KvarnLayer {
+            sink_k: self.sink_k,
+            sink_v: self.sink_v,
+            tiles: self.tiles,
+            tail_k: self.tail_k,
+            tail_v: self.tail_v,
+        }
+    }
+}
+
+/// Where a decode step's row goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvarnSlot {
+    Sink(usize),
+    Tail(usize),
+}
+
+impl KvarnShape {
+    /// The layer as a decode step at `position` reads it, with every earlier position
+    /// committed (each full tail encoded): `sink_capacity` sinks first, then whole tiles, then
+    /// the tail holding the new row; and the new row's slot.
+    pub fn decode_at(&self, position: usize) -> (KvarnShape, KvarnSlot) {
+        let s = self.sink_capacity;
+        let t = self.tile_tokens.max(1);
+        if position < s {
+            let shape = KvarnShape {
+                sinks: position + 1,
+                tiles: 0,
+                tail: 0,
+                ..*self
+            };
+            return (shape, KvarnSlot::Sink(position));
+        }
+        let rest = position - s;
+        let shape = KvarnShape {
+            sinks: s,
+            tiles: rest / t,
+            tail: rest % t + 1,
+            ..*self
+        };
+        (shape, KvarnSlot::Tail(rest % t))
+    }
 }
 
 /// Element counts of a layer's stores, as a backend sees them, and the element types of its
@@ -151,6 +221,65 @@ impl KvarnShape {
     }
 }
 
+/// [`Backend::kvarn_decode`] as separate ops: the position read back to the host, the rows
+/// copied and rotated in fresh buffers, the key and value rows written at the position's
+/// slot, then attention (`scratch` as [`Backend::kvarn_attention`]'s) and the output's
+/// rotation.
+#[allow(clippy::too_many_arguments)]
+pub fn kvarn_decode_unfused<B: Backend>(
+    b: &B,
+    q: &B::Buffer,
+    k: &B::Buffer,
+    v: &B::Buffer,
+    layer: KvarnLayerMut<'_, B>,
+    shape: &KvarnShape,
+    positions: &B::Index,
+    scratch: &mut B::Buffer,
+    out: &mut B::Buffer,
+) -> Result<()> {
+    let mut pos = [0u32; 1];
+    b.download_index(positions, &mut pos)?;
+    let (at, slot) = shape.decode_at(pos[0] as usize);
+    let (d, kv) = (shape.head_dim, shape.kv_heads);
+    let mut qs = b.alloc(shape.n_heads * d)?;
+    let mut ks = b.alloc(kv * d)?;
+    let mut vs = b.alloc(kv * d)?;
+    b.copy_rows(q, shape.n_heads * d, 0, &mut qs)?;
+    b.copy_rows(k, kv * d, 0, &mut ks)?;
+    b.copy_rows(v, kv * d, 0, &mut vs)?;
+    for x in [&mut qs, &mut ks, &mut vs] {
+        b.hadamard_rows(x, d)?;
+    }
+    let KvarnLayerMut {
+        sink_k,
+        sink_v,
+        tiles,
+        tail_k,
+        tail_v,
+    } = layer;
+    let (row, rows, kc, vc) = match slot {
+        KvarnSlot::Sink(r) => (r, shape.sink_capacity, &mut *sink_k, &mut *sink_v),
+        KvarnSlot::Tail(r) => (r, shape.tail_capacity, &mut *tail_k, &mut *tail_v),
+    };
+    let mut index = b.alloc_index(1)?;
+    b.write_index(&mut index, &[row as u32])?;
+    let layout = super::KvLayout {
+        kv_heads: kv,
+        head_dim: d,
+        capacity: rows,
+    };
+    b.write_kv(&ks, &vs, kc, vc, layout, &index)?;
+    let view = KvarnLayer {
+        sink_k,
+        sink_v,
+        tiles,
+        tail_k,
+        tail_v,
+    };
+    b.kvarn_attention(&qs, &view, &at, scratch, out)?;
+    b.hadamard_rows(out, d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +321,44 @@ mod tests {
             s.validate(lens(&s)).map(|b| b.tile_bytes()).ok(),
             Some(5248)
         );
+    }
+
+    #[test]
+    fn a_decode_position_names_its_fill_and_slot() {
+        let s = KvarnShape {
+            sink_capacity: 4,
+            tile_tokens: 128,
+            ..shape()
+        };
+        let (a, slot) = s.decode_at(2);
+        assert_eq!(
+            (a.sinks, a.tiles, a.tail, slot),
+            (3, 0, 0, KvarnSlot::Sink(2))
+        );
+        let (b, slot) = s.decode_at(4);
+        assert_eq!(
+            (b.sinks, b.tiles, b.tail, slot),
+            (4, 0, 1, KvarnSlot::Tail(0))
+        );
+        // The tail's last row: its tile is encoded at the commit after this step.
+        let (c, slot) = s.decode_at(4 + 2 * 128 + 127);
+        assert_eq!(
+            (c.sinks, c.tiles, c.tail, slot),
+            (4, 2, 128, KvarnSlot::Tail(127))
+        );
+        let (d, _) = s.decode_at(4 + 3 * 128);
+        assert_eq!((d.tiles, d.tail), (3, 1));
+    }
+
+    #[test]
+    fn tile_ranges_stay_inside_the_store() {
+        assert!(tile_range_check("write_kv_tiles", 100, 40, 60).is_ok());
+        assert!(tile_range_check("write_kv_tiles", 100, 100, 0).is_ok());
+        let e = tile_range_check("read_kv_tiles", 100, 41, 60)
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("bytes 41..101 of a tile store of 100")));
+        assert!(tile_range_check("read_kv_tiles", 100, usize::MAX, 2).is_err());
     }
 
     #[test]

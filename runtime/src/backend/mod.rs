@@ -18,7 +18,7 @@ pub mod cuda;
 pub mod kvarn;
 
 use crate::error::{Result, RuntimeError};
-pub use kvarn::{KvarnLayer, KvarnShape};
+pub use kvarn::{KvarnLayer, KvarnLayerMut, KvarnShape, KvarnSlot};
 use sfx_formats::{DType, TensorView};
 
 /// How a float checkpoint tensor is stored once resident.
@@ -293,6 +293,14 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn download_kv(&self, kv: &Self::KvStore, out: &mut [f32]) -> Result<()>;
     /// Encoded KV tiles holding `bytes`.
     fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Self::KvTiles>;
+    /// A zero-filled tile store of `len` bytes.
+    fn alloc_kv_tiles(&self, len: usize) -> Result<Self::KvTiles>;
+    /// Copies `bytes` into `tiles` from byte `offset` (a tile record as its tile fills),
+    /// ordered after the ops queued before it.
+    fn write_kv_tiles(&self, tiles: &mut Self::KvTiles, offset: usize, bytes: &[u8]) -> Result<()>;
+    /// Host copy of `out.len()` bytes of `tiles` from byte `offset`; waits for the ops
+    /// queued before it.
+    fn read_kv_tiles(&self, tiles: &Self::KvTiles, offset: usize, out: &mut [u8]) -> Result<()>;
 
     /// `out[t] = table[tokens[t]]` (token ids must already be checked against the vocab).
     fn embedding(
@@ -466,17 +474,56 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn hadamard_rows(&self, x: &mut Self::Buffer, row_len: usize) -> Result<()>;
 
     /// Decode attention of one token's `n_heads` query heads (`q[n_heads · head_dim]`, in
-    /// the code frame and already scaled by 1/√head_dim) over every stored position of a
+    /// the code frame; the op scales each element by 1/√head_dim as it reads it, one f32
+    /// rounding, as the host cache does) over every stored position of a
     /// KVarN layer (sinks, then the encoded tiles, then the tail); `out` receives the outputs
-    /// in the code frame. Tiles are read as stored: a key is `(code·A + Z)·B` with A and Z
+    /// in the code frame. `scratch` holds [`Backend::kvarn_scratch_len`] elements (split-K
+    /// partials of devices that split the positions). Tiles are read as stored: a key is `(code·A + Z)·B` with A and Z
     /// per channel and B per token, a value the same with A and Z per token and B per channel.
     fn kvarn_attention(
         &self,
         q: &Self::Buffer,
         layer: &KvarnLayer<'_, Self>,
         shape: &KvarnShape,
+        scratch: &mut Self::Buffer,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// One decode step of a KVarN layer at the position `positions[0]` (read on the device,
+    /// so a captured step replays at the next position): rotates `k` and `v` (`[kv_heads ·
+    /// head_dim]`, model frame) into the code frame and writes them, FP16, to the sink or
+    /// tail row [`KvarnShape::decode_at`] names; rotates `q` and attends as
+    /// [`Backend::kvarn_attention`] over the layer that position sees; writes the output
+    /// rotated back to the model frame into `out`. `shape` gives the geometry and
+    /// capacities; its fill counts are ignored (they follow from the position). `scratch`
+    /// holds [`Backend::kvarn_decode_scratch_len`] elements. The default composes the
+    /// separate ops; a device may fuse them.
+    #[allow(clippy::too_many_arguments)]
+    fn kvarn_decode(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        layer: KvarnLayerMut<'_, Self>,
+        shape: &KvarnShape,
+        positions: &Self::Index,
+        scratch: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        kvarn::kvarn_decode_unfused(self, q, k, v, layer, shape, positions, scratch, out)
+    }
+
+    /// f32 elements of scratch [`Backend::kvarn_decode`] needs for layers of `shape`'s
+    /// capacities.
+    fn kvarn_decode_scratch_len(&self, shape: &KvarnShape) -> usize {
+        shape.n_heads * shape.head_dim + self.kvarn_scratch_len(shape)
+    }
+
+    /// f32 elements of scratch [`Backend::kvarn_attention`] needs for layers of `shape`'s
+    /// capacities (split-K partials); at least 1.
+    fn kvarn_scratch_len(&self, _shape: &KvarnShape) -> usize {
+        1
+    }
 
     /// One decode step's attention block after the projections: [`Backend::rope_qk`] of `q`
     /// and `k` at `positions`, [`Backend::write_kv`] of the rotated keys and `v`, then

@@ -12,7 +12,9 @@ use super::ppl::{log_softmax_at, NllAccumulator, PplSummary};
 use super::runner::EvalPart;
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
-use crate::kv::{KvBaseChoice, KvCacheStats, KvConfig, QuantKvCache};
+use crate::kv::{
+    runs_in_backend, BackendKvarnCache, KvBaseChoice, KvCacheStats, KvConfig, QuantKvCache,
+};
 use crate::kv_cache::KvCache;
 use crate::model::{LogitsMode, Model};
 use crate::refine::store::StoreStats;
@@ -161,21 +163,31 @@ pub fn kv_sweep<'a, B: Backend>(
                 }
             } else {
                 let backend = model.model.backend();
-                let mut cache = QuantKvCache::from_f32(backend, &float, prefix.len(), n, config)?;
-                acc.seconds += decode_scored(&mut model, &mut cache, part, &first, |j, l| {
+                let score = |j: usize, l: &[f32]| {
                     nll.push(-log_softmax_at(
                         l,
                         part.tokens[part.first_scored + j] as usize,
                     ));
                     kl.push(&reference_logits[j * vocab..(j + 1) * vocab], l);
-                })?;
-                acc.tokens += (n - 1 - part.first_scored) as u64;
-                cache.wait_idle(std::time::Duration::from_secs(5));
-                acc.stats.merge(cache.stats());
-                if let Some(s) = cache.tier_stats() {
-                    acc.tier.get_or_insert_with(StoreStats::default).merge(&s);
+                };
+                if runs_in_backend(config) {
+                    let mut cache =
+                        BackendKvarnCache::from_float(backend, &float, prefix.len(), n, config)?;
+                    acc.seconds += decode_scored(&mut model, &mut cache, part, &first, score)?;
+                    acc.stats.merge(cache.stats());
+                    acc.bytes = cache.bytes();
+                } else {
+                    let mut cache =
+                        QuantKvCache::from_f32(backend, &float, prefix.len(), n, config)?;
+                    acc.seconds += decode_scored(&mut model, &mut cache, part, &first, score)?;
+                    cache.wait_idle(std::time::Duration::from_secs(5));
+                    acc.stats.merge(cache.stats());
+                    if let Some(s) = cache.tier_stats() {
+                        acc.tier.get_or_insert_with(StoreStats::default).merge(&s);
+                    }
+                    acc.bytes = cache.bytes();
                 }
-                acc.bytes = cache.bytes();
+                acc.tokens += (n - 1 - part.first_scored) as u64;
             }
             let ppl = nll.summary().ok_or(RuntimeError::EmptyInput)?;
             progress(&format!(
@@ -219,7 +231,7 @@ pub fn kv_sweep<'a, B: Backend>(
 /// a time through `cache`. Returns the seconds spent in the loop.
 fn decode_scored<B: Backend>(
     side: &mut KvSide<'_, B>,
-    cache: &mut QuantKvCache<B>,
+    cache: &mut dyn KvCache<B>,
     part: &EvalPart,
     first: &[f32],
     mut f: impl FnMut(usize, &[f32]),

@@ -551,54 +551,96 @@ impl<B: Backend> QuantKvCache<B> {
         backend: &B,
         layer: usize,
         n_heads: usize,
-        n_new: usize,
         q: &mut [f32],
         k_new: &[f32],
         v_new: &[f32],
     ) -> Result<Vec<f32>> {
-        let d = self.shape.head_dim;
-        let kv = self.shape.kv_heads;
-        let past = self.stored[layer];
-        let total = past + n_new;
-        let mut kc = vec![0.0f32; kv * total * d];
-        let mut vc = vec![0.0f32; kv * total * d];
-        for j in 0..kv {
-            let view = self.view(layer, j);
-            let kd = &mut kc[j * total * d..(j + 1) * total * d];
-            let vd = &mut vc[j * total * d..(j + 1) * total * d];
-            dequantize_head(&view, &mut kd[..past * d], &mut vd[..past * d]);
-            for t in 0..n_new {
-                let src = (t * kv + j) * d;
-                kd[(past + t) * d..(past + t + 1) * d].copy_from_slice(&k_new[src..src + d]);
-                vd[(past + t) * d..(past + t + 1) * d].copy_from_slice(&v_new[src..src + d]);
-            }
-        }
-        self.to_code_frame_rows(q);
-        let layout = KvLayout {
-            kv_heads: kv,
-            head_dim: d,
-            capacity: total,
-        };
-        let shape = AttentionShape {
+        let views: Vec<HeadView<'_>> = (0..self.shape.kv_heads)
+            .map(|j| self.view(layer, j))
+            .collect();
+        attend_chunk_as_stored(
+            backend,
+            self.base.as_deref(),
+            &views,
             n_heads,
-            kv: layout,
-            past,
-            n_queries: n_new,
-        };
-        let qb = backend.upload(q)?;
-        let kb = backend.upload_kv(&kc, KvDtype::F32)?;
-        let vb = backend.upload_kv(&vc, KvDtype::F32)?;
-        let mut ob = backend.alloc(n_new * n_heads * d)?;
-        let positions: Vec<u32> = (past..total).map(|p| p as u32).collect();
-        let mut pb = backend.alloc_index(n_new)?;
-        backend.write_index(&mut pb, &positions)?;
-        let mut scratch = backend.alloc(backend.attention_scratch_len(layout, n_heads).max(1))?;
-        backend.attention(&qb, &kb, &vb, &shape, &pb, &mut scratch, &mut ob)?;
-        let mut out = vec![0.0f32; n_new * n_heads * d];
-        backend.download(&ob, &mut out)?;
-        self.to_model_frame_rows(&mut out);
-        Ok(out)
+            q,
+            k_new,
+            v_new,
+        )
     }
+}
+
+/// A prefill chunk's attention: the chunk's exact rows (`k_new`, `v_new`: `[n_new, kv_heads ·
+/// d]`, code frame) attend causally over every position the heads' `views` store (as
+/// stored: tiles dequantized) and over themselves, through the backend's attention kernel.
+/// `q` (`[n_new, n_heads · d]`, model frame) is rotated in place; the result is in the
+/// model frame.
+pub(crate) fn attend_chunk_as_stored<B: Backend>(
+    backend: &B,
+    base: Option<&dyn KvBase>,
+    views: &[HeadView<'_>],
+    n_heads: usize,
+    q: &mut [f32],
+    k_new: &[f32],
+    v_new: &[f32],
+) -> Result<Vec<f32>> {
+    let kv = views.len();
+    let Some(d) = views.first().map(|v| v.head_dim) else {
+        return Err(RuntimeError::CacheMismatch(
+            "attention over no KV heads".into(),
+        ));
+    };
+    let n_new = k_new.len() / (kv * d);
+    let past = views[0].len();
+    let total = past + n_new;
+    let mut kc = vec![0.0f32; kv * total * d];
+    let mut vc = vec![0.0f32; kv * total * d];
+    for (j, view) in views.iter().enumerate() {
+        if view.len() != past {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "KV head {j} stores {} positions, head 0 {past}",
+                view.len()
+            )));
+        }
+        let kd = &mut kc[j * total * d..(j + 1) * total * d];
+        let vd = &mut vc[j * total * d..(j + 1) * total * d];
+        dequantize_head(view, &mut kd[..past * d], &mut vd[..past * d]);
+        for t in 0..n_new {
+            let src = (t * kv + j) * d;
+            kd[(past + t) * d..(past + t + 1) * d].copy_from_slice(&k_new[src..src + d]);
+            vd[(past + t) * d..(past + t + 1) * d].copy_from_slice(&v_new[src..src + d]);
+        }
+    }
+    if let Some(b) = base {
+        q.chunks_exact_mut(d).for_each(|row| b.to_code_frame(row));
+    }
+    let layout = KvLayout {
+        kv_heads: kv,
+        head_dim: d,
+        capacity: total,
+    };
+    let shape = AttentionShape {
+        n_heads,
+        kv: layout,
+        past,
+        n_queries: n_new,
+    };
+    let qb = backend.upload(q)?;
+    let kb = backend.upload_kv(&kc, KvDtype::F32)?;
+    let vb = backend.upload_kv(&vc, KvDtype::F32)?;
+    let mut ob = backend.alloc(n_new * n_heads * d)?;
+    let positions: Vec<u32> = (past..total).map(|p| p as u32).collect();
+    let mut pb = backend.alloc_index(n_new)?;
+    backend.write_index(&mut pb, &positions)?;
+    let mut scratch = backend.alloc(backend.attention_scratch_len(layout, n_heads).max(1))?;
+    backend.attention(&qb, &kb, &vb, &shape, &pb, &mut scratch, &mut ob)?;
+    let mut out = vec![0.0f32; n_new * n_heads * d];
+    backend.download(&ob, &mut out)?;
+    if let Some(b) = base {
+        out.chunks_exact_mut(d)
+            .for_each(|row| b.to_model_frame(row));
+    }
+    Ok(out)
 }
 
 impl<B: Backend> QuantKvCache<B> {
@@ -812,7 +854,7 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
             self.push_rows(layer, &kh, &vh, 1);
             self.attend_decode(layer, n_heads, &mut qh)
         } else {
-            let o = self.attend_chunk(backend, layer, n_heads, n_new, &mut qh, &kh, &vh)?;
+            let o = self.attend_chunk(backend, layer, n_heads, &mut qh, &kh, &vh)?;
             self.push_rows(layer, &kh, &vh, n_new);
             o
         };

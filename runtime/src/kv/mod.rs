@@ -8,8 +8,11 @@
 //! - [`attend`]: decode-step attention over one KV head: scores, eq. 7 selection, eq. 8.
 //! - [`tier`]: where refinement units live (RAM or SSD spill + cache).
 //! - [`cache`]: [`QuantKvCache`], the [`crate::KvCache`] implementation tying them together.
+//! - [`backend_cache`]: [`BackendKvarnCache`], the KVarN base alone with its rows, tiles and
+//!   decode attention in the backend (device memory on CUDA).
 
 pub mod attend;
+pub mod backend_cache;
 pub mod base;
 pub mod bitpack;
 pub mod cache;
@@ -17,6 +20,7 @@ pub mod kvarn;
 pub mod spec;
 pub mod tier;
 
+pub use backend_cache::{new_quantized_cache, runs_in_backend, BackendKvarnCache};
 pub use base::{KvBase, KvBits, RefineBits};
 pub use cache::{KvCacheStats, QuantKvCache};
 pub use kvarn::{Kvarn, KvarnRecordLayout};

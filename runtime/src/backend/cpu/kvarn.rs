@@ -30,6 +30,8 @@ pub(super) fn kvarn_attention(
     let record = base.tile_bytes();
     let d = s.head_dim;
     let group = s.n_heads / s.kv_heads;
+    // As the host cache scales its rotated queries (`QuantKvCache`'s decode).
+    let scale = 1.0 / (d as f32).sqrt();
     // The (f16) stores hold f16-rounded values widened to f32: narrowing them back is exact.
     let rows = |store: &CpuKvStore, h: usize, cap: usize, n: usize| -> Vec<f16> {
         store.data[h * cap * d..][..n * d]
@@ -58,7 +60,11 @@ pub(super) fn kvarn_attention(
                 tail_v: &tail_v,
                 base: Some(&base),
             };
-            attend_head(level, &view, &q.0[h * group * d..][..group * d], o, None);
+            let q: Vec<f32> = q.0[h * group * d..][..group * d]
+                .iter()
+                .map(|&x| x * scale)
+                .collect();
+            attend_head(level, &view, &q, o, None);
         });
     Ok(())
 }

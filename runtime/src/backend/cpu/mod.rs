@@ -305,6 +305,34 @@ impl Backend for CpuBackend {
         Ok(bytes.to_vec())
     }
 
+    fn alloc_kv_tiles(&self, len: usize) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|e| {
+            crate::error::RuntimeError::Config(format!(
+                "allocating a tile store of {len} bytes: {e}"
+            ))
+        })?;
+        v.resize(len, 0);
+        Ok(v)
+    }
+
+    fn write_kv_tiles(&self, tiles: &mut Vec<u8>, offset: usize, bytes: &[u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check(
+            "write_kv_tiles",
+            tiles.len(),
+            offset,
+            bytes.len(),
+        )?;
+        tiles[offset..offset + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn read_kv_tiles(&self, tiles: &Vec<u8>, offset: usize, out: &mut [u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check("read_kv_tiles", tiles.len(), offset, out.len())?;
+        out.copy_from_slice(&tiles[offset..offset + out.len()]);
+        Ok(())
+    }
+
     fn hadamard_rows(&self, x: &mut CpuBuffer, row_len: usize) -> Result<()> {
         let (_, scale) = crate::backend::kvarn::hadamard_rows_check(x.len(), row_len)?;
         use rayon::prelude::*;
@@ -319,6 +347,7 @@ impl Backend for CpuBackend {
         q: &CpuBuffer,
         layer: &KvarnLayer<'_, Self>,
         shape: &KvarnShape,
+        _scratch: &mut CpuBuffer,
         out: &mut CpuBuffer,
     ) -> Result<()> {
         kvarn::kvarn_attention(self.simd, q, layer, shape, out)

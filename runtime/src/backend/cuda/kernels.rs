@@ -115,7 +115,10 @@ pub(crate) struct Kernels {
     pub group: GroupKernels,
     pub trellis: TrellisKernels,
     /// KVarN decode attention and the code frame's rotation (kvarn.cu).
-    pub kvarn_attn_decode: Kernel,
+    pub kvarn_attn_decode_g4: Kernel,
+    pub kvarn_attn_decode_g8: Kernel,
+    pub kvarn_attn_merge: Kernel,
+    pub kvarn_decode_rows: Kernel,
     pub kvarn_hadamard_rows: Kernel,
 }
 
@@ -374,7 +377,10 @@ impl Kernels {
                 ],
                 finish_tokens: tr.function("tr_finish_tokens")?,
             },
-            kvarn_attn_decode: kv.function("kvarn_attn_decode")?,
+            kvarn_attn_decode_g4: kv.function("kvarn_attn_decode_g4")?,
+            kvarn_attn_decode_g8: kv.function("kvarn_attn_decode_g8")?,
+            kvarn_attn_merge: kv.function("kvarn_attn_merge")?,
+            kvarn_decode_rows: kv.function("kvarn_decode_rows")?,
             kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
         };
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.

@@ -1,14 +1,23 @@
 //! KVarN decode attention on the device (kernels/kvarn.cu): the layer's FP16 sink and tail
-//! stores and its encoded tile records read in place, one block per KV head.
+//! stores and its encoded tile records read in place: per KV head, blocks of consecutive
+//! 128-token chunks (split-K) whose partial softmax sums a second launch merges.
 
-use super::{Arg, CudaBackend, CudaBuffer, DeviceMem};
+use super::{Arg, CudaBackend, CudaBuffer, CudaIndex, DeviceMem};
 use crate::backend::kvarn::{
-    hadamard_rows_check, KvarnLayer, KvarnLens, KvarnShape, KVARN_MAX_GROUP,
+    hadamard_rows_check, KvarnLayer, KvarnLayerMut, KvarnLens, KvarnShape, KVARN_MAX_GROUP,
 };
 use crate::error::{Result, RuntimeError};
 
 /// Tokens a block scores at once (`KV_CHUNK`): the most a tile may hold.
 const CHUNK: usize = 128;
+/// Blocks per SM a split launch aims for: a block waits on its tile's staging and barriers,
+/// so several per SM keep the memory system busy (about 22 KB of shared memory each).
+const SPLIT_BLOCKS_PER_SM: usize = 6;
+
+/// Chunks of a layer: sink rows and tail rows in runs of `CHUNK`, one per tile.
+fn chunks(sinks: usize, tiles: usize, tail: usize) -> usize {
+    sinks.div_ceil(CHUNK) + tiles + tail.div_ceil(CHUNK)
+}
 /// Largest head size (`KV_MAX_D`): one thread per output channel.
 const MAX_D: usize = 128;
 
@@ -29,6 +38,7 @@ pub(super) struct KvarnParams {
     tail_k: u64,
     tail_v: u64,
     out: u64,
+    part: u64,
     group: i32,
     d: i32,
     sinks: i32,
@@ -49,6 +59,9 @@ pub(super) struct KvarnParams {
     v_a: i32,
     v_z: i32,
     v_b: i32,
+    q_scale: f32,
+    splits: i32,
+    pos: u64,
 }
 
 fn i32_field(what: &str, v: usize) -> Result<i32> {
@@ -88,15 +101,140 @@ impl CudaBackend {
         )
     }
 
+    /// Blocks per KV head for `chunks` chunks: enough for `SPLIT_BLOCKS_PER_SM` blocks an SM,
+    /// each with at least two chunks.
+    fn kvarn_splits(&self, kv_heads: usize, chunks: usize) -> usize {
+        let target = (SPLIT_BLOCKS_PER_SM * self.dev().sm_count as usize).div_ceil(kv_heads.max(1));
+        target.min(chunks.div_ceil(2)).max(1)
+    }
+
+    /// Scratch of the split-K partials for a layer of `s`'s capacities.
+    pub(super) fn kvarn_scratch(&self, s: &KvarnShape) -> usize {
+        let most = chunks(s.sink_capacity, s.tile_capacity, s.tail_capacity);
+        let group = s.n_heads / s.kv_heads.max(1);
+        (s.kv_heads * self.kvarn_splits(s.kv_heads, most) * group * (s.head_dim + 2)).max(1)
+    }
+
     pub(super) fn kvarn_attention_kernel(
         &self,
         q: &CudaBuffer,
         layer: &KvarnLayer<'_, Self>,
         s: &KvarnShape,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let splits = self.kvarn_splits(s.kv_heads, chunks(s.sinks, s.tiles, s.tail));
+        let launch = KvarnLaunch {
+            q: q.mem.ptr,
+            q_len: q.len,
+            part: scratch.mem.ptr,
+            part_len: scratch.len,
+            splits,
+            position: 0,
+            rotate_out: false,
+        };
+        self.launch_kvarn(layer, s, &launch, out)
+    }
+
+    /// [`crate::Backend::kvarn_decode`] in three launches: the rows (rotated; keys and values
+    /// written at the position's slot, the queries into the scratch), attention with its fill
+    /// read from the position and a split count fixed by the capacities (so a captured step
+    /// replays at any position), and the merge, which rotates the output back.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kvarn_decode_kernels(
+        &self,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        layer: KvarnLayerMut<'_, Self>,
+        shape: &KvarnShape,
+        positions: &CudaIndex,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let (d, kv, nh) = (shape.head_dim, shape.kv_heads, shape.n_heads);
+        let err = |msg: String| RuntimeError::Shape {
+            op: "kvarn_decode",
+            msg,
+        };
+        if k.len != kv * d || v.len != kv * d || q.len != nh * d || positions.len < 1 {
+            return Err(err(format!(
+                "q {}, k {}, v {}, positions {} for {nh} heads, {kv} KV heads of {d}",
+                q.len, k.len, v.len, positions.len
+            )));
+        }
+        if shape.tail_capacity != shape.tile_tokens || d > MAX_D || !d.is_power_of_two() {
+            return Err(err(format!(
+                "the tail holds one tile ({} rows for tiles of {}); head_dim {d} a power of two                  up to {MAX_D}",
+                shape.tail_capacity, shape.tile_tokens
+            )));
+        }
+        let need = nh * d + self.kvarn_scratch(shape);
+        if scratch.len < need {
+            return Err(err(format!(
+                "scratch of {} elements, need {need}",
+                scratch.len
+            )));
+        }
+        let row_scale = 1.0 / (d as f32).sqrt();
+        let f = i32_field;
+        self.launch(
+            &self.k().kvarn_decode_rows,
+            ((nh + 2 * kv) as u32, 1, 1),
+            ((d / 2).max(1) as u32, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(q.mem.ptr),
+                Arg::Ptr(k.mem.ptr),
+                Arg::Ptr(v.mem.ptr),
+                Arg::Ptr(scratch.mem.ptr),
+                Arg::Ptr(layer.sink_k.mem.ptr),
+                Arg::Ptr(layer.sink_v.mem.ptr),
+                Arg::Ptr(layer.tail_k.mem.ptr),
+                Arg::Ptr(layer.tail_v.mem.ptr),
+                Arg::Ptr(positions.mem.ptr),
+                Arg::I32(f("heads", nh)?),
+                Arg::I32(f("KV heads", kv)?),
+                Arg::I32(f("head_dim", d)?),
+                Arg::I32(f("sink capacity", shape.sink_capacity)?),
+                Arg::I32(f("tile tokens", shape.tile_tokens)?),
+                Arg::F32(row_scale),
+            ],
+        )?;
+        let most = chunks(
+            shape.sink_capacity,
+            shape.tile_capacity,
+            shape.tail_capacity,
+        );
+        let q_bytes = (nh * d * 4) as u64;
+        let launch = KvarnLaunch {
+            q: scratch.mem.ptr,
+            q_len: nh * d,
+            part: scratch.mem.ptr + q_bytes,
+            part_len: scratch.len - nh * d,
+            splits: self.kvarn_splits(kv, most),
+            position: positions.mem.ptr,
+            rotate_out: true,
+        };
+        // Validated as a full layer: the kernel reads the actual fill from the position.
+        let full = KvarnShape {
+            sinks: shape.sink_capacity,
+            tiles: shape.tile_capacity,
+            tail: shape.tail_capacity,
+            ..*shape
+        };
+        self.launch_kvarn(&layer.as_layer(), &full, &launch, out)
+    }
+
+    fn launch_kvarn(
+        &self,
+        layer: &KvarnLayer<'_, Self>,
+        s: &KvarnShape,
+        l: &KvarnLaunch,
         out: &mut CudaBuffer,
     ) -> Result<()> {
         let base = s.validate(KvarnLens {
-            q: q.len,
+            q: l.q_len,
             out: out.len,
             sink_k: layer.sink_k.len,
             sink_v: layer.sink_v.len,
@@ -115,14 +253,27 @@ impl CudaBackend {
         }
         let r = base.record_layout();
         let f = i32_field;
+        let splits = l.splits;
+        let need = s.kv_heads * splits * group * (s.head_dim + 2);
+        let split = splits > 1 || l.rotate_out;
+        if split && l.part_len < need {
+            return Err(RuntimeError::Shape {
+                op: "kvarn_attention",
+                msg: format!(
+                    "scratch of {} elements, {splits} splits need {need}",
+                    l.part_len
+                ),
+            });
+        }
         let params = KvarnParams {
-            q: q.mem.ptr,
+            q: l.q,
             sink_k: layer.sink_k.mem.ptr,
             sink_v: layer.sink_v.mem.ptr,
             tiles: layer.tiles.mem.ptr,
             tail_k: layer.tail_k.mem.ptr,
             tail_v: layer.tail_v.mem.ptr,
             out: out.mem.ptr,
+            part: if split { l.part } else { 0 },
             group: f("group", group)?,
             d: f("head_dim", s.head_dim)?,
             sinks: f("sinks", s.sinks)?,
@@ -143,13 +294,56 @@ impl CudaBackend {
             v_a: f("record offset", r.v_a)?,
             v_z: f("record offset", r.v_z)?,
             v_b: f("record offset", r.v_b)?,
+            // The host cache's query scale, computed the same way.
+            q_scale: 1.0 / (s.head_dim as f32).sqrt(),
+            splits: f("splits", splits)?,
+            pos: l.position,
+        };
+        // The staged record (and a padding word), then f32 scales: key A, Z per channel, value
+        // A, Z per token, key B per token, value B per channel.
+        let smem = (r.total / 4 + 2) * 4 + s.head_dim * 8 + s.tile_tokens * 12 + s.head_dim * 4;
+        let kernel = if group <= 4 {
+            &self.k().kvarn_attn_decode_g4
+        } else {
+            &self.k().kvarn_attn_decode_g8
         };
         self.launch(
-            &self.k().kvarn_attn_decode,
-            (s.kv_heads as u32, 1, 1),
+            kernel,
+            (s.kv_heads as u32, splits as u32, 1),
             (CHUNK as u32, 1, 1),
-            0,
+            smem,
             &mut [Arg::Kvarn(params)],
+        )?;
+        if !split {
+            return Ok(());
+        }
+        self.launch(
+            &self.k().kvarn_attn_merge,
+            (s.n_heads as u32, 1, 1),
+            (s.head_dim as u32, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(l.part),
+                Arg::Ptr(out.mem.ptr),
+                Arg::I32(params.splits),
+                Arg::I32(params.group),
+                Arg::I32(params.d),
+                Arg::I32(i32::from(l.rotate_out)),
+                Arg::F32(params.q_scale),
+            ],
         )
     }
+}
+
+/// Where one attention launch reads its queries and keeps its partials.
+struct KvarnLaunch {
+    q: u64,
+    q_len: usize,
+    part: u64,
+    part_len: usize,
+    splits: usize,
+    /// Device address of the decode position (the fill follows from it), or 0.
+    position: u64,
+    /// Merge always, and rotate the output back to the model frame.
+    rotate_out: bool,
 }

@@ -17,7 +17,7 @@ mod trellis_layout;
 
 use crate::backend::{
     rope_write_kv_attention_unfused, AttentionShape, Backend, GroupItem, KvDtype, KvLayout,
-    KvarnLayer, KvarnShape, MatmulOut, RopeTable, WeightPrecision,
+    KvarnLayer, KvarnLayerMut, KvarnShape, MatmulOut, RopeTable, WeightPrecision,
 };
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
@@ -1069,6 +1069,25 @@ impl Backend for CudaBackend {
         self.upload_tiles(bytes)
     }
 
+    fn alloc_kv_tiles(&self, len: usize) -> Result<CudaKvTiles> {
+        Ok(CudaKvTiles {
+            mem: self.dev().alloc_zeroed(len)?,
+            len,
+        })
+    }
+
+    fn write_kv_tiles(&self, tiles: &mut CudaKvTiles, offset: usize, bytes: &[u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check("write_kv_tiles", tiles.len, offset, bytes.len())?;
+        self.dev()
+            .upload_bytes(tiles.mem.ptr + offset as u64, bytes)
+    }
+
+    fn read_kv_tiles(&self, tiles: &CudaKvTiles, offset: usize, out: &mut [u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check("read_kv_tiles", tiles.len, offset, out.len())?;
+        self.dev()
+            .download_bytes(out, tiles.mem.ptr + offset as u64)
+    }
+
     fn hadamard_rows(&self, x: &mut CudaBuffer, row_len: usize) -> Result<()> {
         self.hadamard_rows_kernel(x, row_len)
     }
@@ -1078,9 +1097,28 @@ impl Backend for CudaBackend {
         q: &CudaBuffer,
         layer: &KvarnLayer<'_, Self>,
         shape: &KvarnShape,
+        scratch: &mut CudaBuffer,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.kvarn_attention_kernel(q, layer, shape, out)
+        self.kvarn_attention_kernel(q, layer, shape, scratch, out)
+    }
+
+    fn kvarn_scratch_len(&self, shape: &KvarnShape) -> usize {
+        self.kvarn_scratch(shape)
+    }
+
+    fn kvarn_decode(
+        &self,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        layer: KvarnLayerMut<'_, Self>,
+        shape: &KvarnShape,
+        positions: &CudaIndex,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.kvarn_decode_kernels(q, k, v, layer, shape, positions, scratch, out)
     }
 
     fn download_kv(&self, kv: &CudaKvStore, out: &mut [f32]) -> Result<()> {

@@ -1,0 +1,804 @@
+//! [`BackendKvarnCache`]: a KVarN cache (method.md §5 without refinement) whose rows, tiles
+//! and decode attention live in the backend — device memory on CUDA, so a decode step never
+//! leaves the device.
+//!
+//! Per layer the backend holds, for every KV head, an FP16 sink store of `sinks` rows, a
+//! store of `tile_capacity` encoded tile records and an FP16 tail store of one tile of rows,
+//! all in the code frame. How many of each are filled follows from the committed length
+//! alone (sinks first, then whole tiles, then the tail), so nothing per position is kept on
+//! the host.
+//!
+//! A decode step rotates its key, value and query rows in the backend
+//! ([`Backend::hadamard_rows`]), writes the key and value rows into their sink or tail slot
+//! ([`Backend::write_kv`]), attends over the layer ([`Backend::kvarn_attention`]) and rotates
+//! the output back. When a commit fills the tail, its rows are read back, encoded on the host
+//! by the same encoder as the host cache, and the records written into the tile store
+//! ([`Backend::write_kv_tiles`]): one round trip per tile of tokens (128 steps).
+//!
+//! A prefill chunk attends on the host path the host cache uses ([`attend_chunk_as_stored`]):
+//! the layer's stored rows and records are read back and dequantized, and the chunk's rows
+//! are staged on the host until its commit writes them.
+//!
+//! Every rounding step is the host cache's ([`super::QuantKvCache`]): on the CPU backend the
+//! two give the same bits (tested below), so the CPU cache checks the device one.
+
+use std::sync::Arc;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::attend::HeadView;
+use super::base::{KvBase, RefineBits};
+use super::cache::{attend_chunk_as_stored, KvBytes, KvCacheStats};
+use super::spec::{KvBaseChoice, KvConfig};
+use super::Kvarn;
+use crate::backend::kvarn::{KvarnLayerMut, KvarnShape};
+use crate::backend::{Backend, KvDtype, KvLayout};
+use crate::error::{Result, RuntimeError};
+use crate::kv_cache::{check_room, FloatKvCache, KvCache, KvShape};
+
+/// One layer's stores in the backend.
+struct LayerStores<B: Backend> {
+    sink_k: B::KvStore,
+    sink_v: B::KvStore,
+    tiles: B::KvTiles,
+    tail_k: B::KvStore,
+    tail_v: B::KvStore,
+}
+
+/// [`Backend::kvarn_decode`]'s scratch, allocated on the first decode step (its length
+/// depends on the number of query heads).
+struct StepScratch<B: Backend> {
+    n_heads: usize,
+    buffer: B::Buffer,
+}
+
+/// Filled sinks, encoded tiles and tail rows of one head after `n` positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fill {
+    sinks: usize,
+    tiles: usize,
+    tail: usize,
+}
+
+pub struct BackendKvarnCache<B: Backend> {
+    /// Commits write and encode through it ([`KvCache::commit`] takes no backend).
+    backend: B,
+    shape: KvShape,
+    capacity: usize,
+    config: KvConfig,
+    base: Arc<Kvarn>,
+    /// Sink rows (FP16, never encoded) and tokens per tile.
+    sinks: usize,
+    tile: usize,
+    tile_capacity: usize,
+    record: usize,
+    layers: Vec<LayerStores<B>>,
+    /// Positions appended per layer, including uncommitted ones.
+    stored: Vec<usize>,
+    /// A prefill chunk's code-frame rows `[n, kv_heads · d]` (keys, values) per layer, written
+    /// at its commit.
+    staged: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    scratch: Option<StepScratch<B>>,
+    len: usize,
+    /// [`KvCache::graph_id`].
+    id: u64,
+    stats: KvCacheStats,
+}
+
+impl<B: Backend> BackendKvarnCache<B> {
+    /// An empty cache of `capacity` positions. `config` must name a KVarN base and no
+    /// refinement (eq. 7/8 run in the host cache for now).
+    pub fn new(backend: &B, shape: KvShape, capacity: usize, config: &KvConfig) -> Result<Self> {
+        let bad = |m: String| RuntimeError::Config(format!("KV cache {}: {m}", config.label()));
+        let KvBaseChoice::Kvarn(bits) = config.base else {
+            return Err(bad(
+                "the backend cache holds KVarN tiles; use a float cache".into(),
+            ));
+        };
+        if config.refine.is_some() {
+            return Err(bad(
+                "refinement runs in the host cache (QuantKvCache), not the backend cache".into(),
+            ));
+        }
+        let base = Arc::new(Kvarn::new(bits, shape.head_dim).map_err(bad)?);
+        let (d, kv) = (shape.head_dim, shape.kv_heads);
+        let sinks = config.sinks.min(capacity);
+        let tile = base.tile_tokens();
+        let tile_capacity = (capacity - sinks) / tile;
+        let record = base.tile_bytes();
+        let tile_bytes = kv
+            .checked_mul(tile_capacity)
+            .and_then(|n| n.checked_mul(record))
+            .ok_or_else(|| bad(format!("{capacity} positions overflow the tile store")))?;
+        let mut layers = Vec::with_capacity(shape.layers);
+        for _ in 0..shape.layers {
+            layers.push(LayerStores {
+                sink_k: backend.alloc_kv(kv * sinks * d, KvDtype::F16)?,
+                sink_v: backend.alloc_kv(kv * sinks * d, KvDtype::F16)?,
+                tiles: backend.alloc_kv_tiles(tile_bytes)?,
+                tail_k: backend.alloc_kv(kv * tile * d, KvDtype::F16)?,
+                tail_v: backend.alloc_kv(kv * tile * d, KvDtype::F16)?,
+            });
+        }
+        Ok(Self {
+            backend: backend.clone(),
+            shape,
+            capacity,
+            config: config.clone(),
+            base,
+            sinks,
+            tile,
+            tile_capacity,
+            record,
+            layers,
+            stored: vec![0; shape.layers],
+            staged: vec![None; shape.layers],
+            scratch: None,
+            len: 0,
+            id: crate::kv_cache::next_cache_id(),
+            stats: KvCacheStats::default(),
+        })
+    }
+
+    /// A cache holding the first `len` positions of a float cache (a prefill computed with
+    /// exact keys and values), encoded as the host cache's import encodes them: full tiles
+    /// straight from the f32 values, sinks and tail rounded to FP16.
+    pub fn from_float(
+        backend: &B,
+        float: &FloatKvCache<B>,
+        len: usize,
+        capacity: usize,
+        config: &KvConfig,
+    ) -> Result<Self> {
+        if len > float.len() || len > capacity {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "importing {len} positions from a float cache of {} into capacity {capacity}",
+                float.len()
+            )));
+        }
+        let mut cache = Self::new(backend, float.shape(), capacity, config)?;
+        let layout = float.layout();
+        let (d, kv) = (cache.shape.head_dim, cache.shape.kv_heads);
+        let fill = cache.fill(len);
+        let mut kbuf = vec![0.0f32; layout.buffer_len()];
+        let mut vbuf = vec![0.0f32; layout.buffer_len()];
+        for layer in 0..cache.shape.layers {
+            let (k, v) = float.layer(layer).ok_or_else(|| {
+                RuntimeError::CacheMismatch(format!("float cache has no layer {layer}"))
+            })?;
+            backend.download_kv(k, &mut kbuf)?;
+            backend.download_kv(v, &mut vbuf)?;
+            let mut sink = (
+                vec![0.0f32; kv * cache.sinks * d],
+                vec![0.0f32; kv * cache.sinks * d],
+            );
+            let mut tail = (
+                vec![0.0f32; kv * cache.tile * d],
+                vec![0.0f32; kv * cache.tile * d],
+            );
+            let mut tiles = vec![0u8; kv * cache.tile_capacity * cache.record];
+            let (base, sinks, tile, record) = (&cache.base, cache.sinks, cache.tile, cache.record);
+            // Heads are independent: rotate and encode them in parallel.
+            let heads: Vec<_> = tiles
+                .par_chunks_mut(cache.tile_capacity * record)
+                .enumerate()
+                .map(|(j, recs)| {
+                    let at = |buf: &[f32]| buf[j * layout.capacity * d..][..len * d].to_vec();
+                    let (mut kr, mut vr) = (at(&kbuf), at(&vbuf));
+                    kr.chunks_exact_mut(d).for_each(|r| base.to_code_frame(r));
+                    vr.chunks_exact_mut(d).for_each(|r| base.to_code_frame(r));
+                    let first = fill.sinks;
+                    for (t, rec) in recs.chunks_exact_mut(record).take(fill.tiles).enumerate() {
+                        let r = (first + t * tile) * d..(first + (t + 1) * tile) * d;
+                        base.encode_tile(
+                            &kr[r.clone()],
+                            &vr[r],
+                            RefineBits::NONE,
+                            rec,
+                            &mut [],
+                            &mut [],
+                        );
+                    }
+                    let tail_rows = (first + fill.tiles * tile) * d..len * d;
+                    (kr, vr, tail_rows)
+                })
+                .collect();
+            for (j, (kr, vr, tail_rows)) in heads.into_iter().enumerate() {
+                let ns = fill.sinks * d;
+                sink.0[j * sinks * d..][..ns].copy_from_slice(&kr[..ns]);
+                sink.1[j * sinks * d..][..ns].copy_from_slice(&vr[..ns]);
+                let nt = tail_rows.len();
+                tail.0[j * tile * d..][..nt].copy_from_slice(&kr[tail_rows.clone()]);
+                tail.1[j * tile * d..][..nt].copy_from_slice(&vr[tail_rows]);
+            }
+            let stores = &mut cache.layers[layer];
+            stores.sink_k = backend.upload_kv(&sink.0, KvDtype::F16)?;
+            stores.sink_v = backend.upload_kv(&sink.1, KvDtype::F16)?;
+            stores.tail_k = backend.upload_kv(&tail.0, KvDtype::F16)?;
+            stores.tail_v = backend.upload_kv(&tail.1, KvDtype::F16)?;
+            stores.tiles = backend.upload_kv_tiles(&tiles)?;
+            cache.stats.tiles_encoded += (fill.tiles * kv) as u64;
+        }
+        cache.stored.iter_mut().for_each(|s| *s = len);
+        cache.len = len;
+        Ok(cache)
+    }
+
+    pub fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &KvCacheStats {
+        &self.stats
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = KvCacheStats::default();
+    }
+
+    /// Bytes now, as the format counts them: the FP16 sink and tail stores whole (as
+    /// allocated) and one record per encoded tile, per layer and KV head. The tile store's
+    /// unfilled capacity is allocated too ([`KvCache::resident_bytes`] counts it).
+    pub fn bytes(&self) -> KvBytes {
+        let heads = self.shape.layers * self.shape.kv_heads;
+        KvBytes {
+            resident: ((self.fixed_fp16_bytes() + self.fill(self.len).tiles * self.record * heads)
+                as u64),
+            tier: Default::default(),
+        }
+    }
+
+    fn fixed_fp16_bytes(&self) -> usize {
+        (self.sinks + self.tile) * self.shape.head_dim * 4 * self.shape.layers * self.shape.kv_heads
+    }
+
+    /// What `n` committed positions fill: encoded tiles only once the tail is flushed, which
+    /// every commit does.
+    fn fill(&self, n: usize) -> Fill {
+        let sinks = n.min(self.sinks);
+        let rest = n - sinks;
+        Fill {
+            sinks,
+            tiles: rest / self.tile,
+            tail: rest % self.tile,
+        }
+    }
+
+    fn kvarn_shape(&self, n_heads: usize, f: Fill) -> KvarnShape {
+        KvarnShape {
+            n_heads,
+            kv_heads: self.shape.kv_heads,
+            head_dim: self.shape.head_dim,
+            bits: self.base.bits(),
+            tile_tokens: self.tile,
+            sinks: f.sinks,
+            sink_capacity: self.sinks,
+            tiles: f.tiles,
+            tile_capacity: self.tile_capacity,
+            tail: f.tail,
+            tail_capacity: self.tile,
+        }
+    }
+
+    /// Decode: one token's rows rotated, written and attended to in the backend, every
+    /// launch reading the position from the device (a captured step replays at the next).
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        positions: &B::Index,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let shape = self.kvarn_shape(n_heads, self.fill(self.len));
+        if self.scratch.as_ref().is_none_or(|s| s.n_heads != n_heads) {
+            self.scratch = Some(StepScratch {
+                n_heads,
+                buffer: backend.alloc(backend.kvarn_decode_scratch_len(&shape))?,
+            });
+        }
+        let Some(scratch) = self.scratch.as_mut() else {
+            return Err(RuntimeError::Unsupported("decode scratch missing".into()));
+        };
+        let st = &mut self.layers[layer];
+        let stores = KvarnLayerMut {
+            sink_k: &mut st.sink_k,
+            sink_v: &mut st.sink_v,
+            tiles: &st.tiles,
+            tail_k: &mut st.tail_k,
+            tail_v: &mut st.tail_v,
+        };
+        backend.kvarn_decode(q, k, v, stores, &shape, positions, &mut scratch.buffer, out)
+    }
+
+    /// Per KV head: the layer's stored sink and tail rows (FP16) and tile records, read back.
+    #[allow(clippy::type_complexity)]
+    fn read_back(
+        &self,
+        backend: &B,
+        layer: usize,
+        fill: Fill,
+    ) -> Result<Vec<(Vec<f16>, Vec<f16>, Vec<u8>, Vec<f16>, Vec<f16>)>> {
+        let (d, kv) = (self.shape.head_dim, self.shape.kv_heads);
+        let st = &self.layers[layer];
+        let rows = |store: &B::KvStore, cap: usize, n: usize| -> Result<Vec<Vec<f16>>> {
+            let mut all = vec![0.0f32; kv * cap * d];
+            if n > 0 {
+                backend.download_kv(store, &mut all)?;
+            }
+            Ok((0..kv)
+                .map(|j| {
+                    all[j * cap * d..][..n * d]
+                        .iter()
+                        .map(|&x| f16::from_f32(x))
+                        .collect()
+                })
+                .collect())
+        };
+        let (sk, sv) = (
+            rows(&st.sink_k, self.sinks, fill.sinks)?,
+            rows(&st.sink_v, self.sinks, fill.sinks)?,
+        );
+        let (tk, tv) = (
+            rows(&st.tail_k, self.tile, fill.tail)?,
+            rows(&st.tail_v, self.tile, fill.tail)?,
+        );
+        let mut out = Vec::with_capacity(kv);
+        for (j, (((sk, sv), tk), tv)) in sk.into_iter().zip(sv).zip(tk).zip(tv).enumerate() {
+            let mut recs = vec![0u8; fill.tiles * self.record];
+            backend.read_kv_tiles(&st.tiles, j * self.tile_capacity * self.record, &mut recs)?;
+            out.push((sk, sv, recs, tk, tv));
+        }
+        Ok(out)
+    }
+
+    /// Prefill chunk: attention on the host over the layer as stored; rows staged.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let (d, kv) = (self.shape.head_dim, self.shape.kv_heads);
+        let mut qh = vec![0.0f32; n_new * n_heads * d];
+        let mut kh = vec![0.0f32; n_new * kv * d];
+        let mut vh = vec![0.0f32; n_new * kv * d];
+        backend.download(q, &mut qh)?;
+        backend.download(k, &mut kh)?;
+        backend.download(v, &mut vh)?;
+        for x in [&mut kh, &mut vh] {
+            x.chunks_exact_mut(d)
+                .for_each(|r| self.base.to_code_frame(r));
+        }
+        let stored = self.read_back(backend, layer, self.fill(self.len))?;
+        let base: &dyn KvBase = self.base.as_ref();
+        let views: Vec<HeadView<'_>> = stored
+            .iter()
+            .map(|(sk, sv, tiles, tk, tv)| HeadView {
+                head_dim: d,
+                sink_k: sk,
+                sink_v: sv,
+                tiles,
+                tail_k: tk,
+                tail_v: tv,
+                base: Some(base),
+            })
+            .collect();
+        let o = attend_chunk_as_stored(backend, Some(base), &views, n_heads, &mut qh, &kh, &vh)?;
+        crate::error::check_len(
+            "kvarn cache",
+            "attention output",
+            backend.buffer_len(out),
+            o.len(),
+        )?;
+        backend.upload_into(out, &o)?;
+        self.staged[layer] = Some((kh, vh));
+        Ok(())
+    }
+
+    /// Writes rows `[n, kv_heads · d]` into a layer's sink or tail stores at `slots`.
+    fn write_rows(
+        backend: &B,
+        layout: KvLayout,
+        (k, v): (&[f32], &[f32]),
+        (kc, vc): (&mut B::KvStore, &mut B::KvStore),
+        slots: std::ops::Range<usize>,
+    ) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let idx: Vec<u32> = slots.map(|s| s as u32).collect();
+        let mut index = backend.alloc_index(idx.len())?;
+        backend.write_index(&mut index, &idx)?;
+        let (kb, vb) = (backend.upload(k)?, backend.upload(v)?);
+        backend.write_kv(&kb, &vb, kc, vc, layout, &index)
+    }
+
+    /// Makes positions `len..len + n_new` of `layer` stored: staged prefill rows written to
+    /// their sink and tail slots, and every tail that filled encoded into tile records.
+    fn commit_layer(&mut self, backend: &B, layer: usize, n_new: usize) -> Result<()> {
+        let (d, kv) = (self.shape.head_dim, self.shape.kv_heads);
+        let row = kv * d;
+        let (before, after) = (self.fill(self.len), self.fill(self.len + n_new));
+        let staged = self.staged[layer].take();
+        let to_sinks = after.sinks - before.sinks;
+        let sink_layout = KvLayout {
+            kv_heads: kv,
+            head_dim: d,
+            capacity: self.sinks,
+        };
+        let tail_layout = KvLayout {
+            capacity: self.tile,
+            ..sink_layout
+        };
+        if let Some((k, v)) = &staged {
+            let st = &mut self.layers[layer];
+            Self::write_rows(
+                backend,
+                sink_layout,
+                (&k[..to_sinks * row], &v[..to_sinks * row]),
+                (&mut st.sink_k, &mut st.sink_v),
+                before.sinks..after.sinks,
+            )?;
+        }
+        let new_tiles = after.tiles - before.tiles;
+        if new_tiles == 0 {
+            if let Some((k, v)) = &staged {
+                let st = &mut self.layers[layer];
+                Self::write_rows(
+                    backend,
+                    tail_layout,
+                    (&k[to_sinks * row..], &v[to_sinks * row..]),
+                    (&mut st.tail_k, &mut st.tail_v),
+                    before.tail..after.tail,
+                )?;
+            }
+            return Ok(());
+        }
+        // Tiles filled: the rows after the sinks, in order, are the tail as it was stored
+        // (decode rows are there already) followed by the staged rows, FP16-rounded as the
+        // tail store rounds them.
+        let on_device = if staged.is_some() {
+            before.tail
+        } else {
+            before.tail + n_new
+        };
+        let mut tk = vec![0.0f32; kv * self.tile * d];
+        let mut tv = vec![0.0f32; kv * self.tile * d];
+        let st = &self.layers[layer];
+        if on_device > 0 {
+            backend.download_kv(&st.tail_k, &mut tk)?;
+            backend.download_kv(&st.tail_v, &mut tv)?;
+        }
+        let staged_rows = |x: &[f32], j: usize| -> Vec<f32> {
+            x[to_sinks * row..]
+                .chunks_exact(row)
+                .flat_map(|r| {
+                    r[j * d..(j + 1) * d]
+                        .iter()
+                        .map(|&e| f16::from_f32(e).to_f32())
+                })
+                .collect()
+        };
+        let (base, tile, record) = (&self.base, self.tile, self.record);
+        let per_head: Vec<(Vec<u8>, Vec<f32>, Vec<f32>)> = (0..kv)
+            .into_par_iter()
+            .map(|j| {
+                let mut k = tk[j * tile * d..][..on_device * d].to_vec();
+                let mut v = tv[j * tile * d..][..on_device * d].to_vec();
+                if let Some((sk, sv)) = &staged {
+                    k.extend(staged_rows(sk, j));
+                    v.extend(staged_rows(sv, j));
+                }
+                let mut recs = vec![0u8; new_tiles * record];
+                for (t, rec) in recs.chunks_exact_mut(record).enumerate() {
+                    let r = t * tile * d..(t + 1) * tile * d;
+                    base.encode_tile(
+                        &k[r.clone()],
+                        &v[r],
+                        RefineBits::NONE,
+                        rec,
+                        &mut [],
+                        &mut [],
+                    );
+                }
+                let rest = new_tiles * tile * d;
+                (recs, k[rest..].to_vec(), v[rest..].to_vec())
+            })
+            .collect();
+        let cap = self.tile_capacity;
+        let st = &mut self.layers[layer];
+        let mut rest_k = vec![0.0f32; after.tail * row];
+        let mut rest_v = vec![0.0f32; after.tail * row];
+        for (j, (recs, k, v)) in per_head.into_iter().enumerate() {
+            backend.write_kv_tiles(&mut st.tiles, (j * cap + before.tiles) * record, &recs)?;
+            for t in 0..after.tail {
+                rest_k[t * row + j * d..][..d].copy_from_slice(&k[t * d..(t + 1) * d]);
+                rest_v[t * row + j * d..][..d].copy_from_slice(&v[t * d..(t + 1) * d]);
+            }
+        }
+        Self::write_rows(
+            backend,
+            tail_layout,
+            (&rest_k, &rest_v),
+            (&mut st.tail_k, &mut st.tail_v),
+            0..after.tail,
+        )?;
+        self.stats.tiles_encoded += (new_tiles * kv) as u64;
+        Ok(())
+    }
+}
+
+/// Whether `config` runs in a [`BackendKvarnCache`]: a KVarN base without refinement.
+/// Refinement (eq. 7/8) and the all-FP16 reference still run in the host cache.
+pub fn runs_in_backend(config: &KvConfig) -> bool {
+    matches!(config.base, KvBaseChoice::Kvarn(_)) && config.refine.is_none()
+}
+
+/// The cache a run of `config` uses: [`BackendKvarnCache`] where [`runs_in_backend`], else the
+/// host cache.
+pub fn new_quantized_cache<B: Backend>(
+    backend: &B,
+    shape: KvShape,
+    capacity: usize,
+    config: &KvConfig,
+) -> Result<Box<dyn KvCache<B>>> {
+    Ok(if runs_in_backend(config) {
+        Box::new(BackendKvarnCache::new(backend, shape, capacity, config)?)
+    } else {
+        Box::new(super::QuantKvCache::<B>::new(shape, capacity, config)?)
+    })
+}
+
+impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+        self.stored.iter_mut().for_each(|s| *s = 0);
+        self.staged.iter_mut().for_each(|s| *s = None);
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len >= self.len {
+            return Ok(());
+        }
+        let (now, then) = (self.fill(self.len), self.fill(len));
+        // Rows stay where they are; only a cut inside an encoded tile loses exact values.
+        if then.tiles < now.tiles && then.tail > 0 {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "cannot truncate to {len} positions: position {len} is inside an encoded tile \
+                 (tiles start at {}, {} tokens each)",
+                self.sinks, self.tile
+            )));
+        }
+        self.len = len;
+        self.stored.iter_mut().for_each(|s| *s = len);
+        self.staged.iter_mut().for_each(|s| *s = None);
+        Ok(())
+    }
+
+    fn append_and_attend(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        n_heads: usize,
+        n_new: usize,
+        positions: &B::Index,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let kv = self.shape.kv_heads;
+        check_room(self.len, n_new, self.capacity)?;
+        if layer >= self.shape.layers {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "layer {layer} requested, cache has {} layers",
+                self.shape.layers
+            )));
+        }
+        if kv == 0 || !n_heads.is_multiple_of(kv) {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "{n_heads} query heads are not a multiple of {kv} KV heads"
+            )));
+        }
+        // A forward that failed midway left uncommitted positions behind: drop them (a
+        // decode row written past the committed length is simply not counted).
+        self.stored[layer] = self.len;
+        self.staged[layer] = None;
+        if n_new == 1 {
+            self.decode(backend, layer, n_heads, positions, q, k, v, out)?;
+        } else {
+            self.prefill(backend, layer, n_heads, n_new, q, k, v, out)?;
+        }
+        self.stored[layer] = self.len + n_new;
+        Ok(())
+    }
+
+    fn commit(&mut self, n_new: usize) -> Result<()> {
+        check_room(self.len, n_new, self.capacity)?;
+        let target = self.len + n_new;
+        // A replayed decode step ran on the device alone: its layers appended nothing here.
+        let replayed = n_new == 1 && self.stored.iter().all(|&s| s == self.len);
+        if replayed {
+            self.stored.iter_mut().for_each(|s| *s = target);
+        }
+        if let Some(bad) = self.stored.iter().position(|&s| s != target) {
+            return Err(RuntimeError::CacheMismatch(format!(
+                "commit of {n_new} positions: layer {bad} holds {} (expected {target})",
+                self.stored[bad]
+            )));
+        }
+        let backend = self.backend.clone();
+        for layer in 0..self.shape.layers {
+            self.commit_layer(&backend, layer, n_new)?;
+        }
+        if n_new == 1 {
+            self.stats.decode_attentions += self.shape.layers as u64;
+        }
+        self.len = target;
+        Ok(())
+    }
+
+    fn resident_bytes(&self) -> usize {
+        self.fixed_fp16_bytes()
+            + self.tile_capacity * self.record * self.shape.layers * self.shape.kv_heads
+    }
+
+    /// Every op of a decode step is a device op that reads the position from the device;
+    /// stores never move after creation (commits write into them).
+    fn graph_id(&self) -> Option<u64> {
+        Some(self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::kv::{KvBits, QuantKvCache};
+    use crate::test_util::lcg;
+
+    const SHAPE: KvShape = KvShape {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    const HEADS: usize = 6;
+
+    fn rows(n: usize, width: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n * width).map(|_| 2.0 * lcg(seed)).collect()
+    }
+
+    /// One forward of `n` tokens through both caches (every layer, then commit); the outputs
+    /// must be the same bits.
+    fn step(
+        b: &CpuBackend,
+        host: &mut QuantKvCache<CpuBackend>,
+        dev: &mut BackendKvarnCache<CpuBackend>,
+        n: usize,
+        seed: &mut u64,
+    ) {
+        let d = SHAPE.head_dim;
+        let mut pos = b.alloc_index(n).unwrap();
+        let at: Vec<u32> = (host.len()..host.len() + n).map(|p| p as u32).collect();
+        b.write_index(&mut pos, &at).unwrap();
+        for layer in 0..SHAPE.layers {
+            let q = b.upload(&rows(n, HEADS * d, seed)).unwrap();
+            let k = b.upload(&rows(n, SHAPE.kv_heads * d, seed)).unwrap();
+            let v = b.upload(&rows(n, SHAPE.kv_heads * d, seed)).unwrap();
+            let mut outs = [
+                b.alloc(n * HEADS * d).unwrap(),
+                b.alloc(n * HEADS * d).unwrap(),
+            ];
+            host.append_and_attend(b, layer, HEADS, n, &pos, &q, &k, &v, &mut outs[0])
+                .unwrap();
+            dev.append_and_attend(b, layer, HEADS, n, &pos, &q, &k, &v, &mut outs[1])
+                .unwrap();
+            let [h, dv] = outs.map(|o| {
+                let mut x = vec![0.0f32; n * HEADS * d];
+                b.download(&o, &mut x).unwrap();
+                x
+            });
+            let same = h.iter().zip(&dv).all(|(a, c)| a.to_bits() == c.to_bits());
+            assert!(same, "layer {layer}, {n} tokens after {}", host.len());
+        }
+        host.commit(n).unwrap();
+        dev.commit(n).unwrap();
+    }
+
+    /// Prefill chunks and decode steps across sink, tile and flush boundaries, truncation at
+    /// a tile boundary and inside the tail: the backend cache gives the host cache's bits.
+    #[test]
+    fn matches_the_host_cache_bit_for_bit() {
+        let b = CpuBackend::new();
+        for bits in [KvBits { key: 2, value: 2 }, KvBits { key: 3, value: 2 }] {
+            let config = KvConfig {
+                sinks: 5,
+                ..KvConfig::base(KvBaseChoice::Kvarn(bits))
+            };
+            let cap = 5 + 4 * 128 + 40;
+            let mut host = QuantKvCache::<CpuBackend>::new(SHAPE, cap, &config).unwrap();
+            let mut dev = BackendKvarnCache::new(&b, SHAPE, cap, &config).unwrap();
+            let mut seed = 7u64;
+            for n in [3, 1, 1, 140, 1] {
+                step(&b, &mut host, &mut dev, n, &mut seed);
+            }
+            // 146 stored: the first tile encoded at the 140-token commit. Decode across the
+            // next flush (position 261).
+            for _ in 0..120 {
+                step(&b, &mut host, &mut dev, 1, &mut seed);
+            }
+            assert_eq!(dev.stats().tiles_encoded, host.stats().tiles_encoded);
+            assert_eq!(dev.bytes().resident, host.bytes().resident);
+            // Into the tail, then back to a tile boundary; a cut inside a tile is refused.
+            for cut in [263, 261] {
+                host.truncate(cut).unwrap();
+                dev.truncate(cut).unwrap();
+                step(&b, &mut host, &mut dev, 1, &mut seed);
+            }
+            assert!(dev.truncate(200).is_err());
+            step(&b, &mut host, &mut dev, 200, &mut seed);
+            for _ in 0..3 {
+                step(&b, &mut host, &mut dev, 1, &mut seed);
+            }
+        }
+    }
+
+    /// An imported float prefill encodes as the host cache's import does.
+    #[test]
+    fn imports_a_float_cache_as_the_host_cache_does() {
+        let b = CpuBackend::new();
+        let d = SHAPE.head_dim;
+        let config = KvConfig {
+            sinks: 3,
+            ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key: 2, value: 1 }))
+        };
+        let (len, cap) = (3 + 2 * 128 + 17, 400);
+        let mut float = FloatKvCache::with_dtype(&b, SHAPE, len, KvDtype::F32).unwrap();
+        let mut seed = 11u64;
+        let positions = pos_index(&b, len);
+        for layer in 0..SHAPE.layers {
+            let q = b.upload(&rows(len, HEADS * d, &mut seed)).unwrap();
+            let k = b.upload(&rows(len, SHAPE.kv_heads * d, &mut seed)).unwrap();
+            let v = b.upload(&rows(len, SHAPE.kv_heads * d, &mut seed)).unwrap();
+            let mut o = b.alloc(len * HEADS * d).unwrap();
+            float
+                .append_and_attend(&b, layer, HEADS, len, &positions, &q, &k, &v, &mut o)
+                .unwrap();
+        }
+        float.commit(len).unwrap();
+        let mut host = QuantKvCache::from_f32(&b, &float, len, cap, &config).unwrap();
+        let mut dev = BackendKvarnCache::from_float(&b, &float, len, cap, &config).unwrap();
+        assert_eq!(dev.len(), len);
+        for _ in 0..4 {
+            step(&b, &mut host, &mut dev, 1, &mut seed);
+        }
+    }
+
+    fn pos_index(b: &CpuBackend, n: usize) -> <CpuBackend as Backend>::Index {
+        let mut idx = b.alloc_index(n).unwrap();
+        let p: Vec<u32> = (0..n as u32).collect();
+        b.write_index(&mut idx, &p).unwrap();
+        idx
+    }
+}
