@@ -265,17 +265,21 @@ mod tests {
     use crate::model::ModelOptions;
     use sfx_formats::DType;
 
-    #[test]
-    fn bench_runs_every_test_at_every_depth() {
-        let c = crate::synthetic::preset("tiny").unwrap();
-        let m = Model::synthetic(
+    fn tiny_model(preset: &str) -> Model<crate::CpuBackend> {
+        let c = crate::synthetic::preset(preset).unwrap();
+        Model::synthetic(
             crate::CpuBackend::new(),
             &c,
             DType::BF16,
             3,
             &ModelOptions::default(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn bench_runs_every_test_at_every_depth() {
+        let m = tiny_model("tiny");
         let r = run(
             &m,
             &[BenchTest::Prompt(9), BenchTest::Generate(4)],
@@ -298,15 +302,7 @@ mod tests {
     #[test]
     fn bench_runs_a_quantized_cache_beside_the_float_one() {
         use crate::kv::{KvBaseChoice, KvBits, KvConfig};
-        let c = crate::synthetic::preset("tiny-qwen3").unwrap();
-        let m = Model::synthetic(
-            crate::CpuBackend::new(),
-            &c,
-            DType::BF16,
-            3,
-            &ModelOptions::default(),
-        )
-        .unwrap();
+        let m = tiny_model("tiny-qwen3");
         let kvarn = KvConfig {
             sinks: 4,
             ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key: 2, value: 2 }))

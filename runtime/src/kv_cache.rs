@@ -115,6 +115,51 @@ pub(crate) fn check_room(len: usize, n_new: usize, capacity: usize) -> Result<()
     Ok(())
 }
 
+/// The checks a quantized cache makes before appending `n_new` positions to `layer`: room
+/// after `len`, the layer exists, query heads group over the KV heads.
+pub(crate) fn check_append(
+    shape: KvShape,
+    len: usize,
+    capacity: usize,
+    layer: usize,
+    n_heads: usize,
+    n_new: usize,
+) -> Result<()> {
+    check_room(len, n_new, capacity)?;
+    if layer >= shape.layers {
+        return Err(RuntimeError::CacheMismatch(format!(
+            "layer {layer} requested, cache has {} layers",
+            shape.layers
+        )));
+    }
+    let kv = shape.kv_heads;
+    if kv == 0 || !n_heads.is_multiple_of(kv) {
+        return Err(RuntimeError::CacheMismatch(format!(
+            "{n_heads} query heads are not a multiple of {kv} KV heads"
+        )));
+    }
+    Ok(())
+}
+
+/// The checks of a quantized cache's commit of `n_new` positions after `len`: room, and every
+/// layer holding exactly `len + n_new` positions (`stored`).
+pub(crate) fn check_commit(
+    stored: &[usize],
+    len: usize,
+    n_new: usize,
+    capacity: usize,
+) -> Result<()> {
+    check_room(len, n_new, capacity)?;
+    let target = len + n_new;
+    if let Some(bad) = stored.iter().position(|&s| s != target) {
+        return Err(RuntimeError::CacheMismatch(format!(
+            "commit of {n_new} positions: layer {bad} holds {} (expected {target})",
+            stored[bad]
+        )));
+    }
+    Ok(())
+}
+
 /// Float cache: per layer one K and one V store `[kv_heads, capacity, head_dim]` of f32 or
 /// f16 elements, allocated up front (SmolLM2-135M at 2048 positions, f32: 94 MB), plus the
 /// attention kernel's scratch, so a decode step allocates nothing.

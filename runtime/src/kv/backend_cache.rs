@@ -35,7 +35,7 @@ use super::Kvarn;
 use crate::backend::kvarn::{KvarnLayerMut, KvarnShape};
 use crate::backend::{Backend, KvDtype, KvLayout};
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::{check_room, FloatKvCache, KvCache, KvShape};
+use crate::kv_cache::{check_append, check_commit, FloatKvCache, KvCache, KvShape};
 
 /// One layer's stores in the backend.
 struct LayerStores<B: Backend> {
@@ -608,19 +608,7 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        let kv = self.shape.kv_heads;
-        check_room(self.len, n_new, self.capacity)?;
-        if layer >= self.shape.layers {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "layer {layer} requested, cache has {} layers",
-                self.shape.layers
-            )));
-        }
-        if kv == 0 || !n_heads.is_multiple_of(kv) {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "{n_heads} query heads are not a multiple of {kv} KV heads"
-            )));
-        }
+        check_append(self.shape, self.len, self.capacity, layer, n_heads, n_new)?;
         // A forward that failed midway left uncommitted positions behind: drop them (a
         // decode row written past the committed length is simply not counted).
         self.stored[layer] = self.len;
@@ -635,19 +623,13 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
     }
 
     fn commit(&mut self, n_new: usize) -> Result<()> {
-        check_room(self.len, n_new, self.capacity)?;
         let target = self.len + n_new;
         // A replayed decode step ran on the device alone: its layers appended nothing here.
         let replayed = n_new == 1 && self.stored.iter().all(|&s| s == self.len);
         if replayed {
             self.stored.iter_mut().for_each(|s| *s = target);
         }
-        if let Some(bad) = self.stored.iter().position(|&s| s != target) {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "commit of {n_new} positions: layer {bad} holds {} (expected {target})",
-                self.stored[bad]
-            )));
-        }
+        check_commit(&self.stored, self.len, n_new, self.capacity)?;
         let backend = self.backend.clone();
         for layer in 0..self.shape.layers {
             self.commit_layer(&backend, layer, n_new)?;

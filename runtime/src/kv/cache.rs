@@ -27,7 +27,7 @@ use super::tier::{KvTier, TierBytes};
 use crate::backend::cpu::SimdLevel;
 use crate::backend::{AttentionShape, Backend, KvDtype, KvLayout};
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::{check_room, FloatKvCache, KvCache, KvShape};
+use crate::kv_cache::{check_append, check_commit, FloatKvCache, KvCache, KvShape};
 
 #[derive(Default, Clone)]
 struct HeadStore {
@@ -826,18 +826,7 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
         out: &mut B::Buffer,
     ) -> Result<()> {
         let (d, kv) = (self.shape.head_dim, self.shape.kv_heads);
-        check_room(self.len, n_new, self.capacity)?;
-        if layer >= self.shape.layers {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "layer {layer} requested, cache has {} layers",
-                self.shape.layers
-            )));
-        }
-        if kv == 0 || !n_heads.is_multiple_of(kv) {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "{n_heads} query heads are not a multiple of {kv} KV heads"
-            )));
-        }
+        check_append(self.shape, self.len, self.capacity, layer, n_heads, n_new)?;
         // A forward that failed midway left uncommitted positions behind: drop them.
         if self.stored[layer] != self.len {
             self.rollback_layer(layer, self.len)?;
@@ -867,14 +856,8 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
     }
 
     fn commit(&mut self, n_new: usize) -> Result<()> {
-        check_room(self.len, n_new, self.capacity)?;
+        check_commit(&self.stored, self.len, n_new, self.capacity)?;
         let target = self.len + n_new;
-        if let Some(bad) = self.stored.iter().position(|&s| s != target) {
-            return Err(RuntimeError::CacheMismatch(format!(
-                "commit of {n_new} positions: layer {bad} holds {} (expected {target})",
-                self.stored[bad]
-            )));
-        }
         for layer in 0..self.shape.layers {
             self.flush_layer(layer);
         }
