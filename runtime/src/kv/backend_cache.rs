@@ -1,4 +1,4 @@
-//! [`BackendKvarnCache`]: a KVarN cache (method.md §5 without refinement) whose rows, tiles
+//! [`BackendKvarnCache`]: a KVarN cache (the resident base alone, no refinement) whose rows, tiles
 //! and decode attention live in the backend — device memory on CUDA, so a decode step never
 //! leaves the device.
 //!
@@ -8,19 +8,21 @@
 //! alone (sinks first, then whole tiles, then the tail), so nothing per position is kept on
 //! the host.
 //!
-//! A decode step rotates its key, value and query rows in the backend
-//! ([`Backend::hadamard_rows`]), writes the key and value rows into their sink or tail slot
-//! ([`Backend::write_kv`]), attends over the layer ([`Backend::kvarn_attention`]) and rotates
-//! the output back. When a commit fills the tail, its rows are read back, encoded on the host
-//! by the same encoder as the host cache, and the records written into the tile store
-//! ([`Backend::write_kv_tiles`]): one round trip per tile of tokens (128 steps).
+//! A decode step is one backend op, [`Backend::kvarn_decode`]: the key, value and query rows
+//! rotated into the code frame, the key and value rows written at the slot the position
+//! names, attention over the layer, the output rotated back — all reading the position from
+//! the device, so the step is captured into the model's step graph and replayed. When a commit
+//! fills the tail, its rows are read back, encoded on the host by the same encoder as the host
+//! cache, and the records written into the tile store ([`Backend::write_kv_tiles`]): one round
+//! trip per tile of tokens (128 steps).
 //!
 //! A prefill chunk attends on the host path the host cache uses ([`attend_chunk_as_stored`]):
 //! the layer's stored rows and records are read back and dequantized, and the chunk's rows
 //! are staged on the host until its commit writes them.
 //!
-//! Every rounding step is the host cache's ([`super::QuantKvCache`]): on the CPU backend the
-//! two give the same bits (tested below), so the CPU cache checks the device one.
+//! On the CPU backend every rounding step is the host cache's ([`super::QuantKvCache`]): the
+//! two give the same bits (tested below), so the host cache checks this one, and the device's
+//! kernels are checked against the CPU backend's within the conformance bounds.
 
 use std::sync::Arc;
 
