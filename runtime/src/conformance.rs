@@ -591,63 +591,60 @@ pub fn cases() -> Vec<Case> {
     // chunk. The kernel dequantizes each element with one fused multiply-add and applies the
     // per-token (key) or per-channel (value) scale once per tile, so it differs from the CPU
     // by float rounding, summation order and exp.
-    for (key, value) in [(2, 2), (3, 2), (3, 3), (2, 1), (4, 4)] {
-        for (heads, kv_heads, head_dim, sinks, tiles, tail) in [
-            (9, 3, 64, 5, 2, 7),
-            (32, 8, 128, 128, 3, 1),
-            (14, 2, 64, 0, 1, 0),
-            (28, 4, 128, 130, 0, 50),
-            (8, 8, 64, 0, 4, 127),
-            // Long layers: many blocks per KV head (split-K) and their merge.
-            (32, 8, 128, 128, 40, 77),
-            (8, 1, 128, 128, 30, 0),
-        ] {
-            add(
-                "kvarn_attention",
-                format!(
-                    "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
-                ),
-                Op::KvarnAttention(KvarnCase {
-                    bits: KvBits { key, value },
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    sinks,
-                    tiles,
-                    tail,
-                }),
-                2e-5,
-                2e-5,
-            );
-        }
-    }
+    let attention_layers: &[(usize, usize, usize, usize, usize, usize)] = &[
+        (9, 3, 64, 5, 2, 7),
+        (32, 8, 128, 128, 3, 1),
+        (14, 2, 64, 0, 1, 0),
+        (28, 4, 128, 130, 0, 50),
+        (8, 8, 64, 0, 4, 127),
+        // Long layers: many blocks per KV head (split-K) and their merge.
+        (32, 8, 128, 128, 40, 77),
+        (8, 1, 128, 128, 30, 0),
+    ];
     // A whole decode step from the position on the device: the new row as the last sink, the
     // tail's first and last rows, and mid-tail over many tiles.
-    for (key, value) in [(2, 2), (3, 2), (2, 1)] {
-        for (heads, kv_heads, head_dim, sinks, tiles, tail) in [
-            (9, 3, 64, 5, 0, 0),
-            (9, 3, 64, 128, 0, 1),
-            (32, 8, 128, 128, 2, 128),
-            (32, 8, 128, 128, 40, 70),
-            (8, 1, 128, 16, 3, 9),
-        ] {
-            add(
-                "kvarn_decode",
-                format!(
-                    "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
-                ),
-                Op::KvarnDecode(KvarnCase {
-                    bits: KvBits { key, value },
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    sinks,
-                    tiles,
-                    tail,
-                }),
-                2e-5,
-                2e-5,
-            );
+    let decode_layers: &[(usize, usize, usize, usize, usize, usize)] = &[
+        (9, 3, 64, 5, 0, 0),
+        (9, 3, 64, 128, 0, 1),
+        (32, 8, 128, 128, 2, 128),
+        (32, 8, 128, 128, 40, 70),
+        (8, 1, 128, 16, 3, 9),
+    ];
+    let kvarn_ops = [
+        (
+            "kvarn_attention",
+            &[(2, 2), (3, 2), (3, 3), (2, 1), (4, 4)][..],
+            attention_layers,
+            Op::KvarnAttention as fn(KvarnCase) -> Op,
+        ),
+        (
+            "kvarn_decode",
+            &[(2, 2), (3, 2), (2, 1)][..],
+            decode_layers,
+            Op::KvarnDecode,
+        ),
+    ];
+    for (op, bases, layers, make) in kvarn_ops {
+        for &(key, value) in bases {
+            for &(heads, kv_heads, head_dim, sinks, tiles, tail) in layers {
+                add(
+                    op,
+                    format!(
+                        "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
+                    ),
+                    make(KvarnCase {
+                        bits: KvBits { key, value },
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        sinks,
+                        tiles,
+                        tail,
+                    }),
+                    2e-5,
+                    2e-5,
+                );
+            }
         }
     }
     // The code frame's rotation: head sizes 64–256 over a decode step's heads, a prefill

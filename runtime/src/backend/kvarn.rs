@@ -250,16 +250,19 @@ pub fn kvarn_decode_unfused<B: Backend>(
     for x in [&mut qs, &mut ks, &mut vs] {
         b.hadamard_rows(x, d)?;
     }
-    let KvarnLayerMut {
-        sink_k,
-        sink_v,
-        tiles,
-        tail_k,
-        tail_v,
-    } = layer;
     let (row, rows, kc, vc) = match slot {
-        KvarnSlot::Sink(r) => (r, shape.sink_capacity, &mut *sink_k, &mut *sink_v),
-        KvarnSlot::Tail(r) => (r, shape.tail_capacity, &mut *tail_k, &mut *tail_v),
+        KvarnSlot::Sink(r) => (
+            r,
+            shape.sink_capacity,
+            &mut *layer.sink_k,
+            &mut *layer.sink_v,
+        ),
+        KvarnSlot::Tail(r) => (
+            r,
+            shape.tail_capacity,
+            &mut *layer.tail_k,
+            &mut *layer.tail_v,
+        ),
     };
     let mut index = b.alloc_index(1)?;
     b.write_index(&mut index, &[row as u32])?;
@@ -269,13 +272,7 @@ pub fn kvarn_decode_unfused<B: Backend>(
         capacity: rows,
     };
     b.write_kv(&ks, &vs, kc, vc, layout, &index)?;
-    let view = KvarnLayer {
-        sink_k,
-        sink_v,
-        tiles,
-        tail_k,
-        tail_v,
-    };
+    let view = layer.as_layer();
     b.kvarn_attention(&qs, &view, &at, scratch, out)?;
     b.hadamard_rows(out, d)
 }

@@ -55,6 +55,31 @@ struct StepScratch<B: Backend> {
     buffer: B::Buffer,
 }
 
+/// What the stores of one layer hold room for, per KV head.
+struct Geometry {
+    /// Sink rows (FP16, never encoded) and tokens per tile (the tail's rows).
+    sinks: usize,
+    tile: usize,
+    tile_capacity: usize,
+    /// Bytes of one tile record, and of a layer's tile store (all KV heads).
+    record: usize,
+    tile_bytes: usize,
+}
+
+impl Geometry {
+    /// What `n` committed positions fill: encoded tiles only once the tail is flushed, which
+    /// every commit does.
+    fn fill(&self, n: usize) -> Fill {
+        let sinks = n.min(self.sinks);
+        let rest = n - sinks;
+        Fill {
+            sinks,
+            tiles: rest / self.tile,
+            tail: rest % self.tile,
+        }
+    }
+}
+
 /// Filled sinks, encoded tiles and tail rows of one head after `n` positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fill {
@@ -70,11 +95,7 @@ pub struct BackendKvarnCache<B: Backend> {
     capacity: usize,
     config: KvConfig,
     base: Arc<Kvarn>,
-    /// Sink rows (FP16, never encoded) and tokens per tile.
-    sinks: usize,
-    tile: usize,
-    tile_capacity: usize,
-    record: usize,
+    geo: Geometry,
     layers: Vec<LayerStores<B>>,
     /// Positions appended per layer, including uncommitted ones.
     stored: Vec<usize>,
@@ -92,6 +113,27 @@ impl<B: Backend> BackendKvarnCache<B> {
     /// An empty cache of `capacity` positions. `config` must name a KVarN base and no
     /// refinement (eq. 7/8 run in the host cache for now).
     pub fn new(backend: &B, shape: KvShape, capacity: usize, config: &KvConfig) -> Result<Self> {
+        let (d, kv) = (shape.head_dim, shape.kv_heads);
+        Self::with_stores(backend, shape, capacity, config, |_, g| {
+            Ok(LayerStores {
+                sink_k: backend.alloc_kv(kv * g.sinks * d, KvDtype::F16)?,
+                sink_v: backend.alloc_kv(kv * g.sinks * d, KvDtype::F16)?,
+                tiles: backend.alloc_kv_tiles(g.tile_bytes)?,
+                tail_k: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
+                tail_v: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
+            })
+        })
+    }
+
+    /// The cache's geometry from `config` (checked), with each layer's stores made in order
+    /// by `layer_stores` (allocated empty, or uploaded filled by an import).
+    fn with_stores(
+        backend: &B,
+        shape: KvShape,
+        capacity: usize,
+        config: &KvConfig,
+        mut layer_stores: impl FnMut(&Kvarn, &Geometry) -> Result<LayerStores<B>>,
+    ) -> Result<Self> {
         let bad = |m: String| RuntimeError::Config(format!("KV cache {}: {m}", config.label()));
         let KvBaseChoice::Kvarn(bits) = config.base else {
             return Err(bad(
@@ -104,35 +146,32 @@ impl<B: Backend> BackendKvarnCache<B> {
             ));
         }
         let base = Arc::new(Kvarn::new(bits, shape.head_dim).map_err(bad)?);
-        let (d, kv) = (shape.head_dim, shape.kv_heads);
         let sinks = config.sinks.min(capacity);
         let tile = base.tile_tokens();
         let tile_capacity = (capacity - sinks) / tile;
         let record = base.tile_bytes();
-        let tile_bytes = kv
+        let tile_bytes = shape
+            .kv_heads
             .checked_mul(tile_capacity)
             .and_then(|n| n.checked_mul(record))
             .ok_or_else(|| bad(format!("{capacity} positions overflow the tile store")))?;
-        let mut layers = Vec::with_capacity(shape.layers);
-        for _ in 0..shape.layers {
-            layers.push(LayerStores {
-                sink_k: backend.alloc_kv(kv * sinks * d, KvDtype::F16)?,
-                sink_v: backend.alloc_kv(kv * sinks * d, KvDtype::F16)?,
-                tiles: backend.alloc_kv_tiles(tile_bytes)?,
-                tail_k: backend.alloc_kv(kv * tile * d, KvDtype::F16)?,
-                tail_v: backend.alloc_kv(kv * tile * d, KvDtype::F16)?,
-            });
-        }
+        let geo = Geometry {
+            sinks,
+            tile,
+            tile_capacity,
+            record,
+            tile_bytes,
+        };
+        let layers = (0..shape.layers)
+            .map(|_| layer_stores(&base, &geo))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             backend: backend.clone(),
             shape,
             capacity,
             config: config.clone(),
             base,
-            sinks,
-            tile,
-            tile_capacity,
-            record,
+            geo,
             layers,
             stored: vec![0; shape.layers],
             staged: vec![None; shape.layers],
@@ -145,7 +184,8 @@ impl<B: Backend> BackendKvarnCache<B> {
 
     /// A cache holding the first `len` positions of a float cache (a prefill computed with
     /// exact keys and values), encoded as the host cache's import encodes them: full tiles
-    /// straight from the f32 values, sinks and tail rounded to FP16.
+    /// straight from the f32 values, sinks and tail rounded to FP16. Each layer's stores are
+    /// uploaded filled, not allocated empty first.
     pub fn from_float(
         backend: &B,
         float: &FloatKvCache<B>,
@@ -159,31 +199,27 @@ impl<B: Backend> BackendKvarnCache<B> {
                 float.len()
             )));
         }
-        let mut cache = Self::new(backend, float.shape(), capacity, config)?;
+        let shape = float.shape();
         let layout = float.layout();
-        let (d, kv) = (cache.shape.head_dim, cache.shape.kv_heads);
-        let fill = cache.fill(len);
+        let (d, kv) = (shape.head_dim, shape.kv_heads);
         let mut kbuf = vec![0.0f32; layout.buffer_len()];
         let mut vbuf = vec![0.0f32; layout.buffer_len()];
-        for layer in 0..cache.shape.layers {
+        let mut layer = 0;
+        let mut cache = Self::with_stores(backend, shape, capacity, config, |base, g| {
             let (k, v) = float.layer(layer).ok_or_else(|| {
                 RuntimeError::CacheMismatch(format!("float cache has no layer {layer}"))
             })?;
+            layer += 1;
             backend.download_kv(k, &mut kbuf)?;
             backend.download_kv(v, &mut vbuf)?;
-            let mut sink = (
-                vec![0.0f32; kv * cache.sinks * d],
-                vec![0.0f32; kv * cache.sinks * d],
-            );
-            let mut tail = (
-                vec![0.0f32; kv * cache.tile * d],
-                vec![0.0f32; kv * cache.tile * d],
-            );
-            let mut tiles = vec![0u8; kv * cache.tile_capacity * cache.record];
-            let (base, sinks, tile, record) = (&cache.base, cache.sinks, cache.tile, cache.record);
+            let fill = g.fill(len);
+            let (sinks, tile, record) = (g.sinks, g.tile, g.record);
+            let mut sink = (vec![0.0f32; kv * sinks * d], vec![0.0f32; kv * sinks * d]);
+            let mut tail = (vec![0.0f32; kv * tile * d], vec![0.0f32; kv * tile * d]);
+            let mut tiles = vec![0u8; g.tile_bytes];
             // Heads are independent: rotate and encode them in parallel.
             let heads: Vec<_> = tiles
-                .par_chunks_mut(cache.tile_capacity * record)
+                .par_chunks_mut(g.tile_capacity * record)
                 .enumerate()
                 .map(|(j, recs)| {
                     let at = |buf: &[f32]| buf[j * layout.capacity * d..][..len * d].to_vec();
@@ -214,14 +250,15 @@ impl<B: Backend> BackendKvarnCache<B> {
                 tail.0[j * tile * d..][..nt].copy_from_slice(&kr[tail_rows.clone()]);
                 tail.1[j * tile * d..][..nt].copy_from_slice(&vr[tail_rows]);
             }
-            let stores = &mut cache.layers[layer];
-            stores.sink_k = backend.upload_kv(&sink.0, KvDtype::F16)?;
-            stores.sink_v = backend.upload_kv(&sink.1, KvDtype::F16)?;
-            stores.tail_k = backend.upload_kv(&tail.0, KvDtype::F16)?;
-            stores.tail_v = backend.upload_kv(&tail.1, KvDtype::F16)?;
-            stores.tiles = backend.upload_kv_tiles(&tiles)?;
-            cache.stats.tiles_encoded += (fill.tiles * kv) as u64;
-        }
+            Ok(LayerStores {
+                sink_k: backend.upload_kv(&sink.0, KvDtype::F16)?,
+                sink_v: backend.upload_kv(&sink.1, KvDtype::F16)?,
+                tiles: backend.upload_kv_tiles(&tiles)?,
+                tail_k: backend.upload_kv(&tail.0, KvDtype::F16)?,
+                tail_v: backend.upload_kv(&tail.1, KvDtype::F16)?,
+            })
+        })?;
+        cache.stats.tiles_encoded += (cache.geo.fill(len).tiles * kv * shape.layers) as u64;
         cache.stored.iter_mut().for_each(|s| *s = len);
         cache.len = len;
         Ok(cache)
@@ -245,26 +282,19 @@ impl<B: Backend> BackendKvarnCache<B> {
     pub fn bytes(&self) -> KvBytes {
         let heads = self.shape.layers * self.shape.kv_heads;
         KvBytes {
-            resident: ((self.fixed_fp16_bytes() + self.fill(self.len).tiles * self.record * heads)
+            resident: ((self.fixed_fp16_bytes()
+                + self.geo.fill(self.len).tiles * self.geo.record * heads)
                 as u64),
             tier: Default::default(),
         }
     }
 
     fn fixed_fp16_bytes(&self) -> usize {
-        (self.sinks + self.tile) * self.shape.head_dim * 4 * self.shape.layers * self.shape.kv_heads
-    }
-
-    /// What `n` committed positions fill: encoded tiles only once the tail is flushed, which
-    /// every commit does.
-    fn fill(&self, n: usize) -> Fill {
-        let sinks = n.min(self.sinks);
-        let rest = n - sinks;
-        Fill {
-            sinks,
-            tiles: rest / self.tile,
-            tail: rest % self.tile,
-        }
+        (self.geo.sinks + self.geo.tile)
+            * self.shape.head_dim
+            * 4
+            * self.shape.layers
+            * self.shape.kv_heads
     }
 
     fn kvarn_shape(&self, n_heads: usize, f: Fill) -> KvarnShape {
@@ -273,13 +303,13 @@ impl<B: Backend> BackendKvarnCache<B> {
             kv_heads: self.shape.kv_heads,
             head_dim: self.shape.head_dim,
             bits: self.base.bits(),
-            tile_tokens: self.tile,
+            tile_tokens: self.geo.tile,
             sinks: f.sinks,
-            sink_capacity: self.sinks,
+            sink_capacity: self.geo.sinks,
             tiles: f.tiles,
-            tile_capacity: self.tile_capacity,
+            tile_capacity: self.geo.tile_capacity,
             tail: f.tail,
-            tail_capacity: self.tile,
+            tail_capacity: self.geo.tile,
         }
     }
 
@@ -297,7 +327,7 @@ impl<B: Backend> BackendKvarnCache<B> {
         v: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        let shape = self.kvarn_shape(n_heads, self.fill(self.len));
+        let shape = self.kvarn_shape(n_heads, self.geo.fill(self.len));
         if self.scratch.as_ref().is_none_or(|s| s.n_heads != n_heads) {
             self.scratch = Some(StepScratch {
                 n_heads,
@@ -343,17 +373,21 @@ impl<B: Backend> BackendKvarnCache<B> {
                 .collect())
         };
         let (sk, sv) = (
-            rows(&st.sink_k, self.sinks, fill.sinks)?,
-            rows(&st.sink_v, self.sinks, fill.sinks)?,
+            rows(&st.sink_k, self.geo.sinks, fill.sinks)?,
+            rows(&st.sink_v, self.geo.sinks, fill.sinks)?,
         );
         let (tk, tv) = (
-            rows(&st.tail_k, self.tile, fill.tail)?,
-            rows(&st.tail_v, self.tile, fill.tail)?,
+            rows(&st.tail_k, self.geo.tile, fill.tail)?,
+            rows(&st.tail_v, self.geo.tile, fill.tail)?,
         );
         let mut out = Vec::with_capacity(kv);
         for (j, (((sk, sv), tk), tv)) in sk.into_iter().zip(sv).zip(tk).zip(tv).enumerate() {
-            let mut recs = vec![0u8; fill.tiles * self.record];
-            backend.read_kv_tiles(&st.tiles, j * self.tile_capacity * self.record, &mut recs)?;
+            let mut recs = vec![0u8; fill.tiles * self.geo.record];
+            backend.read_kv_tiles(
+                &st.tiles,
+                j * self.geo.tile_capacity * self.geo.record,
+                &mut recs,
+            )?;
             out.push((sk, sv, recs, tk, tv));
         }
         Ok(out)
@@ -383,7 +417,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             x.chunks_exact_mut(d)
                 .for_each(|r| self.base.to_code_frame(r));
         }
-        let stored = self.read_back(backend, layer, self.fill(self.len))?;
+        let stored = self.read_back(backend, layer, self.geo.fill(self.len))?;
         let base: &dyn KvBase = self.base.as_ref();
         let views: Vec<HeadView<'_>> = stored
             .iter()
@@ -432,16 +466,16 @@ impl<B: Backend> BackendKvarnCache<B> {
     fn commit_layer(&mut self, backend: &B, layer: usize, n_new: usize) -> Result<()> {
         let (d, kv) = (self.shape.head_dim, self.shape.kv_heads);
         let row = kv * d;
-        let (before, after) = (self.fill(self.len), self.fill(self.len + n_new));
+        let (before, after) = (self.geo.fill(self.len), self.geo.fill(self.len + n_new));
         let staged = self.staged[layer].take();
         let to_sinks = after.sinks - before.sinks;
         let sink_layout = KvLayout {
             kv_heads: kv,
             head_dim: d,
-            capacity: self.sinks,
+            capacity: self.geo.sinks,
         };
         let tail_layout = KvLayout {
-            capacity: self.tile,
+            capacity: self.geo.tile,
             ..sink_layout
         };
         if let Some((k, v)) = &staged {
@@ -476,8 +510,8 @@ impl<B: Backend> BackendKvarnCache<B> {
         } else {
             before.tail + n_new
         };
-        let mut tk = vec![0.0f32; kv * self.tile * d];
-        let mut tv = vec![0.0f32; kv * self.tile * d];
+        let mut tk = vec![0.0f32; kv * self.geo.tile * d];
+        let mut tv = vec![0.0f32; kv * self.geo.tile * d];
         let st = &self.layers[layer];
         if on_device > 0 {
             backend.download_kv(&st.tail_k, &mut tk)?;
@@ -493,7 +527,7 @@ impl<B: Backend> BackendKvarnCache<B> {
                 })
                 .collect()
         };
-        let (base, tile, record) = (&self.base, self.tile, self.record);
+        let (base, tile, record) = (&self.base, self.geo.tile, self.geo.record);
         let per_head: Vec<(Vec<u8>, Vec<f32>, Vec<f32>)> = (0..kv)
             .into_par_iter()
             .map(|j| {
@@ -519,7 +553,7 @@ impl<B: Backend> BackendKvarnCache<B> {
                 (recs, k[rest..].to_vec(), v[rest..].to_vec())
             })
             .collect();
-        let cap = self.tile_capacity;
+        let cap = self.geo.tile_capacity;
         let st = &mut self.layers[layer];
         let mut rest_k = vec![0.0f32; after.tail * row];
         let mut rest_v = vec![0.0f32; after.tail * row];
@@ -583,13 +617,13 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
         if len >= self.len {
             return Ok(());
         }
-        let (now, then) = (self.fill(self.len), self.fill(len));
+        let (now, then) = (self.geo.fill(self.len), self.geo.fill(len));
         // Rows stay where they are; only a cut inside an encoded tile loses exact values.
         if then.tiles < now.tiles && then.tail > 0 {
             return Err(RuntimeError::CacheMismatch(format!(
                 "cannot truncate to {len} positions: position {len} is inside an encoded tile \
                  (tiles start at {}, {} tokens each)",
-                self.sinks, self.tile
+                self.geo.sinks, self.geo.tile
             )));
         }
         self.len = len;
@@ -645,7 +679,7 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
 
     fn resident_bytes(&self) -> usize {
         self.fixed_fp16_bytes()
-            + self.tile_capacity * self.record * self.shape.layers * self.shape.kv_heads
+            + self.geo.tile_capacity * self.geo.record * self.shape.layers * self.shape.kv_heads
     }
 
     /// Every op of a decode step is a device op that reads the position from the device;
