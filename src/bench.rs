@@ -42,23 +42,65 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// How `--kv` entries with refinement (`2/2+4/4`) refine: tokens per group and the fraction
+/// of a KV head's groups selected per step.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRefineArgs {
+    pub sinks: usize,
+    pub group: usize,
+    pub fraction: f64,
+}
+
 /// Parses `--kv`: a comma list of f16 / f32 (the float cache) and KVarN bases (2/2, 3/2, 3/3,
-/// 2/1, or kvarn:2/2) with `sinks` FP16 sink tokens.
-pub fn parse_kv_caches(s: &str, sinks: usize) -> Result<Vec<bench::BenchKv>> {
-    use sfx_runtime::kv::{KvBaseChoice, KvConfig};
+/// 2/1, or kvarn:2/2), each optionally with refinement bits (`2/2+4/4`: +4 key and +4 value
+/// bits per element, units in host RAM; `2/2+4/4@vram`: in device memory) refined as `args`
+/// says.
+pub fn parse_kv_caches(s: &str, args: KvRefineArgs) -> Result<Vec<bench::BenchKv>> {
+    use sfx_runtime::kv::{KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig, RefineBits};
     s.split(',')
         .filter(|t| !t.trim().is_empty())
-        .map(|t| match t.trim() {
-            "f16" => Ok(bench::BenchKv::Float(KvDtype::F16)),
-            "f32" => Ok(bench::BenchKv::Float(KvDtype::F32)),
-            other => match other.parse::<KvBaseChoice>() {
-                Ok(base @ KvBaseChoice::Kvarn(_)) => Ok(bench::BenchKv::Quantized(KvConfig {
-                    sinks,
-                    ..KvConfig::base(base)
-                })),
-                Ok(KvBaseChoice::F16) => Ok(bench::BenchKv::Float(KvDtype::F16)),
-                Err(e) => bail!("--kv {other:?}: {e}"),
-            },
+        .map(|t| {
+            let (t, tier) = match t.trim().split_once('@') {
+                Some((t, "vram")) => (t, KvTierConfig::Device),
+                Some((t, "ram")) => (t, KvTierConfig::Ram),
+                Some((_, other)) => bail!("--kv {t:?}: tier {other:?} (ram or vram)"),
+                None => (t, KvTierConfig::Ram),
+            };
+            let (base, refine) = match t.trim().split_once('+') {
+                Some((b, r)) => (b.trim(), Some(r.trim())),
+                None => (t.trim(), None),
+            };
+            match (base, refine) {
+                ("f16", None) => return Ok(bench::BenchKv::Float(KvDtype::F16)),
+                ("f32", None) => return Ok(bench::BenchKv::Float(KvDtype::F32)),
+                _ => {}
+            }
+            let base = match base.parse::<KvBaseChoice>() {
+                Ok(b @ KvBaseChoice::Kvarn(_)) => b,
+                Ok(KvBaseChoice::F16) if refine.is_none() => {
+                    return Ok(bench::BenchKv::Float(KvDtype::F16))
+                }
+                Ok(KvBaseChoice::F16) => bail!("--kv {t:?}: a float cache has nothing to refine"),
+                Err(e) => bail!("--kv {:?}: {e}", t.trim()),
+            };
+            let refine = refine
+                .map(|r| -> Result<KvRefineConfig> {
+                    let bits = r
+                        .parse::<RefineBits>()
+                        .map_err(|e| anyhow::anyhow!("--kv {t:?}: {e}"))?;
+                    Ok(KvRefineConfig {
+                        bits,
+                        group: args.group,
+                        fraction: args.fraction,
+                        tier: tier.clone(),
+                    })
+                })
+                .transpose()?;
+            Ok(bench::BenchKv::Quantized(KvConfig {
+                sinks: args.sinks,
+                refine,
+                ..KvConfig::base(base)
+            }))
         })
         .collect()
 }
@@ -348,12 +390,31 @@ mod tests {
 
     #[test]
     fn kv_lists_name_float_caches_and_kvarn_bases() {
-        let kvs = parse_kv_caches("f16, 2/2,kvarn:3/2,f32", 64).unwrap();
+        let args = KvRefineArgs {
+            sinks: 64,
+            group: 2,
+            fraction: 1.0 / 128.0,
+        };
+        let kvs = parse_kv_caches("f16, 2/2,kvarn:3/2,f32, 2/2+4/4,3/2+4/4@vram", args).unwrap();
         let labels: Vec<String> = kvs.iter().map(bench::BenchKv::label).collect();
-        assert_eq!(labels, ["f16", "kvarn 2/2", "kvarn 3/2", "f32"]);
+        assert_eq!(
+            labels,
+            [
+                "f16",
+                "kvarn 2/2",
+                "kvarn 3/2",
+                "f32",
+                "kvarn 2/2 +4/+4 g2 1/128 ram",
+                "kvarn 3/2 +4/+4 g2 1/128 vram"
+            ]
+        );
+        assert!(parse_kv_caches("2/2+4/4@ssd", args).is_err());
         assert!(matches!(&kvs[1], bench::BenchKv::Quantized(c) if c.sinks == 64));
-        assert!(parse_kv_caches("", 128).unwrap().is_empty());
-        let e = parse_kv_caches("2/2,9/9", 128).unwrap_err().to_string();
+        assert!(parse_kv_caches("", args).unwrap().is_empty());
+        let e = parse_kv_caches("2/2,9/9", args).unwrap_err().to_string();
         assert!(e.contains("--kv \"9/9\""), "{e}");
+        let e = parse_kv_caches("2/2+9/4", args).unwrap_err().to_string();
+        assert!(e.contains("must be 0..=8"), "{e}");
+        assert!(parse_kv_caches("f16+4/4", args).is_err());
     }
 }

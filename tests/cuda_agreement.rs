@@ -253,14 +253,36 @@ const KVARN_ARGMAX_MISSES: usize = 2;
 /// logits: mean KL(CPU ‖ CUDA) within [`KVARN_KL_SHARE`] of the base's own KL on the CPU (or
 /// the float bound, whichever is larger), greedy tokens the same but for
 /// [`KVARN_ARGMAX_MISSES`] steps.
-fn kvarn_decode(key: u32, value: u32) -> Result<(), Failed> {
-    use sfx_runtime::kv::{BackendKvarnCache, KvBaseChoice, KvBits, KvConfig};
+///
+/// With `refine` (bits, group, fraction; units in the RAM tier), every step also selects
+/// groups (eq. 7) and corrects (eq. 8) on both backends; the two may select differently where
+/// their codes differ, which the same KL share bounds.
+fn kvarn_decode(
+    key: u32,
+    value: u32,
+    refine: Option<(u32, u32, usize, f64)>,
+) -> Result<(), Failed> {
+    use sfx_runtime::kv::{
+        BackendKvarnCache, KvBaseChoice, KvBits, KvConfig, KvRefineConfig, KvTierConfig, RefineBits,
+    };
     use sfx_runtime::{KvCache, KvShape};
     let (_, cpu) = common::float_model();
     let gpu = cuda_model();
     let vocab = cpu.config().vocab_size;
     let ids = common::wiki_tokens(KVARN_PROMPT + KVARN_DECODE);
-    let config = KvConfig::base(KvBaseChoice::Kvarn(KvBits { key, value }));
+    let config = KvConfig {
+        refine: refine.map(|(rk, rv, group, fraction)| KvRefineConfig {
+            bits: RefineBits { key: rk, value: rv },
+            group,
+            fraction,
+            tier: KvTierConfig::Ram,
+        }),
+        ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key, value }))
+    };
+    let name = match refine {
+        None => format!("kvarn_{key}_{value}"),
+        Some((rk, rv, g, _)) => format!("kvarn_{key}_{value}_refined_{rk}_{rv}_g{g}"),
+    };
     fn run<B: Backend>(m: &Model<B>, ids: &[u32], config: &KvConfig) -> Result<Vec<f32>, Failed> {
         let shape = KvShape::of(m.config());
         let mut cache = BackendKvarnCache::new(m.backend(), shape, ids.len(), config)
@@ -300,7 +322,7 @@ fn kvarn_decode(key: u32, value: u32) -> Result<(), Failed> {
     let (ga, gb) = (greedy(&a), greedy(&b));
     let same = ga.iter().zip(&gb).filter(|(x, y)| x == y).count();
     report(
-        &format!("kvarn_{key}_{value}"),
+        &name,
         serde_json::json!({"steps": ga.len(), "mean_kl_cpu_cuda": kl,
         "max_abs_logit_diff": max_abs_diff(&a, &b), "same_argmax": same,
         "base_kl_cpu": base_kl, "bound_mean_kl": bound}),
@@ -427,10 +449,24 @@ fn main() {
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2::wiki2_ppl_and_kl", wiki2).with_ignored_flag(!gpu),
         // KVarN KV caches in device memory, every base the CPU has.
-        Trial::test("cuda::smollm2::kvarn_2_2", || kvarn_decode(2, 2)).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2::kvarn_3_2", || kvarn_decode(3, 2)).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2::kvarn_3_3", || kvarn_decode(3, 3)).with_ignored_flag(!gpu),
-        Trial::test("cuda::smollm2::kvarn_2_1", || kvarn_decode(2, 1)).with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_2_2", || kvarn_decode(2, 2, None))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_3_2", || kvarn_decode(3, 2, None))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_3_3", || kvarn_decode(3, 3, None))
+            .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_2_1", || kvarn_decode(2, 1, None))
+            .with_ignored_flag(!gpu),
+        // Refined: the paper's +4/+4 in groups of 2 (a larger fraction than its 1/128 so the
+        // short run selects several groups per head), and values-only bits over 2/1.
+        Trial::test("cuda::smollm2::kvarn_2_2_refined", || {
+            kvarn_decode(2, 2, Some((4, 4, 2, 1.0 / 8.0)))
+        })
+        .with_ignored_flag(!gpu),
+        Trial::test("cuda::smollm2::kvarn_2_1_refined", || {
+            kvarn_decode(2, 1, Some((0, 1, 4, 1.0 / 16.0)))
+        })
+        .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::rtn3", || sfx_agreement("rtn3", "bf16"))
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::awq3", || sfx_agreement("awq3", "bf16"))

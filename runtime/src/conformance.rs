@@ -11,8 +11,8 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, KvarnLayer, KvarnLayerMut, KvarnShape,
-    KvarnSlot, MatmulOut, RopeTable, WeightPrecision,
+    AttentionShape, Backend, GroupItem, KvDtype, KvLayout, KvarnLayer, KvarnLayerMut,
+    KvarnRefineSpec, KvarnShape, KvarnSlot, MatmulOut, RopeTable, WeightPrecision,
 };
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvBase, KvBits, Kvarn, RefineBits};
@@ -640,6 +640,59 @@ pub fn cases() -> Vec<Case> {
                         sinks,
                         tiles,
                         tail,
+                        refine: None,
+                    }),
+                    2e-5,
+                    2e-5,
+                );
+            }
+        }
+    }
+    // Eq. 7/8 refinement: the paper's +4/+4 bits in groups of 2 (selecting 1/8 and 1/128 of
+    // the groups), values-only bits in groups of 4 over the 2/1 base, and a layer with no
+    // tile yet (nothing eligible). The f64 reference selects from its exact weights and
+    // attends with the selected tokens refined.
+    let kb = |key, value| KvBits { key, value };
+    let rb = |key, value| RefineBits { key, value };
+    let refined: &[(KvBits, RefineBits, usize, f64)] = &[
+        (kb(2, 2), rb(4, 4), 2, 1.0 / 8.0),
+        (kb(2, 2), rb(4, 4), 2, 1.0 / 128.0),
+        (kb(3, 2), rb(4, 4), 2, 1.0 / 8.0),
+        (kb(2, 1), rb(0, 1), 4, 1.0 / 16.0),
+    ];
+    let refined_layers: &[(usize, usize, usize, usize, usize, usize)] = &[
+        (9, 3, 64, 5, 2, 7),
+        (32, 8, 128, 128, 40, 77),
+        (8, 1, 128, 16, 3, 9),
+        (28, 4, 128, 130, 0, 50),
+    ];
+    for (op, make) in [
+        ("kvarn_attention", Op::KvarnAttention as fn(KvarnCase) -> Op),
+        ("kvarn_decode", Op::KvarnDecode),
+    ] {
+        for &(bits, rbits, group, fraction) in refined {
+            let (key, value, rk, rv) = (bits.key, bits.value, rbits.key, rbits.value);
+            for &(heads, kv_heads, head_dim, sinks, tiles, tail) in refined_layers {
+                let spec = KvarnRefineSpec {
+                    bits: rbits,
+                    group,
+                    fraction,
+                };
+                add(
+                    op,
+                    format!(
+                        "{key}/{value} +{rk}/+{rv} g{group} {} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}",
+                        crate::kv::spec::fraction_label(fraction)
+                    ),
+                    make(KvarnCase {
+                        bits,
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        sinks,
+                        tiles,
+                        tail,
+                        refine: Some(spec),
                     }),
                     2e-5,
                     2e-5,
@@ -1236,6 +1289,8 @@ struct Inputs {
     bytes: Vec<u8>,
     /// Token ids of cases whose `ids` hold something else (group zero points).
     tokens: Vec<u32>,
+    /// KVarN refinement units, `[kv_heads, tile capacity, groups per tile, unit]`.
+    units: Vec<u8>,
 }
 
 fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
@@ -1297,7 +1352,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.d = rng.vec(2 * c.kv_heads * d, 1.5);
             i.b = rng.vec(2 * c.kv_heads * c.sinks * d, 1.5);
             i.c = rng.vec(2 * c.kv_heads * KVARN_TILE * d, 1.0);
-            i.bytes = kvarn_records(c, rng);
+            (i.bytes, i.units) = kvarn_records(c, rng);
             i.ids = vec![kvarn_decode_position(c) as u32];
         }
         Op::KvarnAttention(ref c) => {
@@ -1306,7 +1361,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             // Keys then values, [kv_heads, capacity, d] each: the sinks in b, the tail in c.
             i.b = rng.vec(2 * c.kv_heads * c.sinks.max(1) * d, 1.5);
             i.c = rng.vec(2 * c.kv_heads * c.tail.max(1) * d, 1.0);
-            i.bytes = kvarn_records(c, rng);
+            (i.bytes, i.units) = kvarn_records(c, rng);
         }
         Op::Attention {
             n,
@@ -1685,6 +1740,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let mut tail_k = b.upload_kv(&x.c[..tail_half], KvDtype::F16)?;
             let mut tail_v = b.upload_kv(&x.c[tail_half..], KvDtype::F16)?;
             let records = kvarn_tile_store(b, c, &x.bytes)?;
+            let units = kvarn_units_store(b, c, &x.units)?;
             let row = c.kv_heads * c.head_dim;
             let (q, k, v) = (
                 b.upload(&x.a)?,
@@ -1700,6 +1756,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 tiles: &records,
                 tail_k: &mut tail_k,
                 tail_v: &mut tail_v,
+                units: units.as_ref(),
             };
             b.kvarn_decode(
                 &q,
@@ -1731,12 +1788,14 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let tail_k = b.upload_kv(&x.c[..tail_half], KvDtype::F16)?;
             let tail_v = b.upload_kv(&x.c[tail_half..], KvDtype::F16)?;
             let records = kvarn_tile_store(b, c, &x.bytes)?;
+            let units = kvarn_units_store(b, c, &x.units)?;
             let layer = KvarnLayer {
                 sink_k: &sink_k,
                 sink_v: &sink_v,
                 tiles: &records,
                 tail_k: &tail_k,
                 tail_v: &tail_v,
+                units: units.as_ref(),
             };
             let q = b.upload(&x.a)?;
             let mut out = poisoned(b, c.heads * c.head_dim)?;
@@ -2340,6 +2399,8 @@ pub struct KvarnCase {
     sinks: usize,
     tiles: usize,
     tail: usize,
+    /// Eq. 7/8 refinement from units the CPU encoder wrote with the tiles.
+    refine: Option<KvarnRefineSpec>,
 }
 
 const KVARN_TILE: usize = 128;
@@ -2357,25 +2418,67 @@ fn kvarn_shape(c: &KvarnCase) -> KvarnShape {
         tile_capacity: c.tiles.max(1),
         tail: c.tail,
         tail_capacity: c.tail.max(1),
+        refine: c.refine,
     }
 }
 
 /// `[kv_heads, max(tiles, 1), record]` tile records of random keys and values, encoded by the
-/// CPU's KVarN encoder (the unused capacity stays zero).
-fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> Vec<u8> {
+/// CPU's KVarN encoder (the unused capacity stays zero); with refinement, the units the
+/// encoder's sub-interval indices pack into (`[kv_heads, max(tiles, 1), groups, unit]`).
+fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
     let Ok(base) = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE) else {
-        return Vec::new(); // the op then reports the bad geometry itself
+        return (Vec::new(), Vec::new()); // the op then reports the bad geometry itself
     };
-    let (rec, cap, n) = (base.tile_bytes(), c.tiles.max(1), KVARN_TILE * c.head_dim);
+    let d = c.head_dim;
+    let (rec, cap, n) = (base.tile_bytes(), c.tiles.max(1), KVARN_TILE * d);
+    let bits = c.refine.map_or(RefineBits::NONE, |r| r.bits);
+    let (group, unit) = c
+        .refine
+        .map_or((KVARN_TILE, 0), |r| (r.group, r.unit_bytes(d)));
+    let per_tile = KVARN_TILE / group;
     let mut bytes = vec![0u8; c.kv_heads * cap * rec];
+    let mut units = vec![0u8; c.kv_heads * cap * per_tile * unit];
+    let (mut ks, mut vs) = (vec![0u8; n], vec![0u8; n]);
     for h in 0..c.kv_heads {
         for t in 0..c.tiles {
             let (keys, values) = (rng.vec(n, 1.5), rng.vec(n, 1.0));
             let out = &mut bytes[(h * cap + t) * rec..][..rec];
-            base.encode_tile(&keys, &values, RefineBits::NONE, out, &mut [], &mut []);
+            if c.refine.is_none() {
+                base.encode_tile(&keys, &values, bits, out, &mut [], &mut []);
+                continue;
+            }
+            base.encode_tile(&keys, &values, bits, out, &mut ks, &mut vs);
+            for g in 0..per_tile {
+                let u = &mut units[((h * cap + t) * per_tile + g) * unit..][..unit];
+                let rows = g * group * d..(g + 1) * group * d;
+                crate::kv::bitpack::pack(&ks[rows.clone()], bits.key, u, 0);
+                crate::kv::bitpack::pack(&vs[rows], bits.value, u, group * d * bits.key as usize);
+            }
         }
     }
-    bytes
+    (bytes, units)
+}
+
+/// The case's refinement units in host memory the device reads ([`Backend::alloc_kv_host_tiles`]),
+/// written one tile's units at a time and read back; none without refinement.
+fn kvarn_units_store<B: Backend>(b: &B, c: &KvarnCase, units: &[u8]) -> Result<Option<B::KvTiles>> {
+    let Some(r) = c.refine else {
+        return Ok(None);
+    };
+    let tile_units = (KVARN_TILE / r.group) * r.unit_bytes(c.head_dim);
+    let mut store = b.alloc_kv_host_tiles(units.len())?;
+    for (i, u) in units.chunks(tile_units.max(1)).enumerate() {
+        b.write_kv_tiles(&mut store, i * tile_units, u)?;
+    }
+    let mut back = vec![0u8; units.len()];
+    b.read_kv_tiles(&store, 0, &mut back)?;
+    if back != units {
+        return Err(RuntimeError::Shape {
+            op: "read_kv_tiles",
+            msg: "refinement units read back differ from those written".into(),
+        });
+    }
+    Ok(Some(store))
 }
 
 /// The position whose decode step sees the case's fill: the last sink, or the tail's last row.
@@ -2430,15 +2533,23 @@ fn hadamard_f64(x: &[f64], d: usize) -> Vec<f64> {
         .collect()
 }
 
-/// f64 decode step: rows rotated exactly, keys and values rounded to FP16 into their slot,
-/// attention as [`naive_kvarn`] over the fill the position sees, the output rotated back;
-/// then the stores as written.
+/// f64 decode step: the query rotated exactly; the key and value rows rotated by the CPU's
+/// f32 transform (the `hadamard_rows` cases check it against the exact product) and rounded
+/// to FP16 into their slot — rotated exactly, an element within float rounding of an FP16
+/// rounding boundary would land one FP16 step away from any f32 device's row; attention as
+/// [`naive_kvarn`] over the fill the position sees, the output rotated back exactly; then
+/// the stores as written.
 fn naive_kvarn_decode(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
     let (d, kv) = (c.head_dim, c.kv_heads);
     let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
     let r16 = |v: f64| f16::from_f32(v as f32).to_f32();
     let q = hadamard_f64(&f64s(&x.a), d);
-    let kvr = hadamard_f64(&f64s(&x.d), d);
+    let mut kv32 = x.d.clone();
+    let level = crate::backend::cpu::SimdLevel::detect();
+    let (_, scale) = crate::backend::kvarn::hadamard_rows_check(kv32.len(), d).ok()?;
+    kv32.chunks_exact_mut(d)
+        .for_each(|row| crate::resident::hadamard::fwht_scaled(level, row, scale));
+    let kvr = f64s(&kv32);
     let mut sinks: Vec<f32> = x.b.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
     let mut tail: Vec<f32> = x.c.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
     let slot = kvarn_decode_slot(c);
@@ -2468,6 +2579,7 @@ fn naive_kvarn_decode(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
         b: sinks.clone(),
         c: tail_fill,
         bytes: x.bytes.clone(),
+        units: x.units.clone(),
         ..Inputs::default()
     };
     let out = naive_kvarn(c, &view)?;
@@ -2547,7 +2659,7 @@ fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
             values.push(r16(&x.c[tail_half + (h * tc + t) * d..][..d]));
         }
         let scale = 1.0 / (d as f64).sqrt();
-        for qh in 0..g {
+        let weights = |keys: &[Vec<f64>], qh: usize| -> Vec<f64> {
             let q = &x.a[(h * g + qh) * d..][..d];
             let scores: Vec<f64> = keys
                 .iter()
@@ -2556,10 +2668,55 @@ fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
             let sum: f64 = w.iter().sum();
+            w.iter().map(|v| v / sum).collect()
+        };
+        if let Some(r) = c.refine {
+            // Eq. 7 from the resident weights, then the attention recomputed with the
+            // selected groups' tokens refined (what eq. 8's correction amounts to).
+            let per_tile = KVARN_TILE / r.group;
+            let all_w: Vec<Vec<f64>> = (0..g).map(|qh| weights(&keys, qh)).collect();
+            let mut scored: Vec<(f64, usize)> = (0..c.tiles * per_tile)
+                .map(|gi| {
+                    let first = c.sinks + gi * r.group;
+                    let s = all_w
+                        .iter()
+                        .map(|w| w[first..first + r.group].iter().sum::<f64>())
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    (s, gi)
+                })
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let unit = r.unit_bytes(d);
+            let mut sub = vec![0u8; d];
+            let (mut kr, mut vr) = (vec![0.0f32; d], vec![0.0f32; d]);
+            for &(_, gi) in scored.iter().take(r.selected(scored.len())) {
+                let (ti, gt) = (gi / per_tile, gi % per_tile);
+                let tile = &x.bytes[(h * cap + ti) * rec..][..rec];
+                let u = &x.units[((h * cap + ti) * per_tile + gt) * unit..][..unit];
+                for t in 0..r.group {
+                    let tt = gt * r.group + t;
+                    crate::kv::bitpack::unpack(
+                        u,
+                        r.bits.key,
+                        t * d * r.bits.key as usize,
+                        &mut sub,
+                    );
+                    base.refined_key(tile, tt, &sub, r.bits.key, &mut kr);
+                    let v_at = (r.group * d * r.bits.key as usize) + t * d * r.bits.value as usize;
+                    crate::kv::bitpack::unpack(u, r.bits.value, v_at, &mut sub);
+                    base.refined_value(tile, tt, &sub, r.bits.value, &mut vr);
+                    let at = c.sinks + ti * KVARN_TILE + tt;
+                    keys[at] = kr.iter().map(|&v| v as f64).collect();
+                    values[at] = vr.iter().map(|&v| v as f64).collect();
+                }
+            }
+        }
+        for qh in 0..g {
+            let w = weights(&keys, qh);
             let o = &mut out[(h * g + qh) * d..][..d];
             for (wp, v) in w.iter().zip(&values) {
                 for (oc, &vc) in o.iter_mut().zip(v) {
-                    *oc += wp / sum * vc;
+                    *oc += wp * vc;
                 }
             }
         }

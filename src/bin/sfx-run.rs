@@ -177,8 +177,10 @@ struct Cli {
     /// Leading positions kept in FP16 (attention sinks).
     #[arg(long, default_value_t = 128, help_heading = "KV cache")]
     kv_sinks: usize,
-    /// Backing tier of KV refinement bits: ram, or ssd (a per-session spill file behind a RAM
-    /// cache of --kv-cache bytes); comma list for sweeps.
+    /// Backing tier of KV refinement bits: ram (on a GPU: page-locked host memory the
+    /// attention reads directly), vram (device memory beside the tiles; on the CPU the same as
+    /// ram), or ssd (a per-session spill file behind a RAM cache of --kv-cache bytes; runs in
+    /// the host cache); comma list for sweeps.
     #[arg(long, default_value = "ram", help_heading = "KV cache")]
     kv_tier: String,
     /// ssd tier: RAM cache budget for KV refinement, shared by all layers and heads (comma
@@ -1048,6 +1050,7 @@ fn kv_configs(cli: &Cli) -> Result<Vec<KvConfig>> {
     for t in cli.kv_tier.split(',') {
         match t.trim() {
             "ram" => tiers.push(KvTierConfig::Ram),
+            "vram" => tiers.push(KvTierConfig::Device),
             "ssd" => {
                 for size in cli.kv_cache.split(',') {
                     tiers.push(KvTierConfig::Ssd {
@@ -1057,7 +1060,7 @@ fn kv_configs(cli: &Cli) -> Result<Vec<KvConfig>> {
                     });
                 }
             }
-            other => bail!("--kv-tier {other:?}: expected ram or ssd (comma list)"),
+            other => bail!("--kv-tier {other:?}: expected ram, vram or ssd (comma list)"),
         }
     }
     let mut out = Vec::new();
@@ -1202,7 +1205,7 @@ fn run_kv_eval<B: ResidentKernels>(
                 "bits": rf.bits.to_string(),
                 "group": rf.group,
                 "fraction": rf.fraction,
-                "tier": match &rf.tier { KvTierConfig::Ram => "ram", KvTierConfig::Ssd { .. } => "ssd" },
+                "tier": match &rf.tier { KvTierConfig::Ram => "ram", KvTierConfig::Device => "vram", KvTierConfig::Ssd { .. } => "ssd" },
             }),
         };
         v["bytes_per_1k_tokens"] = kv_bytes_per_1k(c, shape)?;

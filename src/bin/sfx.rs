@@ -127,12 +127,23 @@ enum Command {
         kv_type: String,
         /// KV caches to measure, each a row set (comma list): f16, f32, or a KVarN base
         /// key/value bits (2/2, 3/2, 3/3, 2/1) encoded from the depth's float prefill as a
-        /// quantized prefill encodes it. Default: the --kv-type float cache alone.
+        /// quantized prefill encodes it, optionally refined (2/2+4/4: +4 key and +4 value
+        /// bits, units in host RAM — or in device memory with 2/2+4/4@vram —, eq. 7
+        /// selection and eq. 8 correction every step; see --kv-group, --kv-fraction).
+        /// Default: the --kv-type float cache alone.
         #[arg(long, default_value = "")]
         kv: String,
         /// FP16 sink tokens of KVarN caches.
         #[arg(long, default_value_t = 128)]
         kv_sinks: usize,
+        /// Tokens per refinement group of --kv entries with refinement bits (2/2+4/4): 1, 2,
+        /// 4 or 8.
+        #[arg(long, default_value_t = 2)]
+        kv_group: usize,
+        /// Fraction of each KV head's groups a refined --kv entry selects per step (1/128,
+        /// 0.01 or 1%).
+        #[arg(long, default_value = "1/128")]
+        kv_fraction: String,
         /// Seed of synthetic weights and token ids.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -188,6 +199,8 @@ fn main() -> Result<()> {
             kv_type,
             kv,
             kv_sinks,
+            kv_group,
+            kv_fraction,
             seed,
             json,
         } => {
@@ -221,7 +234,18 @@ fn main() -> Result<()> {
                     "f32" => sfx_runtime::backend::KvDtype::F32,
                     other => bail!("--kv-type {other:?}: expected f16 or f32"),
                 },
-                kv_caches: strataflux::bench::parse_kv_caches(&kv, kv_sinks)?,
+                kv_caches: strataflux::bench::parse_kv_caches(
+                    &kv,
+                    strataflux::bench::KvRefineArgs {
+                        sinks: kv_sinks,
+                        group: match kv_group {
+                            1 | 2 | 4 | 8 => kv_group,
+                            g => bail!("--kv-group {g}: expected 1, 2, 4 or 8"),
+                        },
+                        fraction: sfx_runtime::kv::spec::parse_fraction(&kv_fraction)
+                            .map_err(|e| anyhow::anyhow!("--kv-fraction: {e}"))?,
+                    },
+                )?,
                 seed,
                 json,
             })

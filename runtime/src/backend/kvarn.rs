@@ -3,7 +3,7 @@
 
 use super::{Backend, KvDtype};
 use crate::error::{Result, RuntimeError};
-use crate::kv::{KvBase, KvBits, Kvarn};
+use crate::kv::{KvBase, KvBits, Kvarn, RefineBits};
 
 /// Largest query heads per KV head the device kernels take (Llama/Qwen use 1–8).
 pub const KVARN_MAX_GROUP: usize = 8;
@@ -54,10 +54,39 @@ pub struct KvarnLayer<'a, B: Backend> {
     /// F16 stores `[kv_heads, tail_capacity, head_dim]`.
     pub tail_k: &'a B::KvStore,
     pub tail_v: &'a B::KvStore,
+    /// With refinement ([`KvarnShape::refine`]): the layer's refinement units,
+    /// `[kv_heads, tile_capacity, groups per tile, unit bytes]` — the backing tier, in host
+    /// memory the device reads directly ([`Backend::alloc_kv_host_tiles`]).
+    pub units: Option<&'a B::KvTiles>,
+}
+
+/// Nested refinement of the tiles (method: eq. 7 selection, eq. 8 correction). A unit is one
+/// group of `group` consecutive tile tokens of one KV head: the sub-interval indices of its
+/// keys (`bits.key` each, token-major) then of its values (`bits.value` each), one
+/// little-endian bit stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvarnRefineSpec {
+    pub bits: RefineBits,
+    pub group: usize,
+    /// Fraction of a KV head's eligible groups (tile tokens) selected per step, rounded up,
+    /// at least one.
+    pub fraction: f64,
+}
+
+impl KvarnRefineSpec {
+    /// Bytes of one unit for heads of `head_dim`.
+    pub fn unit_bytes(&self, head_dim: usize) -> usize {
+        crate::kv::bitpack::packed_len(self.group * head_dim, self.bits.key + self.bits.value)
+    }
+
+    /// Groups selected among `eligible` ([`crate::kv::attend::groups_to_select`]).
+    pub fn selected(&self, eligible: usize) -> usize {
+        crate::kv::attend::groups_to_select(eligible, self.fraction)
+    }
 }
 
 /// Geometry of a [`KvarnLayer`] and how much of it is filled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvarnShape {
     pub n_heads: usize,
     pub kv_heads: usize,
@@ -70,6 +99,8 @@ pub struct KvarnShape {
     pub tile_capacity: usize,
     pub tail: usize,
     pub tail_capacity: usize,
+    /// Eq. 7/8 refinement of the tiles from the layer's units, or none.
+    pub refine: Option<KvarnRefineSpec>,
 }
 
 /// A layer's stores as a decode step writes its rows into them ([`Backend::kvarn_decode`]).
@@ -79,6 +110,7 @@ pub struct KvarnLayerMut<'a, B: Backend> {
     pub tiles: &'a B::KvTiles,
     pub tail_k: &'a mut B::KvStore,
     pub tail_v: &'a mut B::KvStore,
+    pub units: Option<&'a B::KvTiles>,
 }
 
 impl<'a, B: Backend> KvarnLayerMut<'a, B> {
@@ -89,6 +121,7 @@ impl<'a, B: Backend> KvarnLayerMut<'a, B> {
             tiles: self.tiles,
             tail_k: self.tail_k,
             tail_v: self.tail_v,
+            units: self.units,
         }
     }
 }
@@ -139,6 +172,8 @@ pub struct KvarnLens {
     pub tail_k: usize,
     pub tail_v: usize,
     pub row_dtypes: [KvDtype; 4],
+    /// Bytes of the refinement units store, if one is given.
+    pub units: Option<usize>,
 }
 
 impl KvarnShape {
@@ -207,6 +242,40 @@ impl KvarnShape {
             if got != want {
                 return Err(err(format!("{what}: {got} elements, expected {want}")));
             }
+        }
+        match (self.refine, lens.units) {
+            (None, None) => {}
+            (Some(r), Some(got)) => {
+                if r.group == 0 || !self.tile_tokens.is_multiple_of(r.group) {
+                    return Err(err(format!(
+                        "refinement groups of {} tokens must divide the tile of {}",
+                        r.group, self.tile_tokens
+                    )));
+                }
+                if r.bits.key > 8 || r.bits.value > 8 || r.bits.is_none() {
+                    return Err(err(format!(
+                        "refinement bits {}/{}: each at most 8, not both 0",
+                        r.bits.key, r.bits.value
+                    )));
+                }
+                if !(r.fraction > 0.0 && r.fraction <= 1.0) {
+                    return Err(err(format!(
+                        "refinement fraction {} is not in (0, 1]",
+                        r.fraction
+                    )));
+                }
+                let want = self.kv_heads
+                    * self.tile_capacity
+                    * (self.tile_tokens / r.group)
+                    * r.unit_bytes(d);
+                if got != want {
+                    return Err(err(format!(
+                        "refinement units: {got} bytes, expected {want}"
+                    )));
+                }
+            }
+            (Some(_), None) => return Err(err("refinement without a units store".into())),
+            (None, Some(_)) => return Err(err("a units store without refinement".into())),
         }
         let stores = ["sink keys", "sink values", "tail keys", "tail values"];
         for (what, dtype) in stores.into_iter().zip(lens.row_dtypes) {
@@ -294,6 +363,7 @@ mod tests {
             tile_capacity: 2,
             tail: 3,
             tail_capacity: 128,
+            refine: None,
         }
     }
 
@@ -308,6 +378,7 @@ mod tests {
             tail_k: s.kv_heads * s.tail_capacity * d,
             tail_v: s.kv_heads * s.tail_capacity * d,
             row_dtypes: [KvDtype::F16; 4],
+            units: None,
         }
     }
 
@@ -413,5 +484,47 @@ mod tests {
         let gqa = KvarnShape { n_heads: 8, ..s };
         let e = rejection(&gqa, lens(&gqa));
         assert!(e.contains("8 query heads over 3 KV heads"), "{e}");
+    }
+
+    #[test]
+    fn refinement_needs_its_units_store_and_a_dividing_group() {
+        let spec = KvarnRefineSpec {
+            bits: RefineBits { key: 4, value: 4 },
+            group: 2,
+            fraction: 1.0 / 128.0,
+        };
+        let s = KvarnShape {
+            refine: Some(spec),
+            ..shape()
+        };
+        // 3 heads × 2 tiles × 64 groups × (2 tokens × 64 × 8 bits / 8) bytes.
+        let units = 3 * 2 * 64 * 128;
+        assert_eq!(spec.unit_bytes(64), 128);
+        let with = |n: Option<usize>| KvarnLens {
+            units: n,
+            ..lens(&s)
+        };
+        assert!(s.validate(with(Some(units))).is_ok());
+        let e = rejection(&s, with(Some(units - 1)));
+        assert!(e.contains("refinement units"), "{e}");
+        let e = rejection(&s, with(None));
+        assert!(e.contains("without a units store"), "{e}");
+        let e = rejection(&shape(), with(Some(units)));
+        assert!(e.contains("without refinement"), "{e}");
+        let odd = KvarnShape {
+            refine: Some(KvarnRefineSpec { group: 3, ..spec }),
+            ..s
+        };
+        let e = rejection(&odd, with(Some(units)));
+        assert!(e.contains("groups of 3 tokens"), "{e}");
+        let none = KvarnShape {
+            refine: Some(KvarnRefineSpec {
+                fraction: 0.0,
+                ..spec
+            }),
+            ..s
+        };
+        let e = rejection(&none, with(Some(units)));
+        assert!(e.contains("fraction 0"), "{e}");
     }
 }

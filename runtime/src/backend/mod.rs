@@ -18,7 +18,7 @@ pub mod cuda;
 pub mod kvarn;
 
 use crate::error::{Result, RuntimeError};
-pub use kvarn::{KvarnLayer, KvarnLayerMut, KvarnShape, KvarnSlot};
+pub use kvarn::{KvarnLayer, KvarnLayerMut, KvarnRefineSpec, KvarnShape, KvarnSlot};
 use sfx_formats::{DType, TensorView};
 
 /// How a float checkpoint tensor is stored once resident.
@@ -295,6 +295,12 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Self::KvTiles>;
     /// A zero-filled tile store of `len` bytes.
     fn alloc_kv_tiles(&self, len: usize) -> Result<Self::KvTiles>;
+    /// A zero-filled tile store of `len` bytes in host memory that the device's kernels read
+    /// directly (page-locked and mapped on CUDA; on the CPU the same as
+    /// [`Backend::alloc_kv_tiles`]): the backing tier of KV refinement units, of which a
+    /// decode step reads only the few groups it selects. Written and read through
+    /// [`Backend::write_kv_tiles`] and [`Backend::read_kv_tiles`].
+    fn alloc_kv_host_tiles(&self, len: usize) -> Result<Self::KvTiles>;
     /// Copies `bytes` into `tiles` from byte `offset` (a tile record as its tile fills),
     /// ordered after the ops queued before it.
     fn write_kv_tiles(&self, tiles: &mut Self::KvTiles, offset: usize, bytes: &[u8]) -> Result<()>;
@@ -480,6 +486,13 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// in the code frame. `scratch` holds [`Backend::kvarn_scratch_len`] elements (split-K
     /// partials of devices that split the positions). Tiles are read as stored: a key is `(code·A + Z)·B` with A and Z
     /// per channel and B per token, a value the same with A and Z per token and B per channel.
+    ///
+    /// With `shape.refine` (and `layer.units`), eq. 7 and 8 follow: each tile group's score
+    /// is the largest, over the KV head's query heads, of its tokens' summed attention
+    /// weights; the top fraction of groups per KV head (ties to the lower group) have their
+    /// keys and values refined from their units (code + sub-interval centre) and the
+    /// output corrected by the change of their weights and values (the host cache's
+    /// `attend_head`).
     fn kvarn_attention(
         &self,
         q: &Self::Buffer,

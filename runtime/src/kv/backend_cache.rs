@@ -1,6 +1,6 @@
-//! [`BackendKvarnCache`]: a KVarN cache (the resident base alone, no refinement) whose rows, tiles
-//! and decode attention live in the backend — device memory on CUDA, so a decode step never
-//! leaves the device.
+//! [`BackendKvarnCache`]: a KVarN cache whose rows, tiles and decode attention live in the
+//! backend — device memory on CUDA, so a decode step never leaves the device — with its
+//! refinement units (eq. 7/8, RAM tier) in host memory the device reads directly.
 //!
 //! Per layer the backend holds, for every KV head, an FP16 sink store of `sinks` rows, a
 //! store of `tile_capacity` encoded tile records and an FP16 tail store of one tile of rows,
@@ -8,13 +8,19 @@
 //! alone (sinks first, then whole tiles, then the tail), so nothing per position is kept on
 //! the host.
 //!
+//! With refinement, each layer also has a units store of `tile_capacity` tiles' refinement
+//! units per KV head ([`Backend::alloc_kv_host_tiles`]: page-locked, device-mapped host memory
+//! on CUDA), written as tiles are encoded; a step reads only the units of the groups it
+//! selects, over the bus.
+//!
 //! A decode step is one backend op, [`Backend::kvarn_decode`]: the key, value and query rows
 //! rotated into the code frame, the key and value rows written at the slot the position
-//! names, attention over the layer, the output rotated back — all reading the position from
-//! the device, so the step is captured into the model's step graph and replayed. When a commit
-//! fills the tail, its rows are read back, encoded on the host by the same encoder as the host
-//! cache, and the records written into the tile store ([`Backend::write_kv_tiles`]): one round
-//! trip per tile of tokens (128 steps).
+//! names, attention over the layer (with refinement: eq. 7's group selection and eq. 8's
+//! correction), the output rotated back — all reading the position from the device, so the
+//! step is captured into the model's step graph and replayed. When a commit fills the tail,
+//! its rows are read back, encoded on the host by the same encoder as the host cache, and the
+//! records and units written into their stores ([`Backend::write_kv_tiles`]): one round trip
+//! per tile of tokens (128 steps).
 //!
 //! A prefill chunk attends on the host path the host cache uses ([`attend_chunk_as_stored`]):
 //! the layer's stored rows and records are read back and dequantized, and the chunk's rows
@@ -31,13 +37,23 @@ use rayon::prelude::*;
 
 use super::attend::HeadView;
 use super::base::{KvBase, RefineBits};
-use super::cache::{attend_chunk_as_stored, KvBytes, KvCacheStats};
-use super::spec::{KvBaseChoice, KvConfig};
+use super::cache::{attend_chunk_as_stored, encode_into, KvBytes, KvCacheStats};
+use super::spec::{KvBaseChoice, KvConfig, KvTierConfig};
+use super::tier::TierBytes;
 use super::Kvarn;
-use crate::backend::kvarn::{KvarnLayerMut, KvarnShape};
+use crate::backend::kvarn::{KvarnLayerMut, KvarnRefineSpec, KvarnShape};
 use crate::backend::{Backend, KvDtype, KvLayout};
 use crate::error::{Result, RuntimeError};
 use crate::kv_cache::{check_append, check_commit, FloatKvCache, KvCache, KvShape};
+
+/// A layer's units store: host memory the device reads, or device memory (`vram`).
+fn alloc_units<B: Backend>(backend: &B, r: RefineGeometry) -> Result<B::KvTiles> {
+    if r.in_device {
+        backend.alloc_kv_tiles(r.store)
+    } else {
+        backend.alloc_kv_host_tiles(r.store)
+    }
+}
 
 /// One layer's stores in the backend.
 struct LayerStores<B: Backend> {
@@ -46,6 +62,9 @@ struct LayerStores<B: Backend> {
     tiles: B::KvTiles,
     tail_k: B::KvStore,
     tail_v: B::KvStore,
+    /// Refinement units `[kv_heads, tile_capacity, groups per tile, unit]` (host memory the
+    /// device reads), with refinement.
+    units: Option<B::KvTiles>,
 }
 
 /// [`Backend::kvarn_decode`]'s scratch, allocated on the first decode step (its length
@@ -64,6 +83,26 @@ struct Geometry {
     /// Bytes of one tile record, and of a layer's tile store (all KV heads).
     record: usize,
     tile_bytes: usize,
+    refine: Option<RefineGeometry>,
+}
+
+/// The refinement units of a layer.
+#[derive(Clone, Copy)]
+struct RefineGeometry {
+    spec: KvarnRefineSpec,
+    unit: usize,
+    per_tile: usize,
+    /// Bytes of a layer's units store (all KV heads).
+    store: usize,
+    /// Units in device memory rather than host memory.
+    in_device: bool,
+}
+
+impl RefineGeometry {
+    /// What the encoder needs to produce units: bits, group, unit bytes.
+    fn encoder(&self) -> (RefineBits, usize, usize) {
+        (self.spec.bits, self.spec.group, self.unit)
+    }
 }
 
 impl Geometry {
@@ -110,8 +149,8 @@ pub struct BackendKvarnCache<B: Backend> {
 }
 
 impl<B: Backend> BackendKvarnCache<B> {
-    /// An empty cache of `capacity` positions. `config` must name a KVarN base and no
-    /// refinement (eq. 7/8 run in the host cache for now).
+    /// An empty cache of `capacity` positions. `config` must name a KVarN base, and
+    /// refinement, if any, in the RAM tier ([`runs_in_backend`]).
     pub fn new(backend: &B, shape: KvShape, capacity: usize, config: &KvConfig) -> Result<Self> {
         let (d, kv) = (shape.head_dim, shape.kv_heads);
         Self::with_stores(backend, shape, capacity, config, |_, g| {
@@ -121,6 +160,7 @@ impl<B: Backend> BackendKvarnCache<B> {
                 tiles: backend.alloc_kv_tiles(g.tile_bytes)?,
                 tail_k: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
                 tail_v: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
+                units: g.refine.map(|r| alloc_units(backend, r)).transpose()?,
             })
         })
     }
@@ -140,9 +180,9 @@ impl<B: Backend> BackendKvarnCache<B> {
                 "the backend cache holds KVarN tiles; use a float cache".into(),
             ));
         };
-        if config.refine.is_some() {
+        if !runs_in_backend(config) {
             return Err(bad(
-                "refinement runs in the host cache (QuantKvCache), not the backend cache".into(),
+                "refinement from the SSD tier runs in the host cache (QuantKvCache)".into(),
             ));
         }
         let base = Arc::new(Kvarn::new(bits, shape.head_dim).map_err(bad)?);
@@ -155,12 +195,40 @@ impl<B: Backend> BackendKvarnCache<B> {
             .checked_mul(tile_capacity)
             .and_then(|n| n.checked_mul(record))
             .ok_or_else(|| bad(format!("{capacity} positions overflow the tile store")))?;
+        let refine = match &config.refine {
+            Some(r) if !r.bits.is_none() => {
+                if r.group == 0 || !tile.is_multiple_of(r.group) {
+                    return Err(bad(format!(
+                        "token group {} must divide the tile of {tile} tokens",
+                        r.group
+                    )));
+                }
+                let spec = KvarnRefineSpec {
+                    bits: r.bits,
+                    group: r.group,
+                    fraction: r.fraction,
+                };
+                let (unit, per_tile) = (spec.unit_bytes(shape.head_dim), tile / r.group);
+                let store = (shape.kv_heads * tile_capacity)
+                    .checked_mul(per_tile * unit)
+                    .ok_or_else(|| bad(format!("{capacity} positions overflow the units")))?;
+                Some(RefineGeometry {
+                    spec,
+                    unit,
+                    per_tile,
+                    store,
+                    in_device: r.tier == KvTierConfig::Device,
+                })
+            }
+            _ => None,
+        };
         let geo = Geometry {
             sinks,
             tile,
             tile_capacity,
             record,
             tile_bytes,
+            refine,
         };
         let layers = (0..shape.layers)
             .map(|_| layer_stores(&base, &geo))
@@ -217,6 +285,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             let mut sink = (vec![0.0f32; kv * sinks * d], vec![0.0f32; kv * sinks * d]);
             let mut tail = (vec![0.0f32; kv * tile * d], vec![0.0f32; kv * tile * d]);
             let mut tiles = vec![0u8; g.tile_bytes];
+            let encoder = g.refine.map(|r| r.encoder());
             // Heads are independent: rotate and encode them in parallel.
             let heads: Vec<_> = tiles
                 .par_chunks_mut(g.tile_capacity * record)
@@ -227,22 +296,29 @@ impl<B: Backend> BackendKvarnCache<B> {
                     kr.chunks_exact_mut(d).for_each(|r| base.to_code_frame(r));
                     vr.chunks_exact_mut(d).for_each(|r| base.to_code_frame(r));
                     let first = fill.sinks;
-                    for (t, rec) in recs.chunks_exact_mut(record).take(fill.tiles).enumerate() {
+                    let mut encoded = Vec::with_capacity(fill.tiles * record);
+                    let mut units = Vec::new();
+                    for t in 0..fill.tiles {
                         let r = (first + t * tile) * d..(first + (t + 1) * tile) * d;
-                        base.encode_tile(
+                        units.extend(encode_into(
+                            base,
                             &kr[r.clone()],
                             &vr[r],
-                            RefineBits::NONE,
-                            rec,
-                            &mut [],
-                            &mut [],
-                        );
+                            encoder,
+                            &mut encoded,
+                        ));
                     }
+                    recs[..encoded.len()].copy_from_slice(&encoded);
                     let tail_rows = (first + fill.tiles * tile) * d..len * d;
-                    (kr, vr, tail_rows)
+                    (kr, vr, tail_rows, units)
                 })
                 .collect();
-            for (j, (kr, vr, tail_rows)) in heads.into_iter().enumerate() {
+            let mut units = g.refine.map(|r| alloc_units(backend, r)).transpose()?;
+            for (j, (kr, vr, tail_rows, head_units)) in heads.into_iter().enumerate() {
+                if let (Some(store), Some(r)) = (units.as_mut(), g.refine) {
+                    let per_head = g.tile_capacity * r.per_tile * r.unit;
+                    backend.write_kv_tiles(store, j * per_head, &head_units)?;
+                }
                 let ns = fill.sinks * d;
                 sink.0[j * sinks * d..][..ns].copy_from_slice(&kr[..ns]);
                 sink.1[j * sinks * d..][..ns].copy_from_slice(&vr[..ns]);
@@ -256,6 +332,7 @@ impl<B: Backend> BackendKvarnCache<B> {
                 tiles: backend.upload_kv_tiles(&tiles)?,
                 tail_k: backend.upload_kv(&tail.0, KvDtype::F16)?,
                 tail_v: backend.upload_kv(&tail.1, KvDtype::F16)?,
+                units,
             })
         })?;
         cache.stats.tiles_encoded += (cache.geo.fill(len).tiles * kv * shape.layers) as u64;
@@ -281,11 +358,16 @@ impl<B: Backend> BackendKvarnCache<B> {
     /// unfilled capacity is allocated too ([`KvCache::resident_bytes`] counts it).
     pub fn bytes(&self) -> KvBytes {
         let heads = self.shape.layers * self.shape.kv_heads;
+        let tiles = self.geo.fill(self.len).tiles * heads;
         KvBytes {
-            resident: ((self.fixed_fp16_bytes()
-                + self.geo.fill(self.len).tiles * self.geo.record * heads)
-                as u64),
-            tier: Default::default(),
+            resident: ((self.fixed_fp16_bytes() + tiles * self.geo.record) as u64),
+            tier: TierBytes {
+                backing: self
+                    .geo
+                    .refine
+                    .map_or(0, |r| (tiles * r.per_tile * r.unit) as u64),
+                ..TierBytes::default()
+            },
         }
     }
 
@@ -310,6 +392,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             tile_capacity: self.geo.tile_capacity,
             tail: f.tail,
             tail_capacity: self.geo.tile,
+            refine: self.geo.refine.map(|r| r.spec),
         }
     }
 
@@ -344,6 +427,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             tiles: &st.tiles,
             tail_k: &mut st.tail_k,
             tail_v: &mut st.tail_v,
+            units: st.units.as_ref(),
         };
         backend.kvarn_decode(q, k, v, stores, &shape, positions, &mut scratch.buffer, out)
     }
@@ -527,8 +611,11 @@ impl<B: Backend> BackendKvarnCache<B> {
                 })
                 .collect()
         };
-        let (base, tile, record) = (&self.base, self.geo.tile, self.geo.record);
-        let per_head: Vec<(Vec<u8>, Vec<f32>, Vec<f32>)> = (0..kv)
+        let (base, tile, record) = (self.base.as_ref(), self.geo.tile, self.geo.record);
+        let encoder = self.geo.refine.map(|r| r.encoder());
+        // Per KV head: tile records, their units, and the rows left in the tail.
+        type Encoded = (Vec<u8>, Vec<u8>, Vec<f32>, Vec<f32>);
+        let per_head: Vec<Encoded> = (0..kv)
             .into_par_iter()
             .map(|j| {
                 let mut k = tk[j * tile * d..][..on_device * d].to_vec();
@@ -537,28 +624,27 @@ impl<B: Backend> BackendKvarnCache<B> {
                     k.extend(staged_rows(sk, j));
                     v.extend(staged_rows(sv, j));
                 }
-                let mut recs = vec![0u8; new_tiles * record];
-                for (t, rec) in recs.chunks_exact_mut(record).enumerate() {
+                let mut recs = Vec::with_capacity(new_tiles * record);
+                let mut units = Vec::new();
+                for t in 0..new_tiles {
                     let r = t * tile * d..(t + 1) * tile * d;
-                    base.encode_tile(
-                        &k[r.clone()],
-                        &v[r],
-                        RefineBits::NONE,
-                        rec,
-                        &mut [],
-                        &mut [],
-                    );
+                    units.extend(encode_into(base, &k[r.clone()], &v[r], encoder, &mut recs));
                 }
                 let rest = new_tiles * tile * d;
-                (recs, k[rest..].to_vec(), v[rest..].to_vec())
+                (recs, units, k[rest..].to_vec(), v[rest..].to_vec())
             })
             .collect();
         let cap = self.geo.tile_capacity;
+        let refine = self.geo.refine;
         let st = &mut self.layers[layer];
         let mut rest_k = vec![0.0f32; after.tail * row];
         let mut rest_v = vec![0.0f32; after.tail * row];
-        for (j, (recs, k, v)) in per_head.into_iter().enumerate() {
+        for (j, (recs, units, k, v)) in per_head.into_iter().enumerate() {
             backend.write_kv_tiles(&mut st.tiles, (j * cap + before.tiles) * record, &recs)?;
+            if let (Some(store), Some(r)) = (st.units.as_mut(), refine) {
+                let at = ((j * cap + before.tiles) * r.per_tile) * r.unit;
+                backend.write_kv_tiles(store, at, &units)?;
+            }
             for t in 0..after.tail {
                 rest_k[t * row + j * d..][..d].copy_from_slice(&k[t * d..(t + 1) * d]);
                 rest_v[t * row + j * d..][..d].copy_from_slice(&v[t * d..(t + 1) * d]);
@@ -576,10 +662,15 @@ impl<B: Backend> BackendKvarnCache<B> {
     }
 }
 
-/// Whether `config` runs in a [`BackendKvarnCache`]: a KVarN base without refinement.
-/// Refinement (eq. 7/8) and the all-FP16 reference still run in the host cache.
+/// Whether `config` runs in a [`BackendKvarnCache`]: a KVarN base, without refinement or
+/// with its units in the RAM tier (or in device memory, `vram`). The SSD tier (a spill file behind a RAM cache with a miss
+/// policy) and the all-FP16 reference run in the host cache.
 pub fn runs_in_backend(config: &KvConfig) -> bool {
-    matches!(config.base, KvBaseChoice::Kvarn(_)) && config.refine.is_none()
+    matches!(config.base, KvBaseChoice::Kvarn(_))
+        && config
+            .refine
+            .as_ref()
+            .is_none_or(|r| matches!(r.tier, KvTierConfig::Ram | KvTierConfig::Device))
 }
 
 /// The cache a run of `config` uses: [`BackendKvarnCache`] where [`runs_in_backend`], else the
@@ -672,6 +763,16 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
         }
         if n_new == 1 {
             self.stats.decode_attentions += self.shape.layers as u64;
+            // Every selected unit is in the RAM tier, so the counts follow from the fill.
+            if let Some(r) = self.geo.refine {
+                let heads = (self.shape.layers * self.shape.kv_heads) as u64;
+                let eligible = self.geo.fill(self.len).tiles * r.per_tile;
+                let selected = r.spec.selected(eligible) as u64;
+                self.stats.eligible_groups += eligible as u64 * heads;
+                self.stats.selected_groups += selected * heads;
+                self.stats.applied_groups += selected * heads;
+                self.stats.bytes_fetched += selected * r.unit as u64 * heads;
+            }
         }
         self.len = target;
         Ok(())
@@ -749,9 +850,40 @@ mod tests {
     #[test]
     fn matches_the_host_cache_bit_for_bit() {
         let b = CpuBackend::new();
-        for bits in [KvBits { key: 2, value: 2 }, KvBits { key: 3, value: 2 }] {
+        let refine = |bits: RefineBits, group: usize, fraction: f64| {
+            Some(crate::kv::KvRefineConfig {
+                bits,
+                group,
+                fraction,
+                tier: KvTierConfig::Ram,
+            })
+        };
+        let in_device = |r: Option<crate::kv::KvRefineConfig>| {
+            r.map(|r| crate::kv::KvRefineConfig {
+                tier: KvTierConfig::Device,
+                ..r
+            })
+        };
+        let configs = [
+            (KvBits { key: 2, value: 2 }, None),
+            (KvBits { key: 3, value: 2 }, None),
+            (
+                KvBits { key: 2, value: 2 },
+                refine(RefineBits { key: 4, value: 4 }, 2, 1.0 / 8.0),
+            ),
+            (
+                KvBits { key: 2, value: 1 },
+                refine(RefineBits { key: 0, value: 1 }, 4, 1.0 / 16.0),
+            ),
+            (
+                KvBits { key: 3, value: 2 },
+                in_device(refine(RefineBits { key: 4, value: 4 }, 2, 1.0 / 4.0)),
+            ),
+        ];
+        for (bits, refine) in configs {
             let config = KvConfig {
                 sinks: 5,
+                refine,
                 ..KvConfig::base(KvBaseChoice::Kvarn(bits))
             };
             let cap = 5 + 4 * 128 + 40;
@@ -766,8 +898,14 @@ mod tests {
             for _ in 0..120 {
                 step(&b, &mut host, &mut dev, 1, &mut seed);
             }
-            assert_eq!(dev.stats().tiles_encoded, host.stats().tiles_encoded);
+            let (ds, hs) = (dev.stats(), host.stats());
+            assert_eq!(ds.tiles_encoded, hs.tiles_encoded);
+            assert_eq!(
+                (ds.eligible_groups, ds.selected_groups, ds.bytes_fetched),
+                (hs.eligible_groups, hs.selected_groups, hs.bytes_fetched)
+            );
             assert_eq!(dev.bytes().resident, host.bytes().resident);
+            assert_eq!(dev.bytes().tier.backing, host.bytes().tier.backing);
             // Into the tail, then back to a tile boundary; a cut inside a tile is refused.
             for cut in [263, 261] {
                 host.truncate(cut).unwrap();
@@ -782,13 +920,19 @@ mod tests {
         }
     }
 
-    /// An imported float prefill encodes as the host cache's import does.
+    /// An imported float prefill encodes as the host cache's import does (tiles and units).
     #[test]
     fn imports_a_float_cache_as_the_host_cache_does() {
         let b = CpuBackend::new();
         let d = SHAPE.head_dim;
         let config = KvConfig {
             sinks: 3,
+            refine: Some(crate::kv::KvRefineConfig {
+                bits: RefineBits { key: 0, value: 1 },
+                group: 4,
+                fraction: 1.0 / 16.0,
+                tier: KvTierConfig::Ram,
+            }),
             ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key: 2, value: 1 }))
         };
         let (len, cap) = (3 + 2 * 128 + 17, 400);

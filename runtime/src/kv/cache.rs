@@ -730,7 +730,7 @@ fn push_f16(dst: &mut Vec<f16>, src: &[f32]) {
 
 /// Encodes one tile (code frame, `[tile, d]`) onto `tiles`; returns its refinement units
 /// (empty without refinement): per token group, key indices then value indices.
-fn encode_into(
+pub(crate) fn encode_into(
     base: &dyn KvBase,
     k: &[f32],
     v: &[f32],

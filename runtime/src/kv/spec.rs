@@ -66,8 +66,11 @@ impl KvBaseChoice {
 /// Where refinement bits live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvTierConfig {
-    /// In process memory (host RAM; a GPU would read it zero-copy).
+    /// In process memory (host RAM; a GPU reads it zero-copy).
     Ram,
+    /// Device memory beside the tiles (a backend cache only; the host cache keeps it in RAM):
+    /// a step's selected units are read at device-memory latency instead of over the bus.
+    Device,
     /// A per-session spill file in `dir` (deleted on close) behind a RAM cache of
     /// `cache_budget` bytes shared by all layers and heads.
     Ssd {
@@ -114,6 +117,7 @@ impl KvConfig {
             Some(r) => {
                 let tier = match &r.tier {
                     KvTierConfig::Ram => "ram".to_string(),
+                    KvTierConfig::Device => "vram".to_string(),
                     KvTierConfig::Ssd {
                         cache_budget,
                         policy,

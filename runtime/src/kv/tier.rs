@@ -104,7 +104,8 @@ impl KvTier {
     ) -> io::Result<Self> {
         let warn = stderr_warn_sink();
         let kind = match config {
-            KvTierConfig::Ram => Kind::Ram {
+            // The host cache has no device memory: its units stay in RAM.
+            KvTierConfig::Ram | KvTierConfig::Device => Kind::Ram {
                 units: (0..heads).map(|_| Vec::new()).collect(),
             },
             KvTierConfig::Ssd {

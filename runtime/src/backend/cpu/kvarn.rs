@@ -1,11 +1,12 @@
 //! KVarN decode attention on the CPU backend: each KV head's stored positions viewed as the
-//! quantized cache views them, through the cache's own attention ([`attend_head`], no
-//! refinement), so the device kernels are checked against exactly what the CPU cache computes.
+//! quantized cache views them, through the cache's own attention ([`attend_head`], with its
+//! eq. 7/8 refinement when the shape asks for it), so the device kernels are checked against
+//! exactly what the CPU cache computes.
 
 use super::{CpuBackend, CpuBuffer, CpuKvStore, SimdLevel};
 use crate::backend::kvarn::{KvarnLayer, KvarnLens, KvarnShape};
 use crate::error::Result;
-use crate::kv::attend::{attend_head, HeadView};
+use crate::kv::attend::{attend_head, HeadView, RefineStep};
 use crate::kv::KvBase;
 use half::f16;
 use rayon::prelude::*;
@@ -26,6 +27,7 @@ pub(super) fn kvarn_attention(
         tail_k: layer.tail_k.data.len(),
         tail_v: layer.tail_v.data.len(),
         row_dtypes: [layer.sink_k, layer.sink_v, layer.tail_k, layer.tail_v].map(|st| st.dtype),
+        units: layer.units.map(|u| u.len()),
     })?;
     let record = base.tile_bytes();
     let d = s.head_dim;
@@ -64,7 +66,25 @@ pub(super) fn kvarn_attention(
                 .iter()
                 .map(|&x| x * scale)
                 .collect();
-            attend_head(level, &view, &q, o, None);
+            let (Some(r), Some(units)) = (s.refine, layer.units) else {
+                attend_head(level, &view, &q, o, None);
+                return;
+            };
+            // The head's units, `[tile_capacity, groups per tile, unit]`: a fetch is a copy.
+            let (unit, per_tile) = (r.unit_bytes(d), s.tile_tokens / r.group);
+            let head_units = &units[h * s.tile_capacity * per_tile * unit..];
+            let fetch = |tile: usize, group: usize, buf: &mut Vec<u8>| {
+                buf.clear();
+                buf.extend_from_slice(&head_units[(tile * per_tile + group) * unit..][..unit]);
+                crate::refine::store::Fetched::Hit
+            };
+            let step = RefineStep {
+                bits: r.bits,
+                group: r.group,
+                fraction: r.fraction,
+                fetch: &fetch,
+            };
+            attend_head(level, &view, &q, o, Some(&step));
         });
     Ok(())
 }

@@ -316,6 +316,10 @@ impl Backend for CpuBackend {
         Ok(v)
     }
 
+    fn alloc_kv_host_tiles(&self, len: usize) -> Result<Vec<u8>> {
+        self.alloc_kv_tiles(len)
+    }
+
     fn write_kv_tiles(&self, tiles: &mut Vec<u8>, offset: usize, bytes: &[u8]) -> Result<()> {
         crate::backend::kvarn::tile_range_check(
             "write_kv_tiles",

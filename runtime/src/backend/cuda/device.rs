@@ -584,6 +584,73 @@ impl Drop for PinnedMem {
     }
 }
 
+/// Page-locked host memory mapped into the device's address space: kernels read it over the
+/// bus (zero-copy), the host writes it in place. The backing tier of KV refinement units,
+/// of which a step reads a few scattered groups — copying it to the device would cost more
+/// than the reads.
+pub(crate) struct MappedMem {
+    ptr: *mut u8,
+    /// The device's address of the same bytes.
+    pub dptr: u64,
+    pub bytes: usize,
+    device: Arc<Device>,
+}
+
+// SAFETY: plain host memory owned by this value; the device pointer is only an address.
+unsafe impl Send for MappedMem {}
+unsafe impl Sync for MappedMem {}
+
+impl MappedMem {
+    pub fn new(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        device.bind()?;
+        let alloc = bytes.max(16);
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: plain pinned allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(alloc, flags) }.map_err(|e| RuntimeError::Cuda {
+            op: "allocating mapped host memory",
+            msg: format!("{alloc} bytes: {}", describe(e)),
+        })? as *mut u8;
+        let mut mem = Self {
+            ptr,
+            dptr: 0,
+            bytes: alloc,
+            device: device.clone(),
+        };
+        // SAFETY: `ptr` holds `alloc` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, alloc) };
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` was allocated with the DEVICEMAP flag by this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr as *mut c_void, 0) }
+            .result()
+            .map_err(cuda_err("mapping host memory into the device"))?;
+        mem.dptr = dptr;
+        Ok(mem)
+    }
+
+    /// The bytes, once the stream's queued work (which may read them) is done.
+    pub fn settled(&self) -> Result<&[u8]> {
+        self.device.synchronize()?;
+        // SAFETY: `ptr` holds `bytes` bytes owned by `self`; no queued kernel is running.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) })
+    }
+
+    /// The bytes for writing, once the stream's queued work (which may read them) is done.
+    pub fn settled_mut(&mut self) -> Result<&mut [u8]> {
+        self.device.synchronize()?;
+        // SAFETY: as `settled`, and `&mut self` makes the host access exclusive.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) })
+    }
+}
+
+impl Drop for MappedMem {
+    fn drop(&mut self) {
+        // Queued kernels may still read it.
+        let _ = self.device.synchronize();
+        // SAFETY: allocated by malloc_host.
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+    }
+}
+
 /// An instantiated step graph.
 pub(crate) struct Graph {
     graph: sys::CUgraph,

@@ -119,6 +119,8 @@ pub(crate) struct Kernels {
     pub kvarn_attn_decode_g8: Kernel,
     pub kvarn_attn_merge: Kernel,
     pub kvarn_decode_rows: Kernel,
+    pub kvarn_refine_select: Kernel,
+    pub kvarn_refine_correct: Kernel,
     pub kvarn_hadamard_rows: Kernel,
 }
 
@@ -381,8 +383,12 @@ impl Kernels {
             kvarn_attn_decode_g8: kv.function("kvarn_attn_decode_g8")?,
             kvarn_attn_merge: kv.function("kvarn_attn_merge")?,
             kvarn_decode_rows: kv.function("kvarn_decode_rows")?,
+            kvarn_refine_select: kv.function("kvarn_refine_select")?,
+            kvarn_refine_correct: kv.function("kvarn_refine_correct")?,
             kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
         };
+        // The KV selection keeps a KV head's group scores in shared memory.
+        k.kvarn_refine_select.allow_shared(device.smem_optin)?;
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {
             for f in a.decode.iter().chain(&a.decode_single).chain(&a.prefill) {

@@ -2,6 +2,7 @@
 //! stores and its encoded tile records read in place: per KV head, blocks of consecutive
 //! 128-token chunks (split-K) whose partial softmax sums a second launch merges.
 
+use super::device::MappedMem;
 use super::{Arg, CudaBackend, CudaBuffer, CudaIndex, DeviceMem};
 use crate::backend::kvarn::{
     hadamard_rows_check, KvarnLayer, KvarnLayerMut, KvarnLens, KvarnShape, KVARN_MAX_GROUP,
@@ -20,11 +21,28 @@ fn chunks(sinks: usize, tiles: usize, tail: usize) -> usize {
 }
 /// Largest head size (`KV_MAX_D`): one thread per output channel.
 const MAX_D: usize = 128;
+/// Most split-K blocks per KV head the merges take (`KV_MAX_SPLITS`).
+const MAX_SPLITS: usize = 2048;
 
-/// Encoded KV tile records in device memory.
+/// Encoded KV tile records (device memory), or refinement units (mapped host memory).
 pub struct CudaKvTiles {
-    pub(super) mem: DeviceMem,
+    pub(super) mem: TileMem,
     pub(super) len: usize,
+}
+
+pub(super) enum TileMem {
+    Device(DeviceMem),
+    Mapped(MappedMem),
+}
+
+impl CudaKvTiles {
+    /// The address kernels read.
+    pub(super) fn device_ptr(&self) -> u64 {
+        match &self.mem {
+            TileMem::Device(m) => m.ptr,
+            TileMem::Mapped(m) => m.dptr,
+        }
+    }
 }
 
 /// The kernel's `KvarnParams`, field for field.
@@ -62,6 +80,85 @@ pub(super) struct KvarnParams {
     q_scale: f32,
     splits: i32,
     pos: u64,
+    units: u64,
+    glog: u64,
+    stat: u64,
+    keys: u64,
+    sel: u64,
+    sel_count: u64,
+    cpart: u64,
+    done: u64,
+    fraction: f64,
+    rgroup: i32,
+    per_tile: i32,
+    rkb: i32,
+    rvb: i32,
+    unit_bytes: i32,
+    max_sel: i32,
+    sel_blocks: i32,
+    rotate_out: i32,
+    keys_in_smem: i32,
+}
+
+/// Selected groups one correction block applies (`CORR_GROUPS`).
+const CORR_GROUPS: usize = 4;
+/// Threads of the selection block (`SEL_THREADS`) and of a correction block (`CORR_THREADS`).
+const SEL_THREADS: usize = 1024;
+const CORR_THREADS: usize = 256;
+/// Static shared memory of the selection kernel (bytes, rounded up).
+const SELECT_STATIC_SMEM: usize = 2 * 1024;
+/// Shared memory a correction block may use for its staged units: the kernel's static arrays
+/// take about 37 KB of the 48 KB a block gets without opting in.
+const CORR_UNIT_SMEM: usize = 8 * 1024;
+
+/// Where the refinement arrays of one step sit in the scratch, after the split partials (f32
+/// elements from the partials' start; 32-bit words each).
+struct RefineLayout {
+    stat: usize,
+    glog: usize,
+    keys: usize,
+    sel: usize,
+    sel_count: usize,
+    cpart: usize,
+    done: usize,
+    end: usize,
+    max_sel: usize,
+    sel_blocks: usize,
+    per_tile: usize,
+}
+
+impl RefineLayout {
+    /// For a layer of `s`'s capacities with `splits` partials per KV head; none without
+    /// refinement.
+    fn new(s: &KvarnShape, splits: usize) -> Option<Self> {
+        let r = s.refine?;
+        let (kv, d) = (s.kv_heads, s.head_dim);
+        let group = s.n_heads / kv.max(1);
+        let per_tile = s.tile_tokens / r.group.max(1);
+        let groups = s.tile_capacity * per_tile;
+        let max_sel = r.selected(groups);
+        let sel_blocks = max_sel.div_ceil(CORR_GROUPS).max(1);
+        let stat = kv * splits * group * (d + 2);
+        let glog = stat + s.n_heads * (d + 2);
+        let keys = glog + kv * groups * group;
+        let sel = keys + kv * groups;
+        let sel_count = sel + kv * max_sel;
+        let cpart = sel_count + kv;
+        let done = cpart + kv * sel_blocks * group * (d + 1);
+        Some(Self {
+            stat,
+            glog,
+            keys,
+            sel,
+            sel_count,
+            cpart,
+            done,
+            end: done + kv,
+            max_sel,
+            sel_blocks,
+            per_tile,
+        })
+    }
 }
 
 fn i32_field(what: &str, v: usize) -> Result<i32> {
@@ -78,7 +175,7 @@ impl CudaBackend {
             self.dev().upload_bytes(mem.ptr, bytes)?;
         }
         Ok(CudaKvTiles {
-            mem,
+            mem: TileMem::Device(mem),
             len: bytes.len(),
         })
     }
@@ -112,7 +209,11 @@ impl CudaBackend {
     pub(super) fn kvarn_scratch(&self, s: &KvarnShape) -> usize {
         let most = chunks(s.sink_capacity, s.tile_capacity, s.tail_capacity);
         let group = s.n_heads / s.kv_heads.max(1);
-        (s.kv_heads * self.kvarn_splits(s.kv_heads, most) * group * (s.head_dim + 2)).max(1)
+        let splits = self.kvarn_splits(s.kv_heads, most);
+        let partials = s.kv_heads * splits * group * (s.head_dim + 2);
+        RefineLayout::new(s, splits)
+            .map_or(partials, |r| r.end)
+            .max(1)
     }
 
     pub(super) fn kvarn_attention_kernel(
@@ -242,6 +343,7 @@ impl CudaBackend {
             tail_k: layer.tail_k.len,
             tail_v: layer.tail_v.len,
             row_dtypes: [layer.sink_k, layer.sink_v, layer.tail_k, layer.tail_v].map(|st| st.dtype),
+            units: layer.units.map(|u| u.len),
         })?;
         let group = s.n_heads / s.kv_heads;
         if group > KVARN_MAX_GROUP || s.head_dim > MAX_D || s.tile_tokens > CHUNK {
@@ -254,8 +356,18 @@ impl CudaBackend {
         let r = base.record_layout();
         let f = i32_field;
         let splits = l.splits;
-        let need = s.kv_heads * splits * group * (s.head_dim + 2);
-        let split = splits > 1 || l.rotate_out;
+        // The merges keep one weight per split (and query head) in shared memory.
+        if splits > MAX_SPLITS || group * splits * 4 > 48 * 1024 {
+            return Err(RuntimeError::Unsupported(format!(
+                "kvarn_attention on CUDA: {splits} splits of {group} query heads (at most \
+                 {MAX_SPLITS}, and 12,288 split weights per KV head)"
+            )));
+        }
+        let refine = RefineLayout::new(s, splits);
+        let need = refine
+            .as_ref()
+            .map_or(s.kv_heads * splits * group * (s.head_dim + 2), |r| r.end);
+        let split = splits > 1 || l.rotate_out || refine.is_some();
         if split && l.part_len < need {
             return Err(RuntimeError::Shape {
                 op: "kvarn_attention",
@@ -265,11 +377,11 @@ impl CudaBackend {
                 ),
             });
         }
-        let params = KvarnParams {
+        let mut params = KvarnParams {
             q: l.q,
             sink_k: layer.sink_k.mem.ptr,
             sink_v: layer.sink_v.mem.ptr,
-            tiles: layer.tiles.mem.ptr,
+            tiles: layer.tiles.device_ptr(),
             tail_k: layer.tail_k.mem.ptr,
             tail_v: layer.tail_v.mem.ptr,
             out: out.mem.ptr,
@@ -298,7 +410,37 @@ impl CudaBackend {
             q_scale: 1.0 / (s.head_dim as f32).sqrt(),
             splits: f("splits", splits)?,
             pos: l.position,
+            rotate_out: i32::from(l.rotate_out),
+            ..KvarnParams::default()
         };
+        if let (Some(lay), Some(spec), Some(units)) = (&refine, s.refine, layer.units) {
+            let unit_bytes = spec.unit_bytes(s.head_dim);
+            let unit_smem = CORR_GROUPS * unit_bytes.next_multiple_of(4) + 4;
+            if unit_smem > CORR_UNIT_SMEM {
+                return Err(RuntimeError::Unsupported(format!(
+                    "KV refinement on CUDA: units of {unit_bytes} bytes (groups of {} tokens, \
+                     {}/{} bits) exceed the correction kernel's {} bytes of staging",
+                    spec.group, spec.bits.key, spec.bits.value, CORR_UNIT_SMEM
+                )));
+            }
+            let at = |i: usize| l.part + 4 * i as u64;
+            params.units = units.device_ptr();
+            params.stat = at(lay.stat);
+            params.glog = at(lay.glog);
+            params.keys = at(lay.keys);
+            params.sel = at(lay.sel);
+            params.sel_count = at(lay.sel_count);
+            params.cpart = at(lay.cpart);
+            params.done = at(lay.done);
+            params.fraction = spec.fraction;
+            params.rgroup = f("refinement group", spec.group)?;
+            params.per_tile = f("groups per tile", lay.per_tile)?;
+            params.rkb = f("refinement key bits", spec.bits.key as usize)?;
+            params.rvb = f("refinement value bits", spec.bits.value as usize)?;
+            params.unit_bytes = f("unit bytes", unit_bytes)?;
+            params.max_sel = f("selected groups", lay.max_sel)?;
+            params.sel_blocks = f("correction blocks", lay.sel_blocks)?;
+        }
         // The staged record (and a padding word), then f32 scales: key A, Z per channel, value
         // A, Z per token, key B per token, value B per channel.
         let smem = (r.total / 4 + 2) * 4 + s.head_dim * 8 + s.tile_tokens * 12 + s.head_dim * 4;
@@ -316,6 +458,30 @@ impl CudaBackend {
         )?;
         if !split {
             return Ok(());
+        }
+        if let Some(lay) = &refine {
+            // Each query head's split weights, for the merge; then the score bits when they
+            // fit beside them (up to ~50K groups per KV head: a 100K-token context in groups
+            // of 2).
+            let weights = group * splits * 4;
+            let keys = s.tile_capacity * lay.per_tile * 4;
+            let in_smem = weights + keys + SELECT_STATIC_SMEM <= self.dev().smem_optin;
+            params.keys_in_smem = i32::from(in_smem);
+            self.launch(
+                &self.k().kvarn_refine_select,
+                (s.kv_heads as u32, 1, 1),
+                (SEL_THREADS as u32, 1, 1),
+                weights + if in_smem { keys } else { 0 },
+                &mut [Arg::Kvarn(params)],
+            )?;
+            let unit_smem = CORR_GROUPS * (params.unit_bytes as usize).next_multiple_of(4) + 4;
+            return self.launch(
+                &self.k().kvarn_refine_correct,
+                (s.kv_heads as u32, lay.sel_blocks as u32, 1),
+                (CORR_THREADS as u32, 1, 1),
+                unit_smem,
+                &mut [Arg::Kvarn(params)],
+            );
         }
         self.launch(
             &self.k().kvarn_attn_merge,

@@ -1071,21 +1071,38 @@ impl Backend for CudaBackend {
 
     fn alloc_kv_tiles(&self, len: usize) -> Result<CudaKvTiles> {
         Ok(CudaKvTiles {
-            mem: self.dev().alloc_zeroed(len)?,
+            mem: kvarn::TileMem::Device(self.dev().alloc_zeroed(len)?),
+            len,
+        })
+    }
+
+    fn alloc_kv_host_tiles(&self, len: usize) -> Result<CudaKvTiles> {
+        Ok(CudaKvTiles {
+            mem: kvarn::TileMem::Mapped(device::MappedMem::new(self.dev(), len)?),
             len,
         })
     }
 
     fn write_kv_tiles(&self, tiles: &mut CudaKvTiles, offset: usize, bytes: &[u8]) -> Result<()> {
         crate::backend::kvarn::tile_range_check("write_kv_tiles", tiles.len, offset, bytes.len())?;
-        self.dev()
-            .upload_bytes(tiles.mem.ptr + offset as u64, bytes)
+        match &mut tiles.mem {
+            kvarn::TileMem::Device(m) => self.dev().upload_bytes(m.ptr + offset as u64, bytes),
+            kvarn::TileMem::Mapped(m) => {
+                m.settled_mut()?[offset..offset + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            }
+        }
     }
 
     fn read_kv_tiles(&self, tiles: &CudaKvTiles, offset: usize, out: &mut [u8]) -> Result<()> {
         crate::backend::kvarn::tile_range_check("read_kv_tiles", tiles.len, offset, out.len())?;
-        self.dev()
-            .download_bytes(out, tiles.mem.ptr + offset as u64)
+        match &tiles.mem {
+            kvarn::TileMem::Device(m) => self.dev().download_bytes(out, m.ptr + offset as u64),
+            kvarn::TileMem::Mapped(m) => {
+                out.copy_from_slice(&m.settled()?[offset..offset + out.len()]);
+                Ok(())
+            }
+        }
     }
 
     fn hadamard_rows(&self, x: &mut CudaBuffer, row_len: usize) -> Result<()> {

@@ -32,7 +32,35 @@ struct KvarnParams {
     float q_scale;          // 1/√d, rounded once per element as the host cache does
     int splits;             // blocks per KV head (gridDim.y), each a run of whole chunks
     const uint32_t* pos;    // decode step's position (fill derived from it), or null
+    // Eq. 7/8 refinement, when `units` is not null (scratch arrays of the step):
+    const uint8_t* units;   // [kv_heads][tile_cap][per_tile][unit_bytes], mapped host memory
+    float* glog;            // [kv_heads][tile_cap][per_tile][group]: m + ln Σ e^{ℓ−m} per group
+    float* stat;            // [kv_heads · group][d + 2]: merged max M, sum Z, output o = Σ/Z
+    uint32_t* keys;         // [kv_heads][tile_cap · per_tile]: score bits of eligible groups
+    uint32_t* sel;          // [kv_heads][max_sel]: selected groups, ascending
+    uint32_t* sel_count;    // [kv_heads]
+    float* cpart;           // [kv_heads][sel_blocks][group][d + 1]: Σ Δ(e·v), Σ Δe per block
+    uint32_t* done;         // [kv_heads]: correction blocks finished
+    double fraction;        // of eligible groups selected (rounded up, at least one)
+    int rgroup, per_tile, rkb, rvb, unit_bytes, max_sel, sel_blocks, rotate_out;
+    int keys_in_smem;       // the selection keeps the score bits in shared memory, not `keys`
 };
+
+// A layer's fill: from the decode position when there is one (every earlier full tail
+// encoded), else as given.
+__device__ __forceinline__ void kvarn_fill(const KvarnParams& p, int& sinks, int& n_tiles,
+                                           int& tail) {
+    sinks = p.sinks, n_tiles = p.n_tiles, tail = p.tail;
+    if (p.pos != nullptr) {
+        const int at = (int)p.pos[0];
+        const int T = p.tile_tokens;
+        if (at < p.sink_cap) {
+            sinks = at + 1, n_tiles = 0, tail = 0;
+        } else {
+            sinks = p.sink_cap, n_tiles = (at - p.sink_cap) / T, tail = (at - p.sink_cap) % T + 1;
+        }
+    }
+}
 
 // Element i of an f16 array at byte offset `off` of a record (records of odd geometries put
 // arrays at odd offsets, so read bytes).
@@ -85,16 +113,8 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
     __syncthreads();
 
     const uint32_t kmask = (1u << p.kb) - 1u, vmask = (1u << p.vb) - 1u;
-    // A decode step's fill follows from its position (every earlier full tail encoded).
-    int sinks = p.sinks, n_tiles = p.n_tiles, tail = p.tail;
-    if (p.pos != nullptr) {
-        const int at = (int)p.pos[0];
-        if (at < p.sink_cap) {
-            sinks = at + 1, n_tiles = 0, tail = 0;
-        } else {
-            sinks = p.sink_cap, n_tiles = (at - p.sink_cap) / T, tail = (at - p.sink_cap) % T + 1;
-        }
-    }
+    int sinks, n_tiles, tail;
+    kvarn_fill(p, sinks, n_tiles, tail);
     const int sink_chunks = (sinks + KV_CHUNK - 1) / KV_CHUNK;
     const int tail_chunks = (tail + KV_CHUNK - 1) / KV_CHUNK;
     const int chunks = sink_chunks + n_tiles + tail_chunks;
@@ -180,6 +200,19 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
             }
         }
         __syncthreads();
+        // Eq. 7's group weights of a tile (refining): per group of rgroup tokens and query
+        // head, the log of the summed weights relative to the running max, so the selection
+        // can rescale them to the merged softmax.
+        if (is_tile && p.units != nullptr) {
+            const int per = p.per_tile;
+            float* gl = p.glog + ((size_t)h * p.tile_cap + (ci - sink_chunks)) * per * G;
+            for (int i = tid; i < per * G; i += KV_CHUNK) {
+                const int gi = i / G, g = i % G;
+                float sum = 0.0f;
+                for (int t = 0; t < p.rgroup; ++t) sum += w[gi * p.rgroup + t][g];
+                gl[i] = m_run[g] + logf(sum);
+            }
+        }
         if (tid < d) {
             float acc[MAXG];
 #pragma unroll
@@ -253,31 +286,65 @@ __device__ __forceinline__ void hadamard_smem(float* v, int n, float scale) {
     __syncthreads();
 }
 
+// Split-K partials of (KV head h, split s, query head g) live at ((h · splits + s) · group + g)
+// · (d + 2): the split's max, its sum of weights, then its d weighted values.
+#define KV_MAX_SPLITS 2048
+
+// The merged max M and sum Z of one query head's partials (`first` = its split 0, `stride`
+// floats between splits), by one warp; each split's weight e^{m_s − M} (0 for a split that
+// took no chunks) is left in `w[s]`.
+__device__ __forceinline__ void merge_stats_warp(const float* first, size_t stride, int splits,
+                                                 float* w, float& M, float& Z) {
+    const int lane = threadIdx.x & 31;
+    float m = -INFINITY;
+    for (int s = lane; s < splits; s += 32) m = fmaxf(m, first[s * stride]);
+    m = warp_max(m);
+    float z = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+        const float ms = first[s * stride];
+        const float e = ms == -INFINITY ? 0.0f : expf(ms - m);
+        w[s] = e;
+        z = fmaf(first[s * stride + 1], e, z);
+    }
+    M = m;
+    Z = warp_sum(z);
+}
+
+// Σ_s w[s] · (channel c of split s's weighted values): loads independent of each other, so
+// they overlap.
+__device__ __forceinline__ float merge_channel(const float* first, size_t stride, int splits,
+                                               const float* w, int c) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) acc = fmaf(first[s * stride + 2 + c], w[s], acc);
+    return acc;
+}
+
 // Merges the split-K partials of kvarn_attn_decode: one block per query head, one thread per
-// output channel. A split that took no chunks has max −∞ and weight 0. With `rotate` the row
-// is rotated back to the model frame (scale 1/√d) before it is written.
+// output channel; warp 0 first reduces the splits' maxima and sums. With `rotate` the row is
+// rotated back to the model frame (scale 1/√d) before it is written.
 extern "C" __global__ void kvarn_attn_merge(const float* __restrict__ part,
                                             float* __restrict__ out, int splits, int group,
                                             int d, int rotate, float scale) {
     __shared__ float row[KV_MAX_D];
+    __shared__ float w[KV_MAX_SPLITS];
+    __shared__ float z_sh;
     const int qh = blockIdx.x, c = threadIdx.x;  // qh = KV head · group + query head
-    // Partials of (KV head h, split s, query g) live at ((h · splits + s) · group + g) · (d + 2).
     const int h = qh / group, g = qh % group;
-    float m = -INFINITY;
-    for (int s = 0; s < splits; ++s)
-        m = fmaxf(m, part[(((size_t)h * splits + s) * group + g) * (d + 2)]);
-    float z = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const float* ps = part + (((size_t)h * splits + s) * group + g) * (d + 2);
-        const float w = ps[0] == -INFINITY ? 0.0f : expf(ps[0] - m);
-        z = fmaf(ps[1], w, z);
-        if (c < d) acc = fmaf(ps[2 + c], w, acc);
+    const float* first = part + ((size_t)h * splits * group + g) * (d + 2);
+    const size_t stride = (size_t)group * (d + 2);
+    if (threadIdx.x < 32) {
+        float M, Z;
+        merge_stats_warp(first, stride, splits, w, M, Z);
+        if (threadIdx.x == 0) z_sh = Z;
     }
+    __syncthreads();
+    const float acc = c < d ? merge_channel(first, stride, splits, w, c) : 0.0f;
     if (!rotate) {
-        if (c < d) out[(size_t)qh * d + c] = acc / z;
+        if (c < d) out[(size_t)qh * d + c] = acc / z_sh;
         return;
     }
-    if (c < d) row[c] = acc / z;
+    if (c < d) row[c] = acc / z_sh;
     __syncthreads();
     hadamard_smem(row, d, scale);
     if (c < d) out[(size_t)qh * d + c] = row[c];
@@ -327,4 +394,349 @@ extern "C" __global__ void kvarn_hadamard_rows(float* __restrict__ x, int n, flo
     __syncthreads();
     hadamard_smem(v, n, scale);
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = v[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refinement (eq. 7 selection, eq. 8 correction) of a decode step, after the split-K pass.
+
+#define SEL_THREADS 1024
+#define CORR_THREADS 256
+#define CORR_WARPS (CORR_THREADS / 32)
+// Selected groups one correction block gathers and applies.
+#define CORR_GROUPS 4
+
+// Exclusive prefix sum of `v` over the block's threads (all must call); `tmp` holds one word
+// per warp; `total` receives the block's sum.
+__device__ __forceinline__ int block_exclusive_sum(int v, int* tmp, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int t = lane < warps ? tmp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += y;
+        }
+        tmp[lane] = t;
+    }
+    __syncthreads();
+    const int before = (warp > 0 ? tmp[warp - 1] : 0) + x - v;
+    *total = tmp[warps - 1];
+    __syncthreads();  // tmp is reused by the next call
+    return before;
+}
+
+// Per KV head (one block of SEL_THREADS): merges the split partials of its query heads into
+// M, Z and o; scores every eligible group — the largest over query heads of its weight sum
+// e^{glog − M}/Z — and selects the top `fraction` by radix selection on the score bits
+// (scores are non-negative, so their bits order as the floats do); ties go to the lower
+// group, as the host's selection breaks them. Writes the selected groups in ascending order.
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) kvarn_refine_select(const KvarnParams p) {
+    __shared__ float sM[KV_MAX_GROUP], sZ[KV_MAX_GROUP];
+    __shared__ int hist[256];
+    __shared__ int tmp[32];
+    __shared__ int digit_sh, want_sh;
+    // [group][splits]: each split's merge weight; then, when they fit, the score bits.
+    extern __shared__ float wsplit[];
+    const int h = blockIdx.x, tid = threadIdx.x, G = p.group, d = p.d;
+    const int lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) p.done[h] = 0u;
+    // Merge: warp g reduces query head g's split maxima and sums, then thread (g, c) its
+    // channel.
+    const size_t stride = (size_t)G * (d + 2);
+    if (warp < G) {
+        float M, Z;
+        merge_stats_warp(p.part + ((size_t)h * p.splits * G + warp) * (d + 2), stride, p.splits,
+                         wsplit + warp * p.splits, M, Z);
+        if (lane == 0) {
+            sM[warp] = M;
+            sZ[warp] = Z;
+            p.stat[(size_t)(h * G + warp) * (d + 2)] = M;
+            p.stat[(size_t)(h * G + warp) * (d + 2) + 1] = Z;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * d; i += SEL_THREADS) {
+        const int g = i / d, c = i % d;
+        const float* first = p.part + ((size_t)h * p.splits * G + g) * (d + 2);
+        p.stat[(size_t)(h * G + g) * (d + 2) + 2 + c] =
+            merge_channel(first, stride, p.splits, wsplit + g * p.splits, c) / sZ[g];
+    }
+    int sinks, n_tiles, tail;
+    kvarn_fill(p, sinks, n_tiles, tail);
+    const int n = n_tiles * p.per_tile;
+    int n_sel = 0;
+    if (n > 0) n_sel = min(n, max(1, (int)ceil((double)n * p.fraction)));
+    if (tid == 0) p.sel_count[h] = (uint32_t)n_sel;
+    if (n_sel == 0) return;
+    __syncthreads();
+    // Each radix pass and the output pass reread every key: from shared memory they cost a
+    // few cycles, from global memory a round trip per key a thread walks.
+    uint32_t* keys = p.keys_in_smem ? reinterpret_cast<uint32_t*>(wsplit + G * p.splits)
+                                    : p.keys + (size_t)h * p.tile_cap * p.per_tile;
+    const float* gl = p.glog + (size_t)h * p.tile_cap * p.per_tile * G;
+    // Scores first (independent loads, unrolled), then the passes.
+    float inv_z[KV_MAX_GROUP];
+#pragma unroll
+    for (int g = 0; g < KV_MAX_GROUP; ++g) inv_z[g] = g < G ? 1.0f / sZ[g] : 0.0f;
+#pragma unroll 4
+    for (int i = tid; i < n; i += SEL_THREADS) {
+        float best = 0.0f;
+#pragma unroll
+        for (int g = 0; g < KV_MAX_GROUP; ++g)
+            if (g < G) best = fmaxf(best, expf(gl[(size_t)i * G + g] - sM[g]) * inv_z[g]);
+        keys[i] = __float_as_uint(best);
+    }
+    __syncthreads();
+    uint32_t prefix = 0u, pmask = 0u;
+    int want = n_sel;  // rank among the keys matching the prefix, from the top
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += SEL_THREADS) hist[i] = 0;
+        __syncthreads();
+        // Every lane walks the same number of rounds, so the warp votes together. Scores
+        // share their top bits: when the whole warp lands on one bin (the common case in the
+        // high passes) it adds once, instead of 32 lanes serialising on one address.
+        for (int i0 = 0; i0 < n; i0 += SEL_THREADS) {
+            const int i = i0 + tid;
+            uint32_t bin = 256u;
+            if (i < n) {
+                const uint32_t k = keys[i];
+                if ((k & pmask) == prefix) bin = (k >> shift) & 255u;
+            }
+            const uint32_t first = __shfl_sync(0xffffffffu, bin, 0);
+            if (__all_sync(0xffffffffu, bin == first)) {
+                if (lane == 0 && first < 256u) atomicAdd(&hist[first], 32);
+            } else if (bin < 256u) {
+                atomicAdd(&hist[bin], 1);
+            }
+        }
+        __syncthreads();
+        // Counts from the top digit down: the digit where the running count reaches `want`.
+        const int c = tid < 256 ? hist[255 - tid] : 0;
+        int total;
+        const int before = block_exclusive_sum(c, tmp, &total);
+        if (tid < 256 && before < want && before + c >= want) {
+            digit_sh = 255 - tid;
+            want_sh = want - before;
+        }
+        __syncthreads();
+        prefix |= (uint32_t)digit_sh << shift;
+        pmask |= 255u << shift;
+        want = want_sh;
+        __syncthreads();
+    }
+    // `prefix` is the n_sel-th largest key; take every larger key and the first `want` equal
+    // ones. Warp w walks a contiguous run of groups 32 at a time, so the output is in group
+    // order: ballots count and place each round's picks.
+    const int per_warp = ((n + 32 * 32 - 1) / (32 * 32)) * 32;
+    const int w0 = min(n, warp * per_warp), w1 = min(n, w0 + per_warp);
+    const unsigned below = (1u << lane) - 1u;
+    int gt = 0, eq = 0;
+    for (int j = w0; j < w1; j += 32) {
+        const int i = j + lane;
+        const uint32_t k = i < w1 ? keys[i] : 0u;
+        gt += __popc(__ballot_sync(0xffffffffu, i < w1 && k > prefix));
+        eq += __popc(__ballot_sync(0xffffffffu, i < w1 && k == prefix));
+    }
+    // Exclusive sums over warps (lane 0 holds each warp's counts).
+    if (lane == 0) {
+        hist[warp] = gt;
+        hist[32 + warp] = eq;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int g = hist[lane], e = hist[32 + lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int yg = __shfl_up_sync(0xffffffffu, g, o), ye = __shfl_up_sync(0xffffffffu, e, o);
+            if (lane >= o) g += yg, e += ye;
+        }
+        hist[64 + lane] = g - hist[lane];
+        hist[96 + lane] = e - hist[32 + lane];
+    }
+    __syncthreads();
+    int out = hist[64 + warp] + min(hist[96 + warp], want);
+    int eq_seen = hist[96 + warp];
+    uint32_t* sel = p.sel + (size_t)h * p.max_sel;
+    for (int j = w0; j < w1; j += 32) {
+        const int i = j + lane;
+        const uint32_t k = i < w1 ? keys[i] : 0u;
+        const bool is_gt = i < w1 && k > prefix, is_eq = i < w1 && k == prefix;
+        const unsigned be = __ballot_sync(0xffffffffu, is_eq);
+        const bool take = is_gt || (is_eq && eq_seen + __popc(be & below) < want);
+        const unsigned bt = __ballot_sync(0xffffffffu, take);
+        if (take) sel[out + __popc(bt & below)] = (uint32_t)i;
+        out += __popc(bt);
+        eq_seen += __popc(be);
+    }
+}
+
+// Bits [bit, bit + bits) of a little-endian byte stream (bits ≤ 8).
+__device__ __forceinline__ uint32_t stream_bits(const uint8_t* b, int bit, int bits) {
+    const int at = bit >> 3;
+    const uint32_t w = (uint32_t)b[at] | ((uint32_t)b[at + 1] << 8);
+    return (w >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// The centre of sub-interval k of 2^bits, in code units: −½ + (k + ½)/2^bits, rounded as the
+// host's table (0 without bits).
+__device__ __forceinline__ float sub_offset(uint32_t k, int bits) {
+    if (bits == 0) return 0.0f;
+    const float step = 1.0f / (float)(1u << bits);
+    return __fsub_rn(__fmul_rn(__fadd_rn((float)k, 0.5f), step), 0.5f);
+}
+
+// ((code + off)·A + Z)·B, each step rounded as the host's refined decoder rounds it.
+__device__ __forceinline__ float refined_elem(float code, float off, float a, float z, float b) {
+    return __fmul_rn(__fadd_rn(__fmul_rn(__fadd_rn(code, off), a), z), b);
+}
+
+// Eq. 8 over the selected groups: block (KV head, run of CORR_GROUPS selections) reads its
+// groups' units from host memory, rebuilds each token's resident and refined key and value,
+// and sums per query head Δden = Σ e^{ℓ'−M} − e^{ℓ−M} and Δnum = Σ e^{ℓ'−M}·v' − e^{ℓ−M}·v.
+// The last block of a KV head to finish adds every block's sums in block order and writes
+// o' = (Z·o + Δnum) / (Z + Δden), rotated back to the model frame when asked.
+extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(const KvarnParams p) {
+    extern __shared__ __align__(16) uint8_t ubuf[];
+    __shared__ float qs[KV_MAX_GROUP][KV_MAX_D];
+    __shared__ float red[CORR_WARPS][KV_MAX_GROUP * (KV_MAX_D + 1)];
+    __shared__ float sM[KV_MAX_GROUP], sZ[KV_MAX_GROUP];
+    __shared__ int is_last;
+    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int G = p.group, d = p.d, T = p.tile_tokens, rg = p.rgroup;
+    const int count = (int)p.sel_count[h];
+    const int e0 = b * CORR_GROUPS, ne = max(0, min(CORR_GROUPS, count - e0));
+    const uint32_t* sel = p.sel + (size_t)h * p.max_sel + e0;
+    const int ustride = (p.unit_bytes + 3) & ~3;
+    // Every unit's bytes at once (one pass over all words of all units), so their reads over
+    // the bus are in flight together.
+    const uint8_t* head_units = p.units + (size_t)h * p.tile_cap * p.per_tile * p.unit_bytes;
+    if ((p.unit_bytes & 3) == 0) {
+        const int words = p.unit_bytes / 4;
+        for (int i = tid; i < ne * words; i += CORR_THREADS) {
+            const int e = i / words, w = i % words;
+            const uint32_t* src =
+                reinterpret_cast<const uint32_t*>(head_units + (size_t)sel[e] * p.unit_bytes);
+            reinterpret_cast<uint32_t*>(ubuf + e * ustride)[w] = src[w];
+        }
+    } else {
+        for (int i = tid; i < ne * p.unit_bytes; i += CORR_THREADS) {
+            const int e = i / p.unit_bytes, b = i % p.unit_bytes;
+            ubuf[e * ustride + b] = head_units[(size_t)sel[e] * p.unit_bytes + b];
+        }
+    }
+    for (int i = tid; i < G * d; i += CORR_THREADS)
+        qs[i / d][i % d] = __fmul_rn(p.q[(size_t)h * G * d + i], p.q_scale);
+    if (tid < G) {
+        sM[tid] = p.stat[(size_t)(h * G + tid) * (d + 2)];
+        sZ[tid] = p.stat[(size_t)(h * G + tid) * (d + 2) + 1];
+    }
+    __syncthreads();
+    constexpr int PER_LANE = KV_MAX_D / 32;
+    float num[KV_MAX_GROUP][PER_LANE], den[KV_MAX_GROUP];
+#pragma unroll
+    for (int g = 0; g < KV_MAX_GROUP; ++g) {
+        den[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) num[g][j] = 0.0f;
+    }
+    for (int tk = warp; tk < ne * rg; tk += CORR_WARPS) {
+        const int e = tk / rg, t = tk % rg;
+        const uint32_t gi = sel[e];
+        const int ti = (int)gi / p.per_tile, tt = ((int)gi % p.per_tile) * rg + t;
+        const uint8_t* rec = p.tiles + ((size_t)h * p.tile_cap + ti) * p.record;
+        const uint8_t* unit = ubuf + e * ustride;
+        const float kB = rec_half(rec, p.k_b, tt), vA = rec_half(rec, p.v_a, tt),
+                    vZ = rec_half(rec, p.v_z, tt);
+        float po[KV_MAX_GROUP], pn[KV_MAX_GROUP], v_old[PER_LANE], v_new[PER_LANE];
+#pragma unroll
+        for (int g = 0; g < KV_MAX_GROUP; ++g) po[g] = pn[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            v_old[j] = v_new[j] = 0.0f;
+            const int c = lane + 32 * j;
+            if (c >= d) continue;
+            const float kc = (float)stream_bits(rec, p.k_codes * 8 + (c * T + tt) * p.kb, p.kb);
+            const float kA = rec_half(rec, p.k_a, c), kZ = rec_half(rec, p.k_z, c);
+            const float k_old = refined_elem(kc, 0.0f, kA, kZ, kB);
+            const float k_new = refined_elem(
+                kc, sub_offset(p.rkb ? stream_bits(unit, (t * d + c) * p.rkb, p.rkb) : 0u, p.rkb),
+                kA, kZ, kB);
+            const float vc = (float)stream_bits(rec, p.v_codes * 8 + (tt * d + c) * p.vb, p.vb);
+            const float vB = rec_half(rec, p.v_b, c);
+            v_old[j] = refined_elem(vc, 0.0f, vA, vZ, vB);
+            const int vbit = rg * d * p.rkb + (t * d + c) * p.rvb;
+            v_new[j] = refined_elem(
+                vc, sub_offset(p.rvb ? stream_bits(unit, vbit, p.rvb) : 0u, p.rvb), vA, vZ, vB);
+#pragma unroll
+            for (int g = 0; g < KV_MAX_GROUP; ++g) {
+                if (g < G) {
+                    po[g] = fmaf(qs[g][c], k_old, po[g]);
+                    pn[g] = fmaf(qs[g][c], k_new, pn[g]);
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < KV_MAX_GROUP; ++g) {
+            if (g >= G) break;
+            const float lo = warp_sum(po[g]), ln = warp_sum(pn[g]);
+            const float eo = expf(lo - sM[g]), en = expf(ln - sM[g]);
+            den[g] += en - eo;
+#pragma unroll
+            for (int j = 0; j < PER_LANE; ++j) num[g][j] += en * v_new[j] - eo * v_old[j];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < KV_MAX_GROUP; ++g) {
+        if (g >= G) break;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            const int c = lane + 32 * j;
+            if (c < d) red[warp][g * (d + 1) + c] = num[g][j];
+        }
+        if (lane == 0) red[warp][g * (d + 1) + d] = den[g];
+    }
+    __syncthreads();
+    float* mine = p.cpart + ((size_t)h * p.sel_blocks + b) * G * (d + 1);
+    for (int i = tid; i < G * (d + 1); i += CORR_THREADS) {
+        float s = 0.0f;
+        for (int w = 0; w < CORR_WARPS; ++w) s += red[w][i];
+        mine[i] = s;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(&p.done[h], 1u) == (uint32_t)(p.sel_blocks - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    float* rows = &red[0][0];  // [G][d], free again
+    for (int i = tid; i < G * d; i += CORR_THREADS) {
+        const int g = i / d, c = i % d;
+        const float o = p.stat[(size_t)(h * G + g) * (d + 2) + 2 + c];
+        if (count == 0) {
+            rows[i] = o;
+            continue;
+        }
+        float num_s = 0.0f, den_s = 0.0f;
+#pragma unroll 8
+        for (int bb = 0; bb < p.sel_blocks; ++bb) {
+            const float* ps = p.cpart + ((size_t)h * p.sel_blocks + bb) * G * (d + 1) + g * (d + 1);
+            num_s += __ldcg(ps + c);
+            den_s += __ldcg(ps + d);
+        }
+        rows[i] = (sZ[g] * o + num_s) / (sZ[g] + den_s);
+    }
+    __syncthreads();
+    if (p.rotate_out) {
+        for (int g = 0; g < G; ++g) hadamard_smem(rows + g * d, d, p.q_scale);
+    }
+    for (int i = tid; i < G * d; i += CORR_THREADS) p.out[(size_t)h * G * d + i] = rows[i];
 }
