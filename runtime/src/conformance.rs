@@ -624,27 +624,47 @@ pub fn cases() -> Vec<Case> {
             Op::KvarnDecode,
         ),
     ];
+    // One KVarN case, named by its bases, refinement and layer.
+    type KvarnLayerCase = (usize, usize, usize, usize, usize, usize);
+    let mut add_kvarn =
+        |op: &'static str,
+         make: fn(KvarnCase) -> Op,
+         bits: KvBits,
+         refine: Option<KvarnRefineSpec>,
+         &(heads, kv_heads, head_dim, sinks, tiles, tail): &KvarnLayerCase| {
+            let refined = refine.map_or(String::new(), |r| {
+                format!(
+                    "+{}/+{} g{} {} ",
+                    r.bits.key,
+                    r.bits.value,
+                    r.group,
+                    crate::kv::spec::fraction_label(r.fraction)
+                )
+            });
+            add(
+            op,
+            format!(
+                "{}/{} {refined}{heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}",
+                bits.key, bits.value
+            ),
+            make(KvarnCase {
+                bits,
+                heads,
+                kv_heads,
+                head_dim,
+                sinks,
+                tiles,
+                tail,
+                refine,
+            }),
+            2e-5,
+            2e-5,
+        );
+        };
     for (op, bases, layers, make) in kvarn_ops {
         for &(key, value) in bases {
-            for &(heads, kv_heads, head_dim, sinks, tiles, tail) in layers {
-                add(
-                    op,
-                    format!(
-                        "{key}/{value} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}"
-                    ),
-                    make(KvarnCase {
-                        bits: KvBits { key, value },
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        sinks,
-                        tiles,
-                        tail,
-                        refine: None,
-                    }),
-                    2e-5,
-                    2e-5,
-                );
+            for layer in layers {
+                add_kvarn(op, make, KvBits { key, value }, None, layer);
             }
         }
     }
@@ -660,7 +680,7 @@ pub fn cases() -> Vec<Case> {
         (kb(3, 2), rb(4, 4), 2, 1.0 / 8.0),
         (kb(2, 1), rb(0, 1), 4, 1.0 / 16.0),
     ];
-    let refined_layers: &[(usize, usize, usize, usize, usize, usize)] = &[
+    let refined_layers: &[KvarnLayerCase] = &[
         (9, 3, 64, 5, 2, 7),
         (32, 8, 128, 128, 40, 77),
         (8, 1, 128, 16, 3, 9),
@@ -671,32 +691,13 @@ pub fn cases() -> Vec<Case> {
         ("kvarn_decode", Op::KvarnDecode),
     ] {
         for &(bits, rbits, group, fraction) in refined {
-            let (key, value, rk, rv) = (bits.key, bits.value, rbits.key, rbits.value);
-            for &(heads, kv_heads, head_dim, sinks, tiles, tail) in refined_layers {
-                let spec = KvarnRefineSpec {
-                    bits: rbits,
-                    group,
-                    fraction,
-                };
-                add(
-                    op,
-                    format!(
-                        "{key}/{value} +{rk}/+{rv} g{group} {} {heads}/{kv_heads}×{head_dim} sinks {sinks} tiles {tiles} tail {tail}",
-                        crate::kv::spec::fraction_label(fraction)
-                    ),
-                    make(KvarnCase {
-                        bits,
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        sinks,
-                        tiles,
-                        tail,
-                        refine: Some(spec),
-                    }),
-                    2e-5,
-                    2e-5,
-                );
+            let spec = KvarnRefineSpec {
+                bits: rbits,
+                group,
+                fraction,
+            };
+            for layer in refined_layers {
+                add_kvarn(op, make, bits, Some(spec), layer);
             }
         }
     }
