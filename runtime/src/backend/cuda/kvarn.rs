@@ -1,6 +1,9 @@
 //! KVarN decode attention on the device (kernels/kvarn.cu): the layer's FP16 sink and tail
 //! stores and its encoded tile records read in place: per KV head, blocks of consecutive
-//! 128-token chunks (split-K) whose partial softmax sums a second launch merges.
+//! 128-token chunks (split-K) whose partial softmax sums a second launch merges. With
+//! refinement the merge is the first stage of the selection launch (eq. 7), and a correction
+//! launch (eq. 8) reads the selected groups' units — host memory mapped into the device, or
+//! device memory — and writes the output.
 
 use super::device::MappedMem;
 use super::{Arg, CudaBackend, CudaBuffer, CudaIndex, DeviceMem};
