@@ -2461,25 +2461,14 @@ fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The case's refinement units in host memory the device reads ([`Backend::alloc_kv_host_tiles`]),
-/// written one tile's units at a time and read back; none without refinement.
+/// filled one tile's units at a time as the cache fills them; none without refinement.
 fn kvarn_units_store<B: Backend>(b: &B, c: &KvarnCase, units: &[u8]) -> Result<Option<B::KvTiles>> {
     let Some(r) = c.refine else {
         return Ok(None);
     };
     let tile_units = (KVARN_TILE / r.group) * r.unit_bytes(c.head_dim);
-    let mut store = b.alloc_kv_host_tiles(units.len())?;
-    for (i, u) in units.chunks(tile_units.max(1)).enumerate() {
-        b.write_kv_tiles(&mut store, i * tile_units, u)?;
-    }
-    let mut back = vec![0u8; units.len()];
-    b.read_kv_tiles(&store, 0, &mut back)?;
-    if back != units {
-        return Err(RuntimeError::Shape {
-            op: "read_kv_tiles",
-            msg: "refinement units read back differ from those written".into(),
-        });
-    }
-    Ok(Some(store))
+    let store = b.alloc_kv_host_tiles(units.len())?;
+    fill_checked(b, store, units, tile_units, "refinement unit").map(Some)
 }
 
 /// The position whose decode step sees the case's fill: the last sink, or the tail's last row.
@@ -2597,29 +2586,36 @@ fn naive_kvarn_decode(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
 }
 
 /// The case's tile store as the cache fills it: a zeroed store, one record written at a time,
-/// then every record read back (in two reads, one at an offset) and compared byte for byte.
+/// then read back and compared ([`fill_checked`]).
 fn kvarn_tile_store<B: Backend>(b: &B, c: &KvarnCase, bytes: &[u8]) -> Result<B::KvTiles> {
     let Ok(base) = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE) else {
         return b.upload_kv_tiles(bytes); // the op reports the bad geometry itself
     };
-    let rec = base.tile_bytes();
-    let mut store = b.alloc_kv_tiles(bytes.len())?;
-    for (i, r) in bytes.chunks_exact(rec).enumerate() {
-        b.write_kv_tiles(&mut store, i * rec, r)?;
+    let store = b.alloc_kv_tiles(bytes.len())?;
+    fill_checked(b, store, bytes, base.tile_bytes(), "record")
+}
+
+/// `bytes` written into `store` `piece` bytes at a time ([`Backend::write_kv_tiles`]), then
+/// read back in two reads, one at an offset, and compared byte for byte.
+fn fill_checked<B: Backend>(
+    b: &B,
+    mut store: B::KvTiles,
+    bytes: &[u8],
+    piece: usize,
+    what: &str,
+) -> Result<B::KvTiles> {
+    let piece = piece.max(1);
+    for (i, p) in bytes.chunks(piece).enumerate() {
+        b.write_kv_tiles(&mut store, i * piece, p)?;
     }
     let mut back = vec![0u8; bytes.len()];
-    let half = (bytes.len() / rec / 2) * rec;
+    let half = (bytes.len() / piece / 2) * piece;
     b.read_kv_tiles(&store, 0, &mut back[..half])?;
     b.read_kv_tiles(&store, half, &mut back[half..])?;
-    if back != bytes {
-        let at = back
-            .iter()
-            .zip(bytes)
-            .position(|(a, b)| a != b)
-            .unwrap_or(0);
+    if let Some(at) = back.iter().zip(bytes).position(|(a, b)| a != b) {
         return Err(RuntimeError::Shape {
             op: "read_kv_tiles",
-            msg: format!("byte {at} read back differs from the record written"),
+            msg: format!("byte {at} read back differs from the {what} written"),
         });
     }
     Ok(store)

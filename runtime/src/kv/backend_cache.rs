@@ -103,6 +103,11 @@ impl RefineGeometry {
     fn encoder(&self) -> (RefineBits, usize, usize) {
         (self.spec.bits, self.spec.group, self.unit)
     }
+
+    /// Byte offset of tile `tile`'s first unit of KV head `head` in a layer's units store.
+    fn offset(&self, head: usize, tile: usize, tile_capacity: usize) -> usize {
+        (head * tile_capacity + tile) * self.per_tile * self.unit
+    }
 }
 
 impl Geometry {
@@ -197,18 +202,12 @@ impl<B: Backend> BackendKvarnCache<B> {
             .ok_or_else(|| bad(format!("{capacity} positions overflow the tile store")))?;
         let refine = match &config.refine {
             Some(r) if !r.bits.is_none() => {
-                if r.group == 0 || !tile.is_multiple_of(r.group) {
-                    return Err(bad(format!(
-                        "token group {} must divide the tile of {tile} tokens",
-                        r.group
-                    )));
-                }
+                let (unit, per_tile) = r.unit_layout(tile, shape.head_dim).map_err(bad)?;
                 let spec = KvarnRefineSpec {
                     bits: r.bits,
                     group: r.group,
                     fraction: r.fraction,
                 };
-                let (unit, per_tile) = (spec.unit_bytes(shape.head_dim), tile / r.group);
                 let store = (shape.kv_heads * tile_capacity)
                     .checked_mul(per_tile * unit)
                     .ok_or_else(|| bad(format!("{capacity} positions overflow the units")))?;
@@ -316,8 +315,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             let mut units = g.refine.map(|r| alloc_units(backend, r)).transpose()?;
             for (j, (kr, vr, tail_rows, head_units)) in heads.into_iter().enumerate() {
                 if let (Some(store), Some(r)) = (units.as_mut(), g.refine) {
-                    let per_head = g.tile_capacity * r.per_tile * r.unit;
-                    backend.write_kv_tiles(store, j * per_head, &head_units)?;
+                    backend.write_kv_tiles(store, r.offset(j, 0, g.tile_capacity), &head_units)?;
                 }
                 let ns = fill.sinks * d;
                 sink.0[j * sinks * d..][..ns].copy_from_slice(&kr[..ns]);
@@ -642,8 +640,7 @@ impl<B: Backend> BackendKvarnCache<B> {
         for (j, (recs, units, k, v)) in per_head.into_iter().enumerate() {
             backend.write_kv_tiles(&mut st.tiles, (j * cap + before.tiles) * record, &recs)?;
             if let (Some(store), Some(r)) = (st.units.as_mut(), refine) {
-                let at = ((j * cap + before.tiles) * r.per_tile) * r.unit;
-                backend.write_kv_tiles(store, at, &units)?;
+                backend.write_kv_tiles(store, r.offset(j, before.tiles, cap), &units)?;
             }
             for t in 0..after.tail {
                 rest_k[t * row + j * d..][..d].copy_from_slice(&k[t * d..(t + 1) * d]);
@@ -663,8 +660,8 @@ impl<B: Backend> BackendKvarnCache<B> {
 }
 
 /// Whether `config` runs in a [`BackendKvarnCache`]: a KVarN base, without refinement or
-/// with its units in the RAM tier (or in device memory, `vram`). The SSD tier (a spill file behind a RAM cache with a miss
-/// policy) and the all-FP16 reference run in the host cache.
+/// with its units in the RAM tier (or in device memory, `vram`). The SSD tier (a spill file
+/// behind a RAM cache with a miss policy) and the all-FP16 reference run in the host cache.
 pub fn runs_in_backend(config: &KvConfig) -> bool {
     matches!(config.base, KvBaseChoice::Kvarn(_))
         && config

@@ -119,14 +119,7 @@ impl<B: Backend> QuantKvCache<B> {
             .unwrap_or(0);
         let refine = match (&config.refine, &base) {
             (Some(r), Some(_)) if !r.bits.is_none() => {
-                if r.group == 0 || tile % r.group != 0 {
-                    return Err(bad(format!(
-                        "token group {} must divide the tile of {tile} tokens",
-                        r.group
-                    )));
-                }
-                let unit_bytes = bitpack::packed_len(r.group * d, r.bits.key + r.bits.value);
-                let per_tile = tile / r.group;
+                let (unit_bytes, per_tile) = r.unit_layout(tile, d).map_err(bad)?;
                 let tier = KvTier::new(
                     &r.tier,
                     shape.layers * shape.kv_heads,

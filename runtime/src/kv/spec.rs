@@ -91,6 +91,23 @@ pub struct KvRefineConfig {
     pub tier: KvTierConfig,
 }
 
+impl KvRefineConfig {
+    /// Bytes of one refinement unit (a group's key then value sub-interval indices, one bit
+    /// stream) and units per tile, for tiles of `tile` tokens of `head_dim`; the group must
+    /// divide the tile.
+    pub fn unit_layout(&self, tile: usize, head_dim: usize) -> Result<(usize, usize), String> {
+        if self.group == 0 || !tile.is_multiple_of(self.group) {
+            return Err(format!(
+                "token group {} must divide the tile of {tile} tokens",
+                self.group
+            ));
+        }
+        let unit =
+            super::bitpack::packed_len(self.group * head_dim, self.bits.key + self.bits.value);
+        Ok((unit, tile / self.group))
+    }
+}
+
 /// A quantized KV cache configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvConfig {

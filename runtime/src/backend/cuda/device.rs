@@ -538,11 +538,18 @@ unsafe impl Sync for PinnedMem {}
 
 impl PinnedMem {
     pub fn new(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        Self::with_flags(device, bytes, 0)
+    }
+
+    /// Zeroed page-locked memory allocated with `cuMemHostAlloc` `flags`.
+    fn with_flags(device: &Arc<Device>, bytes: usize, flags: u32) -> Result<Self> {
         device.bind()?;
         let bytes = bytes.max(16);
         // SAFETY: plain pinned allocation, freed in Drop.
-        let ptr = unsafe { result::malloc_host(bytes, 0) }
-            .map_err(cuda_err("allocating pinned host memory"))? as *mut u8;
+        let ptr = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| RuntimeError::Cuda {
+            op: "allocating pinned host memory",
+            msg: format!("{bytes} bytes: {}", describe(e)),
+        })? as *mut u8;
         // SAFETY: `ptr` holds `bytes` bytes.
         unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
         Ok(Self {
@@ -587,67 +594,36 @@ impl Drop for PinnedMem {
 /// Page-locked host memory mapped into the device's address space: kernels read it over the
 /// bus (zero-copy), the host writes it in place. The backing tier of KV refinement units,
 /// of which a step reads a few scattered groups — copying it to the device would cost more
-/// than the reads.
+/// than the reads. Freed (after the stream's queued work) as [`PinnedMem`] is.
 pub(crate) struct MappedMem {
-    ptr: *mut u8,
+    host: PinnedMem,
     /// The device's address of the same bytes.
     pub dptr: u64,
-    pub bytes: usize,
-    device: Arc<Device>,
 }
-
-// SAFETY: plain host memory owned by this value; the device pointer is only an address.
-unsafe impl Send for MappedMem {}
-unsafe impl Sync for MappedMem {}
 
 impl MappedMem {
     pub fn new(device: &Arc<Device>, bytes: usize) -> Result<Self> {
-        device.bind()?;
-        let alloc = bytes.max(16);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: plain pinned allocation, freed in Drop.
-        let ptr = unsafe { result::malloc_host(alloc, flags) }.map_err(|e| RuntimeError::Cuda {
-            op: "allocating mapped host memory",
-            msg: format!("{alloc} bytes: {}", describe(e)),
-        })? as *mut u8;
-        let mut mem = Self {
-            ptr,
-            dptr: 0,
-            bytes: alloc,
-            device: device.clone(),
-        };
-        // SAFETY: `ptr` holds `alloc` bytes.
-        unsafe { std::ptr::write_bytes(ptr, 0, alloc) };
+        let host = PinnedMem::with_flags(device, bytes, flags)?;
         let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` was allocated with the DEVICEMAP flag by this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr as *mut c_void, 0) }
+        // SAFETY: `host.ptr` was allocated with the DEVICEMAP flag in this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.ptr as *mut c_void, 0) }
             .result()
             .map_err(cuda_err("mapping host memory into the device"))?;
-        mem.dptr = dptr;
-        Ok(mem)
+        Ok(Self { host, dptr })
     }
 
     /// The bytes, once the stream's queued work (which may read them) is done.
     pub fn settled(&self) -> Result<&[u8]> {
-        self.device.synchronize()?;
+        self.host.device.synchronize()?;
         // SAFETY: `ptr` holds `bytes` bytes owned by `self`; no queued kernel is running.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) })
+        Ok(unsafe { std::slice::from_raw_parts(self.host.ptr, self.host.bytes) })
     }
 
     /// The bytes for writing, once the stream's queued work (which may read them) is done.
     pub fn settled_mut(&mut self) -> Result<&mut [u8]> {
-        self.device.synchronize()?;
-        // SAFETY: as `settled`, and `&mut self` makes the host access exclusive.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) })
-    }
-}
-
-impl Drop for MappedMem {
-    fn drop(&mut self) {
-        // Queued kernels may still read it.
-        let _ = self.device.synchronize();
-        // SAFETY: allocated by malloc_host.
-        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        self.host.device.synchronize()?;
+        Ok(self.host.as_mut_slice())
     }
 }
 

@@ -416,9 +416,11 @@ impl CudaBackend {
             rotate_out: i32::from(l.rotate_out),
             ..KvarnParams::default()
         };
+        // The correction block's staged units (and a padding word its bit reads may touch).
+        let mut unit_smem = 0;
         if let (Some(lay), Some(spec), Some(units)) = (&refine, s.refine, layer.units) {
             let unit_bytes = spec.unit_bytes(s.head_dim);
-            let unit_smem = CORR_GROUPS * unit_bytes.next_multiple_of(4) + 4;
+            unit_smem = CORR_GROUPS * unit_bytes.next_multiple_of(4) + 4;
             if unit_smem > CORR_UNIT_SMEM {
                 return Err(RuntimeError::Unsupported(format!(
                     "KV refinement on CUDA: units of {unit_bytes} bytes (groups of {} tokens, \
@@ -477,7 +479,6 @@ impl CudaBackend {
                 weights + if in_smem { keys } else { 0 },
                 &mut [Arg::Kvarn(params)],
             )?;
-            let unit_smem = CORR_GROUPS * (params.unit_bytes as usize).next_multiple_of(4) + 4;
             return self.launch(
                 &self.k().kvarn_refine_correct,
                 (s.kv_heads as u32, lay.sel_blocks as u32, 1),
