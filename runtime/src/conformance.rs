@@ -685,6 +685,9 @@ pub fn cases() -> Vec<Case> {
         (32, 8, 128, 128, 40, 77),
         (8, 1, 128, 16, 3, 9),
         (28, 4, 128, 130, 0, 50),
+        // More groups than one round of the selection's passes (8,192 score bits) and several
+        // scoring blocks.
+        (8, 1, 128, 16, 150, 9),
     ];
     for (op, make) in [
         ("kvarn_attention", Op::KvarnAttention as fn(KvarnCase) -> Op),

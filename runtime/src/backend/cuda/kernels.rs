@@ -117,9 +117,11 @@ pub(crate) struct Kernels {
     /// KVarN decode attention and the code frame's rotation (kvarn.cu).
     pub kvarn_attn_decode_g4: Kernel,
     pub kvarn_attn_decode_g8: Kernel,
+    pub kvarn_attn_decode_g4_w: Kernel,
+    pub kvarn_attn_decode_g8_w: Kernel,
     pub kvarn_attn_merge: Kernel,
     pub kvarn_decode_rows: Kernel,
-    pub kvarn_refine_select: Kernel,
+    pub kvarn_refine_score: Kernel,
     pub kvarn_refine_correct: Kernel,
     pub kvarn_hadamard_rows: Kernel,
 }
@@ -381,14 +383,17 @@ impl Kernels {
             },
             kvarn_attn_decode_g4: kv.function("kvarn_attn_decode_g4")?,
             kvarn_attn_decode_g8: kv.function("kvarn_attn_decode_g8")?,
+            kvarn_attn_decode_g4_w: kv.function("kvarn_attn_decode_g4_w")?,
+            kvarn_attn_decode_g8_w: kv.function("kvarn_attn_decode_g8_w")?,
             kvarn_attn_merge: kv.function("kvarn_attn_merge")?,
             kvarn_decode_rows: kv.function("kvarn_decode_rows")?,
-            kvarn_refine_select: kv.function("kvarn_refine_select")?,
+            kvarn_refine_score: kv.function("kvarn_refine_score")?,
             kvarn_refine_correct: kv.function("kvarn_refine_correct")?,
             kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
         };
-        // The KV selection keeps a KV head's group scores in shared memory.
-        k.kvarn_refine_select.allow_shared(device.smem_optin)?;
+        // The KV scoring blocks keep their query heads' split weights in shared memory (past
+        // 48 KB with eight query heads and many splits).
+        k.kvarn_refine_score.allow_shared(device.smem_optin)?;
         // Attention stages key tiles in dynamic shared memory beyond the 48 KB default.
         for a in [&k.attn_f32, &k.attn_f16] {
             for f in a.decode.iter().chain(&a.decode_single).chain(&a.prefill) {

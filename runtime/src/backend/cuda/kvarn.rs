@@ -1,9 +1,10 @@
 //! KVarN decode attention on the device (kernels/kvarn.cu): the layer's FP16 sink and tail
 //! stores and its encoded tile records read in place: per KV head, blocks of consecutive
 //! 128-token chunks (split-K) whose partial softmax sums a second launch merges. With
-//! refinement the merge is the first stage of the selection launch (eq. 7), and a correction
-//! launch (eq. 8) reads the selected groups' units — host memory mapped into the device, or
-//! device memory — and writes the output.
+//! refinement that launch is the scoring launch (eq. 7): several blocks per KV head merge the
+//! splits and score the groups, and the last of them selects; a correction launch (eq. 8)
+//! reads the selected groups' units — host memory mapped into the device, or device memory —
+//! and writes the output.
 
 use super::device::MappedMem;
 use super::{Arg, CudaBackend, CudaBuffer, CudaIndex, DeviceMem};
@@ -91,6 +92,8 @@ pub(super) struct KvarnParams {
     sel_count: u64,
     cpart: u64,
     done: u64,
+    hist: u64,
+    score_done: u64,
     fraction: f64,
     rgroup: i32,
     per_tile: i32,
@@ -100,18 +103,25 @@ pub(super) struct KvarnParams {
     max_sel: i32,
     sel_blocks: i32,
     rotate_out: i32,
-    keys_in_smem: i32,
+    corr_groups: i32,
+    cand_cap: i32,
 }
 
-/// Selected groups one correction block applies (`CORR_GROUPS`).
-const CORR_GROUPS: usize = 4;
-/// Threads of the selection block (`SEL_THREADS`) and of a correction block (`CORR_THREADS`).
+/// Most selected groups one correction block applies (at most the kernel's `CORR_MAX_GROUPS`):
+/// its eight warps take two tokens each in groups of 2, and the last block of a KV head adds
+/// one partial per block.
+const CORR_GROUPS: usize = 8;
+/// Threads of a scoring block (`SEL_THREADS`) and of a correction block (`CORR_THREADS`).
 const SEL_THREADS: usize = 1024;
 const CORR_THREADS: usize = 256;
-/// Static shared memory of the selection kernel (bytes, rounded up).
-const SELECT_STATIC_SMEM: usize = 2 * 1024;
-/// Shared memory a correction block may use for its staged units: the kernel's static arrays
-/// take about 37 KB of the 48 KB a block gets without opting in.
+/// Radix bins of the scores' first digit per KV head (`SEL_BINS`).
+const SEL_BINS: usize = 2 * SEL_THREADS;
+/// Score bits (with their groups) the selection gathers in shared memory: those in the first
+/// digit's bin and above — about the selection plus one bin's share, an eighth of an octave of
+/// scores.
+const SEL_CANDIDATES: usize = 4096;
+/// Shared memory a correction block may use for its staged units (`CORR_UNIT_WORDS` words):
+/// the kernel's static arrays take about 37 KB of the 48 KB a block gets without opting in.
 const CORR_UNIT_SMEM: usize = 8 * 1024;
 
 /// Where the refinement arrays of one step sit in the scratch, after the split partials (f32
@@ -124,15 +134,20 @@ struct RefineLayout {
     sel_count: usize,
     cpart: usize,
     done: usize,
+    hist: usize,
+    score_done: usize,
     end: usize,
     max_sel: usize,
+    /// Selected groups per correction block, and the blocks per KV head at capacity.
+    corr_groups: usize,
     sel_blocks: usize,
     per_tile: usize,
 }
 
 impl RefineLayout {
     /// For a layer of `s`'s capacities with `splits` partials per KV head; none without
-    /// refinement.
+    /// refinement. Fewer groups share a correction block where units are too large to stage
+    /// 16 of them.
     fn new(s: &KvarnShape, splits: usize) -> Option<Self> {
         let r = s.refine?;
         let (kv, d) = (s.kv_heads, s.head_dim);
@@ -140,7 +155,10 @@ impl RefineLayout {
         let per_tile = s.tile_tokens / r.group.max(1);
         let groups = s.tile_capacity * per_tile;
         let max_sel = r.selected(groups);
-        let sel_blocks = max_sel.div_ceil(CORR_GROUPS).max(1);
+        let unit_stride = r.unit_bytes(d).next_multiple_of(4);
+        let corr_groups =
+            (CORR_UNIT_SMEM.saturating_sub(4) / unit_stride.max(1)).clamp(1, CORR_GROUPS);
+        let sel_blocks = max_sel.div_ceil(corr_groups).max(1);
         let stat = kv * splits * group * (d + 2);
         let glog = stat + s.n_heads * (d + 2);
         let keys = glog + kv * groups * group;
@@ -148,6 +166,8 @@ impl RefineLayout {
         let sel_count = sel + kv * max_sel;
         let cpart = sel_count + kv;
         let done = cpart + kv * sel_blocks * group * (d + 1);
+        let hist = done + kv;
+        let score_done = hist + kv * SEL_BINS;
         Some(Self {
             stat,
             glog,
@@ -156,8 +176,11 @@ impl RefineLayout {
             sel_count,
             cpart,
             done,
-            end: done + kv,
+            hist,
+            score_done,
+            end: score_done + kv,
             max_sel,
+            corr_groups,
             sel_blocks,
             per_tile,
         })
@@ -420,7 +443,7 @@ impl CudaBackend {
         let mut unit_smem = 0;
         if let (Some(lay), Some(spec), Some(units)) = (&refine, s.refine, layer.units) {
             let unit_bytes = spec.unit_bytes(s.head_dim);
-            unit_smem = CORR_GROUPS * unit_bytes.next_multiple_of(4) + 4;
+            unit_smem = lay.corr_groups * unit_bytes.next_multiple_of(4) + 4;
             if unit_smem > CORR_UNIT_SMEM {
                 return Err(RuntimeError::Unsupported(format!(
                     "KV refinement on CUDA: units of {unit_bytes} bytes (groups of {} tokens, \
@@ -437,6 +460,8 @@ impl CudaBackend {
             params.sel_count = at(lay.sel_count);
             params.cpart = at(lay.cpart);
             params.done = at(lay.done);
+            params.hist = at(lay.hist);
+            params.score_done = at(lay.score_done);
             params.fraction = spec.fraction;
             params.rgroup = f("refinement group", spec.group)?;
             params.per_tile = f("groups per tile", lay.per_tile)?;
@@ -445,14 +470,26 @@ impl CudaBackend {
             params.unit_bytes = f("unit bytes", unit_bytes)?;
             params.max_sel = f("selected groups", lay.max_sel)?;
             params.sel_blocks = f("correction blocks", lay.sel_blocks)?;
+            params.corr_groups = f("groups per correction block", lay.corr_groups)?;
         }
-        // The staged record (and a padding word), then f32 scales: key A, Z per channel, value
-        // A, Z per token, key B per token, value B per channel.
-        let smem = (r.total / 4 + 2) * 4 + s.head_dim * 8 + s.tile_tokens * 12 + s.head_dim * 4;
-        let kernel = if group <= 4 {
-            &self.k().kvarn_attn_decode_g4
-        } else {
-            &self.k().kvarn_attn_decode_g8
+        // The staged record (and a padding word), then f32 scales: value A, Z per token, key B
+        // per token, value B per channel.
+        let smem = (r.total / 4 + 2) * 4 + s.tile_tokens * 12 + s.head_dim * 4;
+        // Codes read a word each where none straddles a word: power-of-two widths, code rows
+        // of whole words, sections starting on a word.
+        let (kb, vb) = (s.bits.key as usize, s.bits.value as usize);
+        let aligned = kb.is_power_of_two()
+            && vb.is_power_of_two()
+            && (s.tile_tokens * kb).is_multiple_of(32)
+            && (s.head_dim * vb).is_multiple_of(32)
+            && r.k_codes.is_multiple_of(4)
+            && r.v_codes.is_multiple_of(4);
+        let k = self.k();
+        let kernel = match (group <= 4, aligned) {
+            (true, false) => &k.kvarn_attn_decode_g4,
+            (false, false) => &k.kvarn_attn_decode_g8,
+            (true, true) => &k.kvarn_attn_decode_g4_w,
+            (false, true) => &k.kvarn_attn_decode_g8_w,
         };
         self.launch(
             kernel,
@@ -465,18 +502,25 @@ impl CudaBackend {
             return Ok(());
         }
         if let Some(lay) = &refine {
-            // Each query head's split weights, for the merge; then the score bits when they
-            // fit beside them (up to ~50K groups per KV head: a 100K-token context in groups
-            // of 2).
-            let weights = group * splits * 4;
-            let keys = s.tile_capacity * lay.per_tile * 4;
-            let in_smem = weights + keys + SELECT_STATIC_SMEM <= self.dev().smem_optin;
-            params.keys_in_smem = i32::from(in_smem);
+            // Scoring blocks per KV head: one per SEL_THREADS groups at capacity, at most one
+            // wave of one block an SM. Each keeps its query heads' split weights.
+            let per_head = (self.dev().sm_count as usize / s.kv_heads).max(1);
+            let score_blocks = (s.tile_capacity * lay.per_tile)
+                .div_ceil(SEL_THREADS)
+                .clamp(1, per_head);
+            // The selection's gathered keys and groups (none with `SFX_KV_SELECT_L2=1`, which
+            // keeps every pass in L2, for comparison and to test that path).
+            let cand_cap = if self.inner.kv_select_l2 {
+                0
+            } else {
+                SEL_CANDIDATES
+            };
+            params.cand_cap = f("selection candidates", cand_cap)?;
             self.launch(
-                &self.k().kvarn_refine_select,
-                (s.kv_heads as u32, 1, 1),
+                &self.k().kvarn_refine_score,
+                (s.kv_heads as u32, score_blocks as u32, 1),
                 (SEL_THREADS as u32, 1, 1),
-                weights + if in_smem { keys } else { 0 },
+                group * splits * 4 + cand_cap * 8,
                 &mut [Arg::Kvarn(params)],
             )?;
             return self.launch(
@@ -516,4 +560,62 @@ struct KvarnLaunch {
     position: u64,
     /// Merge always, and rotate the output back to the model frame.
     rotate_out: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kvarn::KvarnRefineSpec;
+    use crate::kv::{KvBits, RefineBits};
+
+    fn shape(group: usize, key: u32, value: u32) -> KvarnShape {
+        KvarnShape {
+            n_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            bits: KvBits { key: 2, value: 2 },
+            tile_tokens: 128,
+            sinks: 0,
+            sink_capacity: 128,
+            tiles: 0,
+            tile_capacity: 300,
+            tail: 0,
+            tail_capacity: 128,
+            refine: Some(KvarnRefineSpec {
+                bits: RefineBits { key, value },
+                group,
+                fraction: 1.0 / 128.0,
+            }),
+        }
+    }
+
+    /// A correction block stages `corr_groups` units in the kernel's fixed space
+    /// (`CORR_UNIT_WORDS` words, plus the padding word its bit reads may touch) and keeps one
+    /// selection per group in an array of `CORR_MAX_GROUPS` = 16: the host's count must fit
+    /// both, take as many as fit up to `CORR_GROUPS`, and give every selection a block.
+    #[test]
+    fn correction_blocks_fit_the_kernels_staging() {
+        for (group, key, value, want) in [
+            (2, 4, 4, 8),  // 256-byte units: the default count
+            (4, 0, 1, 8),  // 64-byte units
+            (8, 4, 4, 7),  // 1 KiB units: as many as fit
+            (32, 4, 4, 1), // 4 KiB units: one a block
+            (16, 3, 2, 6), // 1,280-byte units
+        ] {
+            let s = shape(group, key, value);
+            let lay = RefineLayout::new(&s, 99).expect("refining shape");
+            let spec = s.refine.expect("refining shape");
+            let stride = spec.unit_bytes(s.head_dim).next_multiple_of(4);
+            assert_eq!(lay.corr_groups, want, "groups {group}, +{key}/+{value}");
+            assert!(lay.corr_groups * stride + 4 <= CORR_UNIT_SMEM);
+            assert!(lay.corr_groups <= 16);
+            assert!(lay.sel_blocks * lay.corr_groups >= lay.max_sel);
+            // The selection's arrays follow each other without overlap, histogram last.
+            assert!(lay.stat < lay.glog && lay.glog < lay.keys && lay.keys < lay.sel);
+            assert!(lay.sel < lay.sel_count && lay.sel_count < lay.cpart && lay.cpart < lay.done);
+            assert_eq!(lay.hist, lay.done + s.kv_heads);
+            assert_eq!(lay.score_done, lay.hist + s.kv_heads * SEL_BINS);
+            assert_eq!(lay.end, lay.score_done + s.kv_heads);
+        }
+    }
 }

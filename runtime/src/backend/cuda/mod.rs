@@ -241,6 +241,10 @@ struct Inner {
     /// Decode steps rotate, store and attend in one launch (sm_80+; `SFX_FUSED_ATTN=0` runs
     /// RoPE, the cache write and attention as three, for comparison).
     fused_attention: bool,
+    /// `SFX_KV_SELECT_L2=1`: the KV refinement's selection makes every pass over the score
+    /// bits in L2 instead of gathering the few near the threshold into shared memory, for
+    /// comparison and to exercise that path.
+    kv_select_l2: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
     group_rows: Option<usize>,
@@ -390,6 +394,7 @@ impl CudaBackend {
                     && std::env::var("SFX_PREFILL_ATTN").map_or(true, |v| v != "simt"),
                 fused_attention: dev_has_mma
                     && std::env::var("SFX_FUSED_ATTN").map_or(true, |v| v != "0"),
+                kv_select_l2: std::env::var("SFX_KV_SELECT_L2").is_ok_and(|v| v == "1"),
             }),
         })
     }

@@ -15,6 +15,12 @@
 #define KV_CHUNK 128
 #define KV_MAX_GROUP 8
 #define KV_MAX_D 128
+// The selection's launch (eq. 7, below): threads of a block, and bins of a radix digit — the
+// first is bits 30..20 of a non-negative float (bit 31 is 0), then bits 19..9 and 8..0; each
+// thread owns two bins when a digit is found.
+#define SEL_THREADS 1024
+#define SEL_WARPS (SEL_THREADS / 32)
+#define SEL_BINS (2 * SEL_THREADS)
 
 struct KvarnParams {
     const float* q;         // [kv_heads · group][d], code frame (scaled by q_scale on load)
@@ -41,9 +47,12 @@ struct KvarnParams {
     uint32_t* sel_count;    // [kv_heads]
     float* cpart;           // [kv_heads][sel_blocks][group][d + 1]: Σ Δ(e·v), Σ Δe per block
     uint32_t* done;         // [kv_heads]: correction blocks finished
+    uint32_t* hist;         // [kv_heads][SEL_BINS]: scores per value of their top 11 bits
+    uint32_t* score_done;   // [kv_heads]: scoring blocks finished
     double fraction;        // of eligible groups selected (rounded up, at least one)
     int rgroup, per_tile, rkb, rvb, unit_bytes, max_sel, sel_blocks, rotate_out;
-    int keys_in_smem;       // the selection keeps the score bits in shared memory, not `keys`
+    int corr_groups;        // selected groups per correction block
+    int cand_cap;           // score bits the selection may gather in shared memory
 };
 
 // A layer's fill: from the decode position when there is one (every earlier full tail
@@ -69,34 +78,48 @@ __device__ __forceinline__ float rec_half(const uint8_t* r, int off, int i) {
     return __half2float(__ushort_as_half((unsigned short)(r[at] | (r[at + 1] << 8))));
 }
 
-// The `bits`-wide code at bit `bit` of a record staged in shared memory as 32-bit words (a
-// code may straddle two words; the staging pads one word past the record).
-__device__ __forceinline__ float smem_code(const uint32_t* words, int bit, uint32_t mask) {
-    const int w = bit >> 5;
-    return (float)(__funnelshift_r(words[w], words[w + 1], bit & 31) & mask);
+// A code minus its width's centre 2^(bits−1), as a float without a conversion instruction: the
+// bits or'ed into the mantissa of 2^23, then 2^23 + centre subtracted (exact for codes below
+// 2^23). Centred codes keep the hoisted sums below from cancelling: their terms range over
+// about ± half the element's span instead of all of it on one side.
+__device__ __forceinline__ float code_float(uint32_t bits, uint32_t mask, float magic) {
+    return __uint_as_float((bits & mask) | 0x4b000000u) - magic;
 }
 
-// Per tile, the block stages the record in shared memory (8-byte loads), widens its scale
-// arrays to f32, then scores and accumulates from there. A key is (code·A + Z)·B with A, Z per
-// channel and B per token, so token t's score is B_t · Σ_c q_c·(code·A_c + Z_c): B leaves the
-// channel loop. A value is (code·A + Z)·B with A, Z per token and B per channel, so channel c
-// accumulates Σ_t w_t·(code·A_t + Z_t) and takes B_c once per tile. Each (code·A + Z) is one
-// fused multiply-add: the result differs from the CPU's separately rounded steps by float
-// rounding only (conformance bound 2e-5).
-template <int MAXG>
+// The `bits`-wide code at bit `bit` of a record staged in shared memory as 32-bit words (a
+// code may straddle two words; the staging pads one word past the record).
+__device__ __forceinline__ float smem_code(const uint32_t* words, int bit, uint32_t mask,
+                                           float magic) {
+    const int w = bit >> 5;
+    return code_float(__funnelshift_r(words[w], words[w + 1], bit & 31), mask, magic);
+}
+
+// Per tile, the block stages the record in shared memory (8-byte loads), then scores and
+// accumulates from there with the affine terms taken out of the inner loops. A key is
+// (code·A + Z)·B with A, Z per channel and B per token; with k = code − centre and
+// Z' = Z + A·centre, token t's score is B_t · (Σ_c (q_c·A_c)·k + Σ_c q_c·Z'_c): q·A and the sum
+// of q·Z' are computed once per tile. A value is (code·A + Z)·B with A, Z per token and B per
+// channel, so channel c accumulates Σ_t (w_t·A_t)·k + Σ_t w_t·Z'_t and takes B_c once per tile. The sums are associated
+// differently from the CPU decoder's per-element steps: float rounding apart (conformance
+// bound 2e-5). ALIGNED: both code sections start on a word and their codes never straddle one
+// (power-of-two widths, rows of whole words), so each code is one shared-memory word shifted
+// by a per-thread constant.
+template <int MAXG, bool ALIGNED>
 __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
     extern __shared__ __align__(16) uint8_t dyn[];
-    __shared__ __align__(16) float qs[KV_MAX_D][MAXG];  // [channel][query head]
+    __shared__ __align__(16) float qs[KV_MAX_D][MAXG];  // [channel][query head], scaled
+    __shared__ __align__(16) float qa[KV_MAX_D][MAXG];  // q·A of the tile's key channels
     __shared__ __align__(16) float w[KV_CHUNK][MAXG];   // a chunk's scores, then its weights
-    __shared__ float m_run[MAXG], z_run[MAXG], rescale[MAXG];
+    __shared__ __align__(16) float wa[KV_CHUNK][MAXG];  // weight·A of the tile's value tokens
+    __shared__ float zpart[KV_CHUNK / 32][MAXG];        // per warp: Σ q·Z, then Σ w·Z
+    __shared__ float m_run[MAXG], z_run[MAXG], rescale[MAXG], wz[MAXG];
     const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = p.group, d = p.d, T = p.tile_tokens;
     // Dynamic shared memory: the staged record (+ one padding word), then the tile's scales.
     const int rec_words = p.record / 4 + 2;
     uint32_t* rec_w = reinterpret_cast<uint32_t*>(dyn);
     const uint8_t* rec_b = dyn;
-    float2* k_az = reinterpret_cast<float2*>(dyn + rec_words * 4);  // [d] key A, Z per channel
-    float2* v_az = k_az + d;                                        // [T] value A, Z per token
+    float2* v_az = reinterpret_cast<float2*>(dyn + rec_words * 4);  // [T] value A, Z' per token
     float* k_bt = reinterpret_cast<float*>(v_az + T);               // [T] key B per token
     float* v_bc = k_bt + T;                                         // [d] value B per channel
     for (int i = tid; i < G * d; i += KV_CHUNK)
@@ -107,12 +130,19 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
         m_run[tid] = -INFINITY;
         z_run[tid] = 0.0f;
     }
+    // The refinement launches after this one count into these (stream order makes it safe).
+    if (p.units != nullptr && blockIdx.y == 0) {
+        for (int i = tid; i < SEL_BINS; i += KV_CHUNK) p.hist[(size_t)h * SEL_BINS + i] = 0u;
+        if (tid == 0) p.score_done[h] = p.done[h] = 0u;
+    }
     float o[MAXG];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) o[g] = 0.0f;
     __syncthreads();
 
     const uint32_t kmask = (1u << p.kb) - 1u, vmask = (1u << p.vb) - 1u;
+    const float kc0 = (float)(1u << (p.kb - 1)), vc0 = (float)(1u << (p.vb - 1));
+    const float kmagic = 8388608.0f + kc0, vmagic = 8388608.0f + vc0;
     int sinks, n_tiles, tail;
     kvarn_fill(p, sinks, n_tiles, tail);
     const int sink_chunks = (sinks + KV_CHUNK - 1) / KV_CHUNK;
@@ -125,6 +155,7 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
         const bool is_tile = ci >= sink_chunks && ci < sink_chunks + n_tiles;
         const __half *kr = nullptr, *vr = nullptr;
         int n;
+        float qz[MAXG];  // Σ_c q_c·Z_c of the tile, per query head
         if (is_tile) {
             n = T;
             const uint2* src = reinterpret_cast<const uint2*>(
@@ -133,15 +164,37 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
             for (int i = tid; i < p.record / 8; i += KV_CHUNK) dst[i] = __ldg(src + i);
             if (tid < 2) rec_w[p.record / 4 + tid] = 0u;
             __syncthreads();
-            for (int i = tid; i < d; i += KV_CHUNK) {
-                k_az[i] = make_float2(rec_half(rec_b, p.k_a, i), rec_half(rec_b, p.k_z, i));
-                v_bc[i] = rec_half(rec_b, p.v_b, i);
+            float zq[MAXG];
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) zq[g] = 0.0f;
+            if (tid < d) {
+                const float a = rec_half(rec_b, p.k_a, tid);
+                const float z = fmaf(a, kc0, rec_half(rec_b, p.k_z, tid));
+#pragma unroll
+                for (int g = 0; g < MAXG; ++g) {
+                    qa[tid][g] = qs[tid][g] * a;
+                    zq[g] = qs[tid][g] * z;
+                }
+                v_bc[tid] = rec_half(rec_b, p.v_b, tid);
+            }
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                const float t = warp_sum(zq[g]);
+                if (lane == 0) zpart[warp][g] = t;
             }
             for (int i = tid; i < T; i += KV_CHUNK) {
-                v_az[i] = make_float2(rec_half(rec_b, p.v_a, i), rec_half(rec_b, p.v_z, i));
+                const float a = rec_half(rec_b, p.v_a, i);
+                v_az[i] = make_float2(a, fmaf(a, vc0, rec_half(rec_b, p.v_z, i)));
                 k_bt[i] = rec_half(rec_b, p.k_b, i);
             }
             __syncthreads();
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                float t = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < KV_CHUNK / 32; ++wi) t += zpart[wi][g];
+                qz[g] = t;
+            }
         } else if (ci < sink_chunks) {
             const int t0 = ci * KV_CHUNK;
             n = min(KV_CHUNK, sinks - t0);
@@ -157,46 +210,64 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
             float s[MAXG];
 #pragma unroll
             for (int g = 0; g < MAXG; ++g) s[g] = 0.0f;
-            auto add_key = [&](int c, float k) {  // channel c of token tid's key
-                const float* qc = qs[c];
-#pragma unroll
-                for (int g = 0; g < MAXG; ++g) s[g] = fmaf(qc[g], k, s[g]);
-            };
             if (is_tile) {
-                int bit = p.k_codes * 8 + tid * p.kb;
-                const int step = T * p.kb;
-                for (int c = 0; c < d; ++c, bit += step) {
-                    const float2 az = k_az[c];
-                    add_key(c, fmaf(smem_code(rec_w, bit, kmask), az.x, az.y));
+                auto add_code = [&](int c, float code) {  // channel c of token tid's key codes
+                    const float* qc = qa[c];
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) s[g] = fmaf(qc[g], code, s[g]);
+                };
+                if (ALIGNED) {
+                    const int stride = (T * p.kb) >> 5;  // words between channels
+                    const uint32_t* kw = rec_w + p.k_codes / 4 + ((tid * p.kb) >> 5);
+                    const int sh = (tid * p.kb) & 31;
+#pragma unroll 8
+                    for (int c = 0; c < d; ++c, kw += stride) add_code(c, code_float(*kw >> sh, kmask, kmagic));
+                } else {
+                    int bit = p.k_codes * 8 + tid * p.kb;
+                    const int step = T * p.kb;
+                    for (int c = 0; c < d; ++c, bit += step) add_code(c, smem_code(rec_w, bit, kmask, kmagic));
                 }
                 const float bt = k_bt[tid];
 #pragma unroll
-                for (int g = 0; g < MAXG; ++g) s[g] *= bt;
+                for (int g = 0; g < MAXG; ++g) s[g] = (s[g] + qz[g]) * bt;
             } else {
-                for (int c = 0; c < d; ++c) add_key(c, __half2float(kr[(size_t)tid * d + c]));
+                for (int c = 0; c < d; ++c) {
+                    const float k = __half2float(kr[(size_t)tid * d + c]);
+                    const float* qc = qs[c];
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) s[g] = fmaf(qc[g], k, s[g]);
+                }
             }
 #pragma unroll
             for (int g = 0; g < MAXG; ++g) w[tid][g] = s[g];
         }
         __syncthreads();
-        // Softmax bookkeeping of the chunk: one warp per query head.
+        // Softmax bookkeeping of the chunk: one warp per query head; over a tile also the
+        // weights times each token's value A and the sum of weights times its Z.
         for (int g = warp; g < G; g += KV_CHUNK / 32) {
             float mx = -INFINITY;
             for (int t = lane; t < n; t += 32) mx = fmaxf(mx, w[t][g]);
             mx = warp_max(mx);
             const float m_new = fmaxf(m_run[g], mx);
-            float sum = 0.0f;
+            float sum = 0.0f, zsum = 0.0f;
             for (int t = lane; t < n; t += 32) {
                 const float e = expf(w[t][g] - m_new);
                 w[t][g] = e;
                 sum += e;
+                if (is_tile) {
+                    const float2 az = v_az[t];
+                    wa[t][g] = e * az.x;
+                    zsum = fmaf(e, az.y, zsum);
+                }
             }
             sum = warp_sum(sum);
+            zsum = warp_sum(zsum);
             if (lane == 0) {
                 const float r = expf(m_run[g] - m_new);  // 0 for the first chunk (−∞)
                 rescale[g] = r;
                 z_run[g] = z_run[g] * r + sum;
                 m_run[g] = m_new;
+                wz[g] = zsum;
             }
         }
         __syncthreads();
@@ -217,23 +288,33 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
             float acc[MAXG];
 #pragma unroll
             for (int g = 0; g < MAXG; ++g) acc[g] = 0.0f;
-            auto add_value = [&](int t, float v) {  // channel tid of token t's value
-                const float* wt = w[t];
-#pragma unroll
-                for (int g = 0; g < MAXG; ++g) acc[g] = fmaf(wt[g], v, acc[g]);
-            };
             if (is_tile) {
-                int bit = p.v_codes * 8 + tid * p.vb;
-                const int step = d * p.vb;
-                for (int t = 0; t < n; ++t, bit += step) {
-                    const float2 az = v_az[t];
-                    add_value(t, fmaf(smem_code(rec_w, bit, vmask), az.x, az.y));
+                auto add_code = [&](int t, float code) {  // token t of channel tid's value codes
+                    const float* wt = wa[t];
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) acc[g] = fmaf(wt[g], code, acc[g]);
+                };
+                if (ALIGNED) {
+                    const int stride = (d * p.vb) >> 5;  // words between tokens
+                    const uint32_t* vw = rec_w + p.v_codes / 4 + ((tid * p.vb) >> 5);
+                    const int sh = (tid * p.vb) & 31;
+#pragma unroll 8
+                    for (int t = 0; t < n; ++t, vw += stride) add_code(t, code_float(*vw >> sh, vmask, vmagic));
+                } else {
+                    int bit = p.v_codes * 8 + tid * p.vb;
+                    const int step = d * p.vb;
+                    for (int t = 0; t < n; ++t, bit += step) add_code(t, smem_code(rec_w, bit, vmask, vmagic));
                 }
                 const float bc = v_bc[tid];
 #pragma unroll
-                for (int g = 0; g < MAXG; ++g) o[g] = fmaf(bc, acc[g], o[g] * rescale[g]);
+                for (int g = 0; g < MAXG; ++g) o[g] = fmaf(bc, acc[g] + wz[g], o[g] * rescale[g]);
             } else {
-                for (int t = 0; t < n; ++t) add_value(t, __half2float(vr[(size_t)t * d + tid]));
+                for (int t = 0; t < n; ++t) {
+                    const float v = __half2float(vr[(size_t)t * d + tid]);
+                    const float* wt = w[t];
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) acc[g] = fmaf(wt[g], v, acc[g]);
+                }
 #pragma unroll
                 for (int g = 0; g < MAXG; ++g) o[g] = fmaf(o[g], rescale[g], acc[g]);
             }
@@ -261,28 +342,35 @@ __device__ __forceinline__ void kvarn_attn_decode_impl(const KvarnParams& p) {
     }
 }
 
-// Up to 4 and up to 8 query heads per KV head (accumulators sized to the group).
-extern "C" __global__ void __launch_bounds__(KV_CHUNK) kvarn_attn_decode_g4(const KvarnParams p) {
-    kvarn_attn_decode_impl<4>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_CHUNK) kvarn_attn_decode_g8(const KvarnParams p) {
-    kvarn_attn_decode_impl<8>(p);
-}
+// Up to 4 and up to 8 query heads per KV head (accumulators sized to the group); `_w`: codes
+// read a word each (ALIGNED above).
+#define KVARN_ATTN_ENTRY(name, maxg, aligned)                                                \
+    extern "C" __global__ void __launch_bounds__(KV_CHUNK) name(const KvarnParams p) {      \
+        kvarn_attn_decode_impl<maxg, aligned>(p);                                            \
+    }
+KVARN_ATTN_ENTRY(kvarn_attn_decode_g4, 4, false)
+KVARN_ATTN_ENTRY(kvarn_attn_decode_g8, 8, false)
+KVARN_ATTN_ENTRY(kvarn_attn_decode_g4_w, 4, true)
+KVARN_ATTN_ENTRY(kvarn_attn_decode_g8_w, 8, true)
 
-// The normalised Hadamard rotation of a row of n values (a power of two ≤ 1024) in shared
+// The normalised Hadamard rotation of `rows` rows of n values (a power of two ≤ 1024) in shared
 // memory, by the block's threads: butterflies in increasing span, each sum and difference
-// rounded, then the scale — the CPU transform's operations in its order.
-__device__ __forceinline__ void hadamard_smem(float* v, int n, float scale) {
+// rounded, then the scale — the CPU transform's operations in its order; one barrier a span
+// for all rows.
+__device__ __forceinline__ void hadamard_smem(float* v, int rows, int n, float scale) {
+    const int half = n / 2;
     for (int h = 1; h < n; h <<= 1) {
-        for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
-            const int j = (i / h) * 2 * h + (i % h);
-            const float a = v[j], b = v[j + h];
-            v[j] = __fadd_rn(a, b);
-            v[j + h] = __fsub_rn(a, b);
+        for (int i = threadIdx.x; i < rows * half; i += blockDim.x) {
+            const int r = i / half, k = i % half;
+            float* row = v + r * n;
+            const int j = (k / h) * 2 * h + (k % h);
+            const float a = row[j], b = row[j + h];
+            row[j] = __fadd_rn(a, b);
+            row[j + h] = __fsub_rn(a, b);
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], scale);
+    for (int i = threadIdx.x; i < rows * n; i += blockDim.x) v[i] = __fmul_rn(v[i], scale);
     __syncthreads();
 }
 
@@ -346,7 +434,7 @@ extern "C" __global__ void kvarn_attn_merge(const float* __restrict__ part,
     }
     if (c < d) row[c] = acc / z_sh;
     __syncthreads();
-    hadamard_smem(row, d, scale);
+    hadamard_smem(row, 1, d, scale);
     if (c < d) out[(size_t)qh * d + c] = row[c];
 }
 
@@ -367,7 +455,7 @@ extern "C" __global__ void kvarn_decode_rows(const float* __restrict__ q,
                                                 : v + (size_t)(r - n_heads - kv_heads) * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = src[i];
     __syncthreads();
-    hadamard_smem(row, d, scale);
+    hadamard_smem(row, 1, d, scale);
     if (r < n_heads) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) qs[(size_t)r * d + i] = row[i];
         return;
@@ -392,18 +480,31 @@ extern "C" __global__ void kvarn_hadamard_rows(float* __restrict__ x, int n, flo
     float* row = x + (size_t)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = row[i];
     __syncthreads();
-    hadamard_smem(v, n, scale);
+    hadamard_smem(v, 1, n, scale);
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = v[i];
 }
 
 // ---------------------------------------------------------------------------------------------
 // Refinement (eq. 7 selection, eq. 8 correction) of a decode step, after the split-K pass.
+//
+// The selection is spread over the GPU: `kvarn_refine_score` runs several blocks per KV head,
+// each merging its share of the split partials and scoring its share of the groups into a
+// histogram of the scores' top 11 bits, summed into the head's; the last block of a KV head to
+// finish takes the threshold's first digit from that histogram, the other two from passes over
+// the score bits (in L2), and writes the picks in group order. One block per KV head doing all
+// of it took 44–59 µs a layer at 32K.
 
-#define SEL_THREADS 1024
+// Score bits a lane holds per round of a pass (their loads issued together).
+#define SEL_KEYS_PER_LANE 8
+#define SEL_ROUND (SEL_THREADS * SEL_KEYS_PER_LANE)
+// A position past the eligible groups (a score's bits never reach it: scores are in [0, 1]).
+#define SEL_NO_KEY 0xffffffffu
 #define CORR_THREADS 256
 #define CORR_WARPS (CORR_THREADS / 32)
-// Selected groups one correction block gathers and applies.
-#define CORR_GROUPS 4
+// Most selected groups a correction block takes, and most unit words it stages (the host's
+// CORR_GROUPS and CORR_UNIT_SMEM).
+#define CORR_MAX_GROUPS 16
+#define CORR_UNIT_WORDS 2048
 
 // Exclusive prefix sum of `v` over the block's threads (all must call); `tmp` holds one word
 // per warp; `total` receives the block's sum.
@@ -433,149 +534,291 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* tmp, int* total) 
     return before;
 }
 
-// Per KV head (one block of SEL_THREADS): merges the split partials of its query heads into
-// M, Z and o; scores every eligible group — the largest over query heads of its weight sum
-// e^{glog − M}/Z — and selects the top `fraction` by radix selection on the score bits
-// (scores are non-negative, so their bits order as the floats do); ties go to the lower
-// group, as the host's selection breaks them. Writes the selected groups in ascending order.
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) kvarn_refine_select(const KvarnParams p) {
-    __shared__ float sM[KV_MAX_GROUP], sZ[KV_MAX_GROUP];
-    __shared__ int hist[256];
-    __shared__ int tmp[32];
-    __shared__ int digit_sh, want_sh;
-    // [group][splits]: each split's merge weight; then, when they fit, the score bits.
-    extern __shared__ float wsplit[];
-    const int h = blockIdx.x, tid = threadIdx.x, G = p.group, d = p.d;
-    const int lane = tid & 31, warp = tid >> 5;
-    if (tid == 0) p.done[h] = 0u;
-    // Merge: warp g reduces query head g's split maxima and sums, then thread (g, c) its
-    // channel.
-    const size_t stride = (size_t)G * (d + 2);
-    if (warp < G) {
-        float M, Z;
-        merge_stats_warp(p.part + ((size_t)h * p.splits * G + warp) * (d + 2), stride, p.splits,
-                         wsplit + warp * p.splits, M, Z);
-        if (lane == 0) {
-            sM[warp] = M;
-            sZ[warp] = Z;
-            p.stat[(size_t)(h * G + warp) * (d + 2)] = M;
-            p.stat[(size_t)(h * G + warp) * (d + 2) + 1] = Z;
-        }
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Adds one to `hist[bin]` for each lane where `active`, one atomic per distinct bin of the warp:
+// the scores of a warp mostly share their top bits, and lanes would serialise on one address.
+// Every lane of the warp calls it.
+__device__ __forceinline__ void hist_add_warp(uint32_t* hist, uint32_t bin, bool active) {
+    const unsigned act = __ballot_sync(0xffffffffu, active);
+    if (!active) return;
+    const unsigned same = __match_any_sync(act, bin);
+    if ((int)(threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(same));
+}
+
+// The bin of `hist` where the count of keys, from the top bin down, reaches `want`; `want`
+// becomes the rank within that bin. Every thread of the block calls it; `sh` holds two words.
+__device__ __forceinline__ uint32_t top_digit(const uint32_t* hist, int& want, int* tmp, int* sh) {
+    const int hi = SEL_BINS - 1 - 2 * (int)threadIdx.x;  // this thread's two bins: hi, hi − 1
+    const int c0 = (int)hist[hi], c1 = (int)hist[hi - 1];
+    int total;
+    const int before = block_exclusive_sum(c0 + c1, tmp, &total);
+    if (before < want && before + c0 >= want) {
+        sh[0] = hi;
+        sh[1] = want - before;
+    } else if (before + c0 < want && before + c0 + c1 >= want) {
+        sh[0] = hi - 1;
+        sh[1] = want - before - c0;
     }
     __syncthreads();
-    for (int i = tid; i < G * d; i += SEL_THREADS) {
+    want = sh[1];
+    const uint32_t digit = (uint32_t)sh[0];
+    __syncthreads();
+    return digit;
+}
+
+// Walks items [0, n) in rounds: in each, warp w holds the contiguous run of
+// 32 · SEL_KEYS_PER_LANE items at `run`, lane l its items run + e·32 + l, loaded together by
+// `load(i, key, group)`; keys past n are SEL_NO_KEY. Every thread calls it (the count of rounds
+// is the block's); `f(keys, groups)` may synchronise.
+template <typename Load, typename F>
+__device__ __forceinline__ void item_rounds(int n, Load&& load, F&& f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int base = 0; base < n; base += SEL_ROUND) {
+        const int run = base + warp * 32 * SEL_KEYS_PER_LANE;
+        uint32_t k[SEL_KEYS_PER_LANE], gi[SEL_KEYS_PER_LANE];
+#pragma unroll
+        for (int e = 0; e < SEL_KEYS_PER_LANE; ++e) {
+            const int i = run + e * 32 + lane;
+            k[e] = SEL_NO_KEY;
+            gi[e] = 0u;
+            if (i < n) load(i, k[e], gi[e]);
+        }
+        f(k, gi);
+    }
+}
+
+// One radix digit of the selection over items [0, n): the histogram of bits [shift, shift +
+// width) of the keys that match `prefix` under `pmask`, then the digit where the count from the
+// top reaches `want`; the digit joins the prefix and `want` becomes the rank within it.
+template <typename Load>
+__device__ __forceinline__ void radix_digit(int n, Load&& load, int shift, uint32_t digit_mask,
+                                            uint32_t& prefix, uint32_t& pmask, int& want,
+                                            uint32_t* hist, int* tmp, int* sh) {
+    for (int i = threadIdx.x; i < SEL_BINS; i += SEL_THREADS) hist[i] = 0u;
+    __syncthreads();
+    item_rounds(n, load, [&](const uint32_t(&k)[SEL_KEYS_PER_LANE], const uint32_t(&)[SEL_KEYS_PER_LANE]) {
+#pragma unroll
+        for (int e = 0; e < SEL_KEYS_PER_LANE; ++e)
+            hist_add_warp(hist, (k[e] >> shift) & digit_mask,
+                          k[e] != SEL_NO_KEY && (k[e] & pmask) == prefix);
+    });
+    __syncthreads();
+    prefix |= top_digit(hist, want, tmp, sh) << shift;
+    pmask |= digit_mask << shift;
+}
+
+// Passes items [0, n) in order and hands each taken one — key ≥ `lo`, or key equal to `tie`
+// among the first `want` such — to `put(position, key, group)` at its position among the taken;
+// returns how many were taken. Per round, ballots count each warp's picks and the warps' sums
+// place them. Every thread calls it; `wsum` holds 2 · SEL_WARPS words.
+template <typename Load, typename Put>
+__device__ __forceinline__ int ordered_take(int n, Load&& load, uint32_t lo, uint32_t tie,
+                                            int want, int* wsum, Put&& put) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned below = (1u << lane) - 1u;
+    int taken = 0, ties_seen = 0;  // block-wide, before the round
+    item_rounds(n, load, [&](const uint32_t(&k)[SEL_KEYS_PER_LANE], const uint32_t(&gi)[SEL_KEYS_PER_LANE]) {
+        unsigned up[SEL_KEYS_PER_LANE], eq[SEL_KEYS_PER_LANE];
+        int n_up = 0, n_eq = 0;
+#pragma unroll
+        for (int e = 0; e < SEL_KEYS_PER_LANE; ++e) {
+            const bool valid = k[e] != SEL_NO_KEY;
+            up[e] = __ballot_sync(0xffffffffu, valid && k[e] >= lo);
+            eq[e] = __ballot_sync(0xffffffffu, valid && k[e] < lo && k[e] == tie);
+            n_up += __popc(up[e]);
+            n_eq += __popc(eq[e]);
+        }
+        if (lane == 0) {
+            wsum[warp] = n_up;
+            wsum[SEL_WARPS + warp] = n_eq;
+        }
+        __syncthreads();
+        const int u_lane = wsum[lane], e_lane = wsum[SEL_WARPS + lane];
+        const int up_before = warp_sum_int(lane < warp ? u_lane : 0);
+        const int eq_before = warp_sum_int(lane < warp ? e_lane : 0);
+        const int up_round = warp_sum_int(u_lane), eq_round = warp_sum_int(e_lane);
+        __syncthreads();  // wsum is rewritten by the next round
+        int eqs = ties_seen + eq_before;
+        int at = taken + up_before + min(eqs, want) - min(ties_seen, want);
+#pragma unroll
+        for (int e = 0; e < SEL_KEYS_PER_LANE; ++e) {
+            const bool take = ((up[e] >> lane) & 1u) ||
+                              (((eq[e] >> lane) & 1u) && eqs + __popc(eq[e] & below) < want);
+            const unsigned bt = __ballot_sync(0xffffffffu, take);
+            if (take) put(at + __popc(bt & below), k[e], gi[e]);
+            at += __popc(bt);
+            eqs += __popc(eq[e]);
+        }
+        taken += up_round + min(ties_seen + eq_round, want) - min(ties_seen, want);
+        ties_seen += eq_round;
+    });
+    return taken;
+}
+
+// Eq. 7 per KV head, in `gridDim.y` blocks: each reduces its query heads' split maxima and sums
+// (every block needs M and Z; block 0 writes them), merges its share of the output channels
+// (one warp per channel, lanes over the splits), and scores its share of the eligible groups —
+// the largest over query heads of e^{glog − M}/Z — writing the score bits and adding their top
+// 11 bits to the KV head's histogram. The last block to finish selects the top `fraction` by
+// radix selection on the bits (non-negative floats order as their bits), ties to the lower
+// group as the host breaks them, and writes the selected groups in ascending order: the
+// histogram gives the first digit; the keys at or above its bin (those above it number fewer
+// than the selection) are gathered in group order into shared memory by one pass over the bits
+// in L2, and the other two digits and the picks come from there — or, when they outnumber
+// `cand_cap`, from passes over L2. The histogram and the ticket are zeroed by the attention
+// launch.
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) kvarn_refine_score(const KvarnParams p) {
+    __shared__ float sM[KV_MAX_GROUP], sZ[KV_MAX_GROUP], red[SEL_WARPS];
+    __shared__ uint32_t hist[SEL_BINS];
+    __shared__ int tmp[32], sh[2];
+    __shared__ int wsum[2 * SEL_WARPS];
+    __shared__ int is_last;
+    // [group][splits]: each split's merge weight; then the gathered keys and their groups.
+    extern __shared__ float wsplit[];
+    const int h = blockIdx.x, y = blockIdx.y, blocks = gridDim.y, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, G = p.group, d = p.d;
+    const size_t stride = (size_t)G * (d + 2);
+    const float* part = p.part + (size_t)h * p.splits * stride;
+    {
+        // SEL_WARPS / G whole warps per query head, a split per thread and round: M, then
+        // each split's weight e^{m_s − M} (0 for a split that took no chunks) and Z.
+        const int wph = SEL_WARPS / G, g = warp / wph, tph = wph * 32;
+        const int r = (warp % wph) * 32 + lane;
+        const bool mine = g < G;
+        const float* first = part + (size_t)min(g, G - 1) * (d + 2);
+        float mx = -INFINITY;
+        if (mine)
+            for (int s = r; s < p.splits; s += tph) mx = fmaxf(mx, first[s * stride]);
+        mx = warp_max(mx);
+        if (lane == 0) red[warp] = mx;
+        __syncthreads();
+        float M = -INFINITY;
+        if (mine)
+            for (int k = 0; k < wph; ++k) M = fmaxf(M, red[g * wph + k]);
+        float z = 0.0f;
+        if (mine)
+            for (int s = r; s < p.splits; s += tph) {
+                const float ms = first[s * stride];
+                const float e = ms == -INFINITY ? 0.0f : expf(ms - M);
+                wsplit[g * p.splits + s] = e;
+                z = fmaf(first[s * stride + 1], e, z);
+            }
+        z = warp_sum(z);
+        __syncthreads();  // red is rewritten
+        if (lane == 0) red[warp] = z;
+        for (int i = tid; i < SEL_BINS; i += SEL_THREADS) hist[i] = 0u;
+        __syncthreads();
+        if (mine && warp % wph == 0 && lane == 0) {
+            float Z = 0.0f;
+            for (int k = 0; k < wph; ++k) Z += red[g * wph + k];
+            sM[g] = M;
+            sZ[g] = Z;
+            if (y == 0) {
+                p.stat[(size_t)(h * G + g) * (d + 2)] = M;
+                p.stat[(size_t)(h * G + g) * (d + 2) + 1] = Z;
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = y * SEL_WARPS + warp; i < G * d; i += blocks * SEL_WARPS) {
         const int g = i / d, c = i % d;
-        const float* first = p.part + ((size_t)h * p.splits * G + g) * (d + 2);
-        p.stat[(size_t)(h * G + g) * (d + 2) + 2 + c] =
-            merge_channel(first, stride, p.splits, wsplit + g * p.splits, c) / sZ[g];
+        const float* first = part + (size_t)g * (d + 2) + 2 + c;
+        const float* w = wsplit + g * p.splits;
+        float acc = 0.0f;
+        for (int s0 = 0; s0 < p.splits; s0 += 128) {  // four loads in flight a lane
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int s = s0 + 32 * j + lane;
+                v[j] = s < p.splits ? first[s * stride] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int s = s0 + 32 * j + lane;
+                if (s < p.splits) acc = fmaf(v[j], w[s], acc);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) p.stat[(size_t)(h * G + g) * (d + 2) + 2 + c] = acc / sZ[g];
     }
     int sinks, n_tiles, tail;
     kvarn_fill(p, sinks, n_tiles, tail);
     const int n = n_tiles * p.per_tile;
-    int n_sel = 0;
-    if (n > 0) n_sel = min(n, max(1, (int)ceil((double)n * p.fraction)));
-    if (tid == 0) p.sel_count[h] = (uint32_t)n_sel;
-    if (n_sel == 0) return;
-    __syncthreads();
-    // Each radix pass and the output pass reread every key: from shared memory they cost a
-    // few cycles, from global memory a round trip per key a thread walks.
-    uint32_t* keys = p.keys_in_smem ? reinterpret_cast<uint32_t*>(wsplit + G * p.splits)
-                                    : p.keys + (size_t)h * p.tile_cap * p.per_tile;
+    const int n_sel = n > 0 ? min(n, max(1, (int)ceil((double)n * p.fraction))) : 0;
+    if (n_sel == 0) {
+        if (y == 0 && tid == 0) p.sel_count[h] = 0u;
+        return;
+    }
+    uint32_t* keys = p.keys + (size_t)h * p.tile_cap * p.per_tile;
     const float* gl = p.glog + (size_t)h * p.tile_cap * p.per_tile * G;
-    // Scores first (independent loads, unrolled), then the passes.
-    float inv_z[KV_MAX_GROUP];
+    float inv_z[KV_MAX_GROUP], m[KV_MAX_GROUP];
 #pragma unroll
-    for (int g = 0; g < KV_MAX_GROUP; ++g) inv_z[g] = g < G ? 1.0f / sZ[g] : 0.0f;
-#pragma unroll 4
-    for (int i = tid; i < n; i += SEL_THREADS) {
-        float best = 0.0f;
+    for (int g = 0; g < KV_MAX_GROUP; ++g) {
+        inv_z[g] = g < G ? 1.0f / sZ[g] : 0.0f;
+        m[g] = g < G ? sM[g] : 0.0f;
+    }
+    for (int i0 = y * SEL_THREADS; i0 < n; i0 += blocks * SEL_THREADS) {
+        const int i = i0 + tid;
+        uint32_t key = 0u;
+        if (i < n) {
+            float best = 0.0f;
 #pragma unroll
-        for (int g = 0; g < KV_MAX_GROUP; ++g)
-            if (g < G) best = fmaxf(best, expf(gl[(size_t)i * G + g] - sM[g]) * inv_z[g]);
-        keys[i] = __float_as_uint(best);
+            for (int g = 0; g < KV_MAX_GROUP; ++g)
+                if (g < G) best = fmaxf(best, expf(gl[(size_t)i * G + g] - m[g]) * inv_z[g]);
+            key = __float_as_uint(best);
+            keys[i] = key;
+        }
+        hist_add_warp(hist, key >> 20, i < n);
     }
     __syncthreads();
-    uint32_t prefix = 0u, pmask = 0u;
+    uint32_t* ghist = p.hist + (size_t)h * SEL_BINS;
+    for (int i = tid; i < SEL_BINS; i += SEL_THREADS)
+        if (hist[i] != 0u) atomicAdd(ghist + i, hist[i]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(&p.score_done[h], 1u) == (uint32_t)(blocks - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int i = tid; i < SEL_BINS; i += SEL_THREADS) hist[i] = __ldcg(ghist + i);
+    __syncthreads();
     int want = n_sel;  // rank among the keys matching the prefix, from the top
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += SEL_THREADS) hist[i] = 0;
-        __syncthreads();
-        // Every lane walks the same number of rounds, so the warp votes together. Scores
-        // share their top bits: when the whole warp lands on one bin (the common case in the
-        // high passes) it adds once, instead of 32 lanes serialising on one address.
-        for (int i0 = 0; i0 < n; i0 += SEL_THREADS) {
-            const int i = i0 + tid;
-            uint32_t bin = 256u;
-            if (i < n) {
-                const uint32_t k = keys[i];
-                if ((k & pmask) == prefix) bin = (k >> shift) & 255u;
-            }
-            const uint32_t first = __shfl_sync(0xffffffffu, bin, 0);
-            if (__all_sync(0xffffffffu, bin == first)) {
-                if (lane == 0 && first < 256u) atomicAdd(&hist[first], 32);
-            } else if (bin < 256u) {
-                atomicAdd(&hist[bin], 1);
-            }
-        }
-        __syncthreads();
-        // Counts from the top digit down: the digit where the running count reaches `want`.
-        const int c = tid < 256 ? hist[255 - tid] : 0;
-        int total;
-        const int before = block_exclusive_sum(c, tmp, &total);
-        if (tid < 256 && before < want && before + c >= want) {
-            digit_sh = 255 - tid;
-            want_sh = want - before;
-        }
-        __syncthreads();
-        prefix |= (uint32_t)digit_sh << shift;
-        pmask |= 255u << shift;
-        want = want_sh;
-        __syncthreads();
-    }
-    // `prefix` is the n_sel-th largest key; take every larger key and the first `want` equal
-    // ones. Warp w walks a contiguous run of groups 32 at a time, so the output is in group
-    // order: ballots count and place each round's picks.
-    const int per_warp = ((n + 32 * 32 - 1) / (32 * 32)) * 32;
-    const int w0 = min(n, warp * per_warp), w1 = min(n, w0 + per_warp);
-    const unsigned below = (1u << lane) - 1u;
-    int gt = 0, eq = 0;
-    for (int j = w0; j < w1; j += 32) {
-        const int i = j + lane;
-        const uint32_t k = i < w1 ? keys[i] : 0u;
-        gt += __popc(__ballot_sync(0xffffffffu, i < w1 && k > prefix));
-        eq += __popc(__ballot_sync(0xffffffffu, i < w1 && k == prefix));
-    }
-    // Exclusive sums over warps (lane 0 holds each warp's counts).
-    if (lane == 0) {
-        hist[warp] = gt;
-        hist[32 + warp] = eq;
-    }
+    uint32_t prefix = top_digit(hist, want, tmp, sh) << 20, pmask = 0xfff00000u;
+    auto from_l2 = [&](int i, uint32_t& k, uint32_t& g) {
+        k = __ldcg(keys + i);
+        g = (uint32_t)i;
+    };
+    uint32_t* cand_key = reinterpret_cast<uint32_t*>(wsplit + G * p.splits);
+    uint32_t* cand_group = cand_key + p.cand_cap;
+    const int n_cand = ordered_take(n, from_l2, prefix, SEL_NO_KEY, 0, wsum,
+                                    [&](int at, uint32_t k, uint32_t g) {
+                                        if (at < p.cand_cap) {
+                                            cand_key[at] = k;
+                                            cand_group[at] = g;
+                                        }
+                                    });
     __syncthreads();
-    if (warp == 0) {
-        int g = hist[lane], e = hist[32 + lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int yg = __shfl_up_sync(0xffffffffu, g, o), ye = __shfl_up_sync(0xffffffffu, e, o);
-            if (lane >= o) g += yg, e += ye;
-        }
-        hist[64 + lane] = g - hist[lane];
-        hist[96 + lane] = e - hist[32 + lane];
-    }
-    __syncthreads();
-    int out = hist[64 + warp] + min(hist[96 + warp], want);
-    int eq_seen = hist[96 + warp];
     uint32_t* sel = p.sel + (size_t)h * p.max_sel;
-    for (int j = w0; j < w1; j += 32) {
-        const int i = j + lane;
-        const uint32_t k = i < w1 ? keys[i] : 0u;
-        const bool is_gt = i < w1 && k > prefix, is_eq = i < w1 && k == prefix;
-        const unsigned be = __ballot_sync(0xffffffffu, is_eq);
-        const bool take = is_gt || (is_eq && eq_seen + __popc(be & below) < want);
-        const unsigned bt = __ballot_sync(0xffffffffu, take);
-        if (take) sel[out + __popc(bt & below)] = (uint32_t)i;
-        out += __popc(bt);
-        eq_seen += __popc(be);
-    }
+    auto select = [&](int count, auto&& load) {
+        radix_digit(count, load, 9, 0x7ffu, prefix, pmask, want, hist, tmp, sh);
+        radix_digit(count, load, 0, 0x1ffu, prefix, pmask, want, hist, tmp, sh);
+        // `prefix` is the n_sel-th largest key: every larger key, and the first `want` equal.
+        ordered_take(count, load, prefix + 1u, prefix, want, wsum,
+                     [&](int at, uint32_t, uint32_t g) { sel[at] = g; });
+    };
+    if (n_cand <= p.cand_cap)
+        select(n_cand, [&](int i, uint32_t& k, uint32_t& g) {
+            k = cand_key[i];
+            g = cand_group[i];
+        });
+    else
+        select(n, from_l2);
+    if (tid == 0) p.sel_count[h] = (uint32_t)n_sel;
 }
 
 // Bits [bit, bit + bits) of a little-endian byte stream (bits ≤ 8).
@@ -598,11 +841,41 @@ __device__ __forceinline__ float refined_elem(float code, float off, float a, fl
     return __fmul_rn(__fadd_rn(__fmul_rn(__fadd_rn(code, off), a), z), b);
 }
 
-// Eq. 8 over the selected groups: block (KV head, run of CORR_GROUPS selections) reads its
+// What one token's correction reads from its tile record (per lane: channels lane + 32·j).
+struct CorrToken {
+    float kB, vA, vZ;
+    float kc[KV_MAX_D / 32], kA[KV_MAX_D / 32], kZ[KV_MAX_D / 32], vc[KV_MAX_D / 32],
+        vB[KV_MAX_D / 32];
+};
+
+// Token tk of a correction block (its selected group tk / rgroup, token tk mod rgroup of the
+// group): the record fields its rebuilt keys and values need, loads only.
+__device__ __forceinline__ void corr_fetch(const KvarnParams& p, int h, const uint32_t* sel, int tk,
+                                           CorrToken& f) {
+    const int lane = threadIdx.x & 31, rg = p.rgroup, T = p.tile_tokens, d = p.d;
+    const uint32_t gi = sel[tk / rg];
+    const int ti = (int)gi / p.per_tile, tt = ((int)gi % p.per_tile) * rg + tk % rg;
+    const uint8_t* rec = p.tiles + ((size_t)h * p.tile_cap + ti) * p.record;
+    f.kB = rec_half(rec, p.k_b, tt);
+    f.vA = rec_half(rec, p.v_a, tt);
+    f.vZ = rec_half(rec, p.v_z, tt);
+#pragma unroll
+    for (int j = 0; j < KV_MAX_D / 32; ++j) {
+        const int c = min(lane + 32 * j, d - 1);  // lanes past d read a valid channel, unused
+        f.kc[j] = (float)stream_bits(rec, p.k_codes * 8 + (c * T + tt) * p.kb, p.kb);
+        f.kA[j] = rec_half(rec, p.k_a, c);
+        f.kZ[j] = rec_half(rec, p.k_z, c);
+        f.vc[j] = (float)stream_bits(rec, p.v_codes * 8 + (tt * d + c) * p.vb, p.vb);
+        f.vB[j] = rec_half(rec, p.v_b, c);
+    }
+}
+
+// Eq. 8 over the selected groups: block (KV head, run of `corr_groups` selections) reads its
 // groups' units from host memory, rebuilds each token's resident and refined key and value,
 // and sums per query head Δden = Σ e^{ℓ'−M} − e^{ℓ−M} and Δnum = Σ e^{ℓ'−M}·v' − e^{ℓ−M}·v.
-// The last block of a KV head to finish adds every block's sums in block order and writes
-// o' = (Z·o + Δnum) / (Z + Δden), rotated back to the model frame when asked.
+// The last block of a KV head to finish adds the sums of the blocks that had selections, in
+// block order, and writes o' = (Z·o + Δnum) / (Z + Δden), rotated back to the model frame when
+// asked. Its ticket is zeroed by the attention launch.
 extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(const KvarnParams p) {
     extern __shared__ __align__(16) uint8_t ubuf[];
     __shared__ float qs[KV_MAX_GROUP][KV_MAX_D];
@@ -611,33 +884,47 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
     __shared__ int is_last;
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
-    const int G = p.group, d = p.d, T = p.tile_tokens, rg = p.rgroup;
+    const int G = p.group, d = p.d, rg = p.rgroup;
     const int count = (int)p.sel_count[h];
-    const int e0 = b * CORR_GROUPS, ne = max(0, min(CORR_GROUPS, count - e0));
-    const uint32_t* sel = p.sel + (size_t)h * p.max_sel + e0;
-    const int ustride = (p.unit_bytes + 3) & ~3;
-    // Every unit's bytes at once (one pass over all words of all units), so their reads over
-    // the bus are in flight together.
+    const int cg = p.corr_groups, e0 = b * cg, ne = max(0, min(cg, count - e0));
+    // The block's selected groups first, so the unit reads below depend on one load only.
+    __shared__ uint32_t sel[CORR_MAX_GROUPS];
+    if (tid < ne) sel[tid] = p.sel[(size_t)h * p.max_sel + e0 + tid];
+    __syncthreads();
+    const int ustride = (p.unit_bytes + 3) & ~3, tokens = ne * rg;
+    // Every unit word's read over the bus is issued first, then the record reads of the warp's
+    // first two tokens, and only then are the units stored: both latencies overlap.
     const uint8_t* head_units = p.units + (size_t)h * p.tile_cap * p.per_tile * p.unit_bytes;
-    if ((p.unit_bytes & 3) == 0) {
-        const int words = p.unit_bytes / 4;
-        for (int i = tid; i < ne * words; i += CORR_THREADS) {
-            const int e = i / words, w = i % words;
-            const uint32_t* src =
-                reinterpret_cast<const uint32_t*>(head_units + (size_t)sel[e] * p.unit_bytes);
-            reinterpret_cast<uint32_t*>(ubuf + e * ustride)[w] = src[w];
+    const bool word_units = (p.unit_bytes & 3) == 0;
+    const int words = p.unit_bytes / 4, total = word_units ? ne * words : 0;
+    uint32_t u[CORR_UNIT_WORDS / CORR_THREADS];
+#pragma unroll
+    for (int r = 0; r < CORR_UNIT_WORDS / CORR_THREADS; ++r) {
+        const int i = tid + r * CORR_THREADS, e = i / max(words, 1), w = i % max(words, 1);
+        if (i < total)
+            u[r] = reinterpret_cast<const uint32_t*>(head_units + (size_t)sel[e] * p.unit_bytes)[w];
+    }
+    CorrToken first[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+        if (warp + k * CORR_WARPS < tokens) corr_fetch(p, h, sel, warp + k * CORR_WARPS, first[k]);
+    for (int i = tid; i < G * d; i += CORR_THREADS)
+        qs[i / d][i % d] = __fmul_rn(p.q[(size_t)h * G * d + i], p.q_scale);
+    if (tid < G) {
+        sM[tid] = p.stat[(size_t)(h * G + tid) * (d + 2)];
+        sZ[tid] = p.stat[(size_t)(h * G + tid) * (d + 2) + 1];
+    }
+    if (word_units) {
+#pragma unroll
+        for (int r = 0; r < CORR_UNIT_WORDS / CORR_THREADS; ++r) {
+            const int i = tid + r * CORR_THREADS, e = i / max(words, 1), w = i % max(words, 1);
+            if (i < total) reinterpret_cast<uint32_t*>(ubuf + e * ustride)[w] = u[r];
         }
     } else {
         for (int i = tid; i < ne * p.unit_bytes; i += CORR_THREADS) {
             const int e = i / p.unit_bytes, b = i % p.unit_bytes;
             ubuf[e * ustride + b] = head_units[(size_t)sel[e] * p.unit_bytes + b];
         }
-    }
-    for (int i = tid; i < G * d; i += CORR_THREADS)
-        qs[i / d][i % d] = __fmul_rn(p.q[(size_t)h * G * d + i], p.q_scale);
-    if (tid < G) {
-        sM[tid] = p.stat[(size_t)(h * G + tid) * (d + 2)];
-        sZ[tid] = p.stat[(size_t)(h * G + tid) * (d + 2) + 1];
     }
     __syncthreads();
     constexpr int PER_LANE = KV_MAX_D / 32;
@@ -648,14 +935,11 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) num[g][j] = 0.0f;
     }
-    for (int tk = warp; tk < ne * rg; tk += CORR_WARPS) {
+    // Token tk's resident and refined keys and values from its fetched record fields and its
+    // unit, and its contributions to the sums.
+    auto apply = [&](int tk, const CorrToken& f) {
         const int e = tk / rg, t = tk % rg;
-        const uint32_t gi = sel[e];
-        const int ti = (int)gi / p.per_tile, tt = ((int)gi % p.per_tile) * rg + t;
-        const uint8_t* rec = p.tiles + ((size_t)h * p.tile_cap + ti) * p.record;
         const uint8_t* unit = ubuf + e * ustride;
-        const float kB = rec_half(rec, p.k_b, tt), vA = rec_half(rec, p.v_a, tt),
-                    vZ = rec_half(rec, p.v_z, tt);
         float po[KV_MAX_GROUP], pn[KV_MAX_GROUP], v_old[PER_LANE], v_new[PER_LANE];
 #pragma unroll
         for (int g = 0; g < KV_MAX_GROUP; ++g) po[g] = pn[g] = 0.0f;
@@ -664,18 +948,15 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
             v_old[j] = v_new[j] = 0.0f;
             const int c = lane + 32 * j;
             if (c >= d) continue;
-            const float kc = (float)stream_bits(rec, p.k_codes * 8 + (c * T + tt) * p.kb, p.kb);
-            const float kA = rec_half(rec, p.k_a, c), kZ = rec_half(rec, p.k_z, c);
-            const float k_old = refined_elem(kc, 0.0f, kA, kZ, kB);
+            const float k_old = refined_elem(f.kc[j], 0.0f, f.kA[j], f.kZ[j], f.kB);
             const float k_new = refined_elem(
-                kc, sub_offset(p.rkb ? stream_bits(unit, (t * d + c) * p.rkb, p.rkb) : 0u, p.rkb),
-                kA, kZ, kB);
-            const float vc = (float)stream_bits(rec, p.v_codes * 8 + (tt * d + c) * p.vb, p.vb);
-            const float vB = rec_half(rec, p.v_b, c);
-            v_old[j] = refined_elem(vc, 0.0f, vA, vZ, vB);
+                f.kc[j], sub_offset(p.rkb ? stream_bits(unit, (t * d + c) * p.rkb, p.rkb) : 0u, p.rkb),
+                f.kA[j], f.kZ[j], f.kB);
+            v_old[j] = refined_elem(f.vc[j], 0.0f, f.vA, f.vZ, f.vB[j]);
             const int vbit = rg * d * p.rkb + (t * d + c) * p.rvb;
             v_new[j] = refined_elem(
-                vc, sub_offset(p.rvb ? stream_bits(unit, vbit, p.rvb) : 0u, p.rvb), vA, vZ, vB);
+                f.vc[j], sub_offset(p.rvb ? stream_bits(unit, vbit, p.rvb) : 0u, p.rvb), f.vA,
+                f.vZ, f.vB[j]);
 #pragma unroll
             for (int g = 0; g < KV_MAX_GROUP; ++g) {
                 if (g < G) {
@@ -693,6 +974,14 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
 #pragma unroll
             for (int j = 0; j < PER_LANE; ++j) num[g][j] += en * v_new[j] - eo * v_old[j];
         }
+    };
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+        if (warp + k * CORR_WARPS < tokens) apply(warp + k * CORR_WARPS, first[k]);
+    for (int tk = warp + 2 * CORR_WARPS; tk < tokens; tk += CORR_WARPS) {
+        CorrToken f;
+        corr_fetch(p, h, sel, tk, f);
+        apply(tk, f);
     }
 #pragma unroll
     for (int g = 0; g < KV_MAX_GROUP; ++g) {
@@ -726,8 +1015,9 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
             continue;
         }
         float num_s = 0.0f, den_s = 0.0f;
+        const int used = (count + cg - 1) / cg;
 #pragma unroll 8
-        for (int bb = 0; bb < p.sel_blocks; ++bb) {
+        for (int bb = 0; bb < used; ++bb) {
             const float* ps = p.cpart + ((size_t)h * p.sel_blocks + bb) * G * (d + 1) + g * (d + 1);
             num_s += __ldcg(ps + c);
             den_s += __ldcg(ps + d);
@@ -735,8 +1025,6 @@ extern "C" __global__ void __launch_bounds__(CORR_THREADS) kvarn_refine_correct(
         rows[i] = (sZ[g] * o + num_s) / (sZ[g] + den_s);
     }
     __syncthreads();
-    if (p.rotate_out) {
-        for (int g = 0; g < G; ++g) hadamard_smem(rows + g * d, d, p.q_scale);
-    }
+    if (p.rotate_out) hadamard_smem(rows, G, d, p.q_scale);
     for (int i = tid; i < G * d; i += CORR_THREADS) p.out[(size_t)h * G * d + i] = rows[i];
 }
