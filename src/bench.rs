@@ -381,7 +381,34 @@ pub fn run(a: BenchArgs) -> Result<()> {
             gbps
         );
     }
+    print_kv_bytes(&rows);
     Ok(())
+}
+
+/// A second table for generation rows on quantized caches: the cache's bytes per tier at the
+/// row's end and the refinement bytes each token read.
+fn print_kv_bytes(rows: &[Row]) {
+    let kv_rows: Vec<_> = rows
+        .iter()
+        .filter_map(|r| Some((r, r.result.kv_bytes.as_ref()?)))
+        .filter(|(r, _)| r.result.test.starts_with("tg"))
+        .collect();
+    if kv_rows.is_empty() {
+        return;
+    }
+    println!();
+    println!("| kv | test | resident KV | refinement store | refinement read per token |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (r, b) in kv_rows {
+        println!(
+            "| {} | {} | {} | {} | {:.1} KiB |",
+            r.result.kv,
+            r.result.test,
+            human_bytes(b.resident),
+            human_bytes(b.tier.backing),
+            r.result.kv_refine_read_per_token / 1024.0
+        );
+    }
 }
 
 #[cfg(test)]

@@ -60,6 +60,13 @@ pub struct BenchResult {
     /// Bytes a decode step reads from device memory (weights + KV at the mean context of
     /// the run); 0 for prompt tests.
     pub bytes_per_token: f64,
+    /// A quantized cache's bytes per tier at the end of the row (resident: FP16 sink and tail
+    /// stores plus encoded tiles; backing: refinement units, in the tier the label names), as
+    /// the cache counts them; none for a float cache.
+    pub kv_bytes: Option<crate::kv::KvBytes>,
+    /// Refinement unit bytes a generated token read (all layers and KV heads; the cache's
+    /// own counter over the timed repetitions); 0 without refinement.
+    pub kv_refine_read_per_token: f64,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -137,13 +144,49 @@ impl BenchKv {
 
 /// The cache of one row at `depth`: the float cache cut back, or a quantized cache encoded
 /// from it (cut back too when the cut is on a tile boundary, else encoded again).
+/// A row's quantized cache, kept as its type so the row can read its bytes and counters.
+enum QuantizedCache<B: Backend> {
+    Host(crate::kv::QuantKvCache<B>),
+    Device(crate::kv::BackendKvarnCache<B>),
+}
+
+impl<B: Backend> QuantizedCache<B> {
+    fn cache(&mut self) -> &mut dyn KvCache<B> {
+        match self {
+            QuantizedCache::Host(c) => c,
+            QuantizedCache::Device(c) => c,
+        }
+    }
+
+    fn bytes(&self) -> crate::kv::KvBytes {
+        match self {
+            QuantizedCache::Host(c) => c.bytes(),
+            QuantizedCache::Device(c) => c.bytes(),
+        }
+    }
+
+    fn bytes_fetched(&self) -> u64 {
+        match self {
+            QuantizedCache::Host(c) => c.stats().bytes_fetched,
+            QuantizedCache::Device(c) => c.stats().bytes_fetched,
+        }
+    }
+
+    fn reset_stats(&mut self) {
+        match self {
+            QuantizedCache::Host(c) => c.reset_stats(),
+            QuantizedCache::Device(c) => c.reset_stats(),
+        }
+    }
+}
+
 fn row_cache<'c, B: Backend>(
     model: &Model<B>,
     float: &'c mut crate::kv_cache::FloatKvCache<B>,
     kv: &BenchKv,
     depth: usize,
     capacity: usize,
-    quantized: &'c mut Option<Box<dyn KvCache<B>>>,
+    quantized: &'c mut Option<QuantizedCache<B>>,
 ) -> Result<&'c mut dyn KvCache<B>> {
     match kv {
         BenchKv::Float(_) => {
@@ -152,23 +195,23 @@ fn row_cache<'c, B: Backend>(
         }
         BenchKv::Quantized(config) => {
             let reusable = match quantized.as_mut() {
-                Some(q) => q.truncate(depth).is_ok(),
+                Some(q) => q.cache().truncate(depth).is_ok(),
                 None => false,
             };
             if !reusable {
                 let b = model.backend();
                 *quantized = Some(if crate::kv::runs_in_backend(config) {
-                    Box::new(crate::kv::BackendKvarnCache::from_float(
+                    QuantizedCache::Device(crate::kv::BackendKvarnCache::from_float(
                         b, float, depth, capacity, config,
                     )?)
                 } else {
-                    Box::new(crate::kv::QuantKvCache::from_f32(
+                    QuantizedCache::Host(crate::kv::QuantKvCache::from_f32(
                         b, float, depth, capacity, config,
                     )?)
                 });
             }
-            match quantized.as_deref_mut() {
-                Some(q) => Ok(q),
+            match quantized.as_mut() {
+                Some(q) => Ok(q.cache()),
                 None => Err(crate::error::RuntimeError::EmptyInput),
             }
         }
@@ -204,13 +247,17 @@ pub fn run<B: Backend>(
             model.backend().synchronize()?;
         }
         for kv in kvs {
-            let mut quantized = None;
+            let mut quantized: Option<QuantizedCache<B>> = None;
             for test in tests {
                 let label = test.label(depth);
                 progress(&format!("{label}, {} KV", kv.label()));
                 let mut samples = Vec::with_capacity(reps);
                 let mut graph_capable = false;
+                let mut fetched = 0u64;
                 for rep in 0..=reps {
+                    if let Some(q) = quantized.as_mut() {
+                        q.reset_stats();
+                    }
                     let cache = row_cache(model, &mut float, kv, depth, capacity, &mut quantized)?;
                     graph_capable = cache.graph_id().is_some();
                     let t0 = Instant::now();
@@ -231,8 +278,17 @@ pub fn run<B: Backend>(
                     // Repetition 0 warms up (module loads, graph capture, allocator).
                     if rep > 0 {
                         samples.push(test.tokens() as f64 / secs.max(1e-12));
+                        fetched += quantized.as_ref().map_or(0, QuantizedCache::bytes_fetched);
                     }
                 }
+                let kv_refine_read_per_token = match *test {
+                    BenchTest::Generate(n) if reps > 0 => fetched as f64 / (reps * n) as f64,
+                    _ => 0.0,
+                };
+                let kv_bytes = match kv {
+                    BenchKv::Quantized(_) => quantized.as_ref().map(QuantizedCache::bytes),
+                    BenchKv::Float(_) => None,
+                };
                 let (mean, sd) = mean_sd(&samples);
                 let bytes_per_token = match *test {
                     BenchTest::Prompt(_) => 0.0,
@@ -252,6 +308,8 @@ pub fn run<B: Backend>(
                     mean,
                     sd,
                     bytes_per_token,
+                    kv_bytes,
+                    kv_refine_read_per_token,
                 });
             }
         }
@@ -323,5 +381,52 @@ mod tests {
         assert_eq!(kv, ["f16", "f16", "kvarn 2/2", "kvarn 2/2"]);
         assert!(r.iter().all(|x| x.samples.len() == 2 && x.mean > 0.0));
         assert!(r[3].bytes_per_token < r[1].bytes_per_token);
+    }
+
+    /// A refined KVarN row reports the cache's bytes per tier and the units each token read,
+    /// equal to the record and unit sizes of docs/format.md worked out by hand: 2/2 records
+    /// of 128 tokens hold 32·d bytes of key codes, 4·d of key A and Z, 256 of key B, 32·d of
+    /// value codes, 2·d of value B and 512 of value A and Z; a +4/+4 unit of 2 tokens holds
+    /// 2·d bytes, 64 units a tile.
+    #[test]
+    fn bench_reports_kv_bytes_per_tier() {
+        use crate::kv::RefineBits;
+        use crate::kv::{KvBaseChoice, KvBits, KvConfig, KvRefineConfig, KvTierConfig};
+        let m = tiny_model("tiny-qwen3");
+        let c = m.config().clone();
+        let kvarn = KvConfig {
+            sinks: 4,
+            refine: Some(KvRefineConfig {
+                bits: RefineBits { key: 4, value: 4 },
+                group: 2,
+                fraction: 1.0 / 8.0,
+                tier: KvTierConfig::Ram,
+            }),
+            ..KvConfig::base(KvBaseChoice::Kvarn(KvBits { key: 2, value: 2 }))
+        };
+        let f16 = crate::backend::KvDtype::F16;
+        // Two tiles after the sinks, 10 tail rows; 6 more tokens stay inside the tail.
+        let depth = 4 + 2 * 128 + 10;
+        let r = run(
+            &m,
+            &[BenchTest::Generate(6)],
+            &[depth],
+            2,
+            f16,
+            &[BenchKv::Float(f16), BenchKv::Quantized(kvarn)],
+            1,
+            |_| {},
+        )
+        .unwrap();
+        assert!(r[0].kv_bytes.is_none() && r[0].kv_refine_read_per_token == 0.0);
+        let b = r[1].kv_bytes.as_ref().expect("a quantized row has bytes");
+        let (d, heads) = (c.head_dim, c.num_hidden_layers * c.num_key_value_heads);
+        let record = (70 * d + 768).next_multiple_of(8);
+        let fp16_rows = (4 + 128) * d * 4; // sink and tail stores, keys and values
+        assert_eq!(b.resident as usize, (fp16_rows + 2 * record) * heads);
+        assert_eq!(b.tier.backing as usize, 2 * 64 * 2 * d * heads);
+        // 128 eligible groups a KV head, 1/8 of them selected at every step.
+        let per_token = (16 * 2 * d * heads) as f64;
+        assert_eq!(r[1].kv_refine_read_per_token, per_token);
     }
 }

@@ -130,6 +130,8 @@ enum Command {
         /// quantized prefill encodes it, optionally refined (2/2+4/4: +4 key and +4 value
         /// bits, units in host RAM — or in device memory with 2/2+4/4@vram —, eq. 7
         /// selection and eq. 8 correction every step; see --kv-group, --kv-fraction).
+        /// Quantized caches' generation rows are followed by a table of their bytes per tier
+        /// (resident KV, refinement store) and the refinement bytes a token read.
         /// Default: the --kv-type float cache alone.
         #[arg(long, default_value = "")]
         kv: String,

@@ -22,6 +22,6 @@ pub mod tier;
 
 pub use backend_cache::{new_quantized_cache, runs_in_backend, BackendKvarnCache};
 pub use base::{KvBase, KvBits, RefineBits};
-pub use cache::{KvCacheStats, QuantKvCache};
+pub use cache::{KvBytes, KvCacheStats, QuantKvCache};
 pub use kvarn::{Kvarn, KvarnRecordLayout};
 pub use spec::{KvBaseChoice, KvConfig, KvRefineConfig, KvTierConfig};
