@@ -142,8 +142,6 @@ impl BenchKv {
     }
 }
 
-/// The cache of one row at `depth`: the float cache cut back, or a quantized cache encoded
-/// from it (cut back too when the cut is on a tile boundary, else encoded again).
 /// A row's quantized cache, kept as its type so the row can read its bytes and counters.
 enum QuantizedCache<B: Backend> {
     Host(crate::kv::QuantKvCache<B>),
@@ -180,6 +178,8 @@ impl<B: Backend> QuantizedCache<B> {
     }
 }
 
+/// The cache of one row at `depth`: the float cache cut back, or a quantized cache encoded
+/// from it (cut back too when the cut is on a tile boundary, else encoded again).
 fn row_cache<'c, B: Backend>(
     model: &Model<B>,
     float: &'c mut crate::kv_cache::FloatKvCache<B>,
@@ -285,10 +285,8 @@ pub fn run<B: Backend>(
                     BenchTest::Generate(n) if reps > 0 => fetched as f64 / (reps * n) as f64,
                     _ => 0.0,
                 };
-                let kv_bytes = match kv {
-                    BenchKv::Quantized(_) => quantized.as_ref().map(QuantizedCache::bytes),
-                    BenchKv::Float(_) => None,
-                };
+                // A float row never builds a quantized cache: none.
+                let kv_bytes = quantized.as_ref().map(QuantizedCache::bytes);
                 let (mean, sd) = mean_sd(&samples);
                 let bytes_per_token = match *test {
                     BenchTest::Prompt(_) => 0.0,

@@ -138,7 +138,9 @@ struct RefineLayout {
     score_done: usize,
     end: usize,
     max_sel: usize,
-    /// Selected groups per correction block, and the blocks per KV head at capacity.
+    /// Bytes of one unit; selected groups per correction block, and the blocks per KV head at
+    /// capacity.
+    unit_bytes: usize,
     corr_groups: usize,
     sel_blocks: usize,
     per_tile: usize,
@@ -147,7 +149,7 @@ struct RefineLayout {
 impl RefineLayout {
     /// For a layer of `s`'s capacities with `splits` partials per KV head; none without
     /// refinement. Fewer groups share a correction block where units are too large to stage
-    /// 16 of them.
+    /// `CORR_GROUPS` of them.
     fn new(s: &KvarnShape, splits: usize) -> Option<Self> {
         let r = s.refine?;
         let (kv, d) = (s.kv_heads, s.head_dim);
@@ -155,7 +157,8 @@ impl RefineLayout {
         let per_tile = s.tile_tokens / r.group.max(1);
         let groups = s.tile_capacity * per_tile;
         let max_sel = r.selected(groups);
-        let unit_stride = r.unit_bytes(d).next_multiple_of(4);
+        let unit_bytes = r.unit_bytes(d);
+        let unit_stride = unit_bytes.next_multiple_of(4);
         let corr_groups =
             (CORR_UNIT_SMEM.saturating_sub(4) / unit_stride.max(1)).clamp(1, CORR_GROUPS);
         let sel_blocks = max_sel.div_ceil(corr_groups).max(1);
@@ -180,6 +183,7 @@ impl RefineLayout {
             score_done,
             end: score_done + kv,
             max_sel,
+            unit_bytes,
             corr_groups,
             sel_blocks,
             per_tile,
@@ -442,7 +446,7 @@ impl CudaBackend {
         // The correction block's staged units (and a padding word its bit reads may touch).
         let mut unit_smem = 0;
         if let (Some(lay), Some(spec), Some(units)) = (&refine, s.refine, layer.units) {
-            let unit_bytes = spec.unit_bytes(s.head_dim);
+            let unit_bytes = lay.unit_bytes;
             unit_smem = lay.corr_groups * unit_bytes.next_multiple_of(4) + 4;
             if unit_smem > CORR_UNIT_SMEM {
                 return Err(RuntimeError::Unsupported(format!(

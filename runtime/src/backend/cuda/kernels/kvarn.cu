@@ -99,9 +99,9 @@ __device__ __forceinline__ float smem_code(const uint32_t* words, int bit, uint3
 // (code·A + Z)·B with A, Z per channel and B per token; with k = code − centre and
 // Z' = Z + A·centre, token t's score is B_t · (Σ_c (q_c·A_c)·k + Σ_c q_c·Z'_c): q·A and the sum
 // of q·Z' are computed once per tile. A value is (code·A + Z)·B with A, Z per token and B per
-// channel, so channel c accumulates Σ_t (w_t·A_t)·k + Σ_t w_t·Z'_t and takes B_c once per tile. The sums are associated
-// differently from the CPU decoder's per-element steps: float rounding apart (conformance
-// bound 2e-5). ALIGNED: both code sections start on a word and their codes never straddle one
+// channel, so channel c accumulates Σ_t (w_t·A_t)·k + Σ_t w_t·Z'_t and takes B_c once per
+// tile. The sums are associated differently from the CPU decoder's per-element steps: float
+// rounding apart (conformance bound 2e-5). ALIGNED: both code sections start on a word and their codes never straddle one
 // (power-of-two widths, rows of whole words), so each code is one shared-memory word shifted
 // by a per-thread constant.
 template <int MAXG, bool ALIGNED>
@@ -490,9 +490,9 @@ extern "C" __global__ void kvarn_hadamard_rows(float* __restrict__ x, int n, flo
 // The selection is spread over the GPU: `kvarn_refine_score` runs several blocks per KV head,
 // each merging its share of the split partials and scoring its share of the groups into a
 // histogram of the scores' top 11 bits, summed into the head's; the last block of a KV head to
-// finish takes the threshold's first digit from that histogram, the other two from passes over
-// the score bits (in L2), and writes the picks in group order. One block per KV head doing all
-// of it took 44–59 µs a layer at 32K.
+// finish takes the threshold's first digit from that histogram and the other two from the keys
+// near it, gathered into shared memory (or from passes over the score bits in L2), and writes
+// the picks in group order. One block per KV head doing all of it took 44–59 µs a layer at 32K.
 
 // Score bits a lane holds per round of a pass (their loads issued together).
 #define SEL_KEYS_PER_LANE 8
