@@ -1,4 +1,4 @@
-//! The canonical evaluation and calibration texts (see `shared/assets.md`).
+//! The canonical evaluation and calibration texts (`sfx text` prints them).
 //!
 //! Every text is produced byte-for-byte by a fixed rule, so perplexities computed here
 //! compare with those of other tools that follow the same rules:

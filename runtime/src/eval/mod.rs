@@ -1,4 +1,4 @@
-//! Evaluation per the project's protocol (shared assets.md): perplexity over fixed windows,
+//! Evaluation per the project's protocol (docs/results.md): perplexity over fixed windows,
 //! long-context scoring through the decode path, and KL divergence to a reference model.
 //! This module holds the model-independent arithmetic; the drivers that run a model live in
 //! [`runner`].

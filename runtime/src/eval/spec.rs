@@ -1,6 +1,6 @@
 //! Parsing of evaluation specs such as `wiki:8` or `austen-long:2048`.
 
-/// What to evaluate; see shared assets.md "Evaluation protocol".
+/// What to evaluate: the protocol is stated in docs/results.md ("Float reference").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvalSpec {
     /// The first `windows` non-overlapping windows of `window` tokens of a named text
