@@ -21,6 +21,7 @@ const KERNELS: &[&str] = &[
     "group_mma",
     "trellis",
     "kvarn",
+    "refine",
 ];
 
 fn main() {

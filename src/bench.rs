@@ -9,6 +9,9 @@ use sfx_formats::sfx::SfxFile;
 use sfx_formats::DType;
 use sfx_runtime::backend::KvDtype;
 use sfx_runtime::bench::{self, BenchResult, BenchTest};
+use sfx_runtime::refine::{
+    open_refinement, plan_from_sfx, MlpMode, RefineOpenOptions, RefineSettings, Refiner, TierChoice,
+};
 use sfx_runtime::resident::ResidentKernels;
 use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model_on};
 use sfx_runtime::synthetic::{self, SyntheticWeights};
@@ -38,6 +41,10 @@ pub struct BenchArgs {
     pub kv: KvDtype,
     /// The KV caches to measure (--kv); the float cache of `kv` alone when empty.
     pub kv_caches: Vec<bench::BenchKv>,
+    /// Weight-refinement budgets to measure beside the base (`--k`); none: the base alone.
+    pub refine_k: Vec<usize>,
+    /// A synthetic model gets refinement columns (`--fit`).
+    pub fit: bool,
     pub seed: u64,
     pub json: bool,
 }
@@ -219,6 +226,12 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
         ..ModelOptions::default()
     };
     let t0 = Instant::now();
+    if !a.refine_k.is_empty() && a.synthetic.is_some() && !a.fit {
+        bail!("--k with --synthetic: add --fit to give the synthetic model refinement columns");
+    }
+    if a.fit && a.synthetic.is_none() {
+        bail!("--fit is for synthetic models; a .sfx model refines from its own sections");
+    }
     let (mut model, name, params) = match (&a.synthetic, &a.model) {
         (Some(preset), _) => {
             let config = synthetic::preset(preset)?;
@@ -265,6 +278,26 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
             t0.elapsed().as_secs_f64()
         );
     }
+    let mut refiner = match a.refine_k.first() {
+        None => None,
+        Some(&k) => {
+            let t1 = Instant::now();
+            let r = bench_refiner(a, &model, k)?;
+            if !a.json {
+                eprintln!(
+                    "refinement: {} of columns {} in {:.1} s",
+                    human_bytes(r.backend_bytes()),
+                    if r.in_backend() {
+                        "in host memory the device reads"
+                    } else {
+                        "read host-driven"
+                    },
+                    t1.elapsed().as_secs_f64()
+                );
+            }
+            Some(r)
+        }
+    };
     let mut tests: Vec<BenchTest> = a.prompt.iter().map(|&n| BenchTest::Prompt(n)).collect();
     tests.extend(a.generate.iter().map(|&n| BenchTest::Generate(n)));
     let mut rows = Vec::new();
@@ -284,6 +317,11 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
             a.kv,
             &kvs,
             a.seed,
+            refiner.as_mut().map(|r| bench::BenchRefine {
+                refiner: r,
+                ks: a.refine_k.clone(),
+                tier: "ram".into(),
+            }),
             |what| {
                 if !json {
                     eprintln!("  {what} (graphs {})", if graphs { "on" } else { "off" });
@@ -304,6 +342,53 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
     }
     print_kernel_times(&model.backend().take_kernel_times()?);
     Ok(rows)
+}
+
+/// The refinement engine of `--k` rows at budget `k`: a synthetic model's random columns
+/// placed in the backend, or a .sfx model's own sections (ram tier, in the backend where the
+/// backend prefers it).
+fn bench_refiner<B: ResidentKernels>(
+    a: &BenchArgs,
+    model: &Model<B>,
+    k: usize,
+) -> Result<Refiner<B>> {
+    let settings = RefineSettings {
+        k: [k; 4],
+        s: [0.0; 4],
+        mlp: MlpMode::Channels,
+        bundle_k: (3 * k + 2) / 4,
+    };
+    if a.synthetic.is_some() {
+        let plan = synthetic::refinement_plan(model.config());
+        let seed = a.seed;
+        return Refiner::new_in_backend(plan, settings, model.backend(), |src| {
+            Ok(std::borrow::Cow::Owned(synthetic::refinement_columns(
+                src, seed,
+            )))
+        })
+        .context("building the synthetic refinement");
+    }
+    let spec = a.model.as_deref().unwrap_or_default();
+    if !is_sfx_file(std::path::Path::new(spec)) {
+        bail!("--k: {spec} is not a .sfx model (only .sfx files carry refinement)");
+    }
+    let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
+    let plan = plan_from_sfx(&file, model.config())?;
+    let options = RefineOpenOptions {
+        tier: TierChoice::Ram,
+        ..RefineOpenOptions::default()
+    };
+    let warn = |m: &str| eprintln!("{m}");
+    open_refinement(
+        model.backend(),
+        &file,
+        std::path::Path::new(spec),
+        plan,
+        Some(settings),
+        &options,
+        &warn,
+    )?
+    .ok_or_else(|| anyhow::anyhow!("--k: {spec} has no usable refinement"))
 }
 
 /// The per-kernel profile (`SFX_PROFILE_KERNELS=1` on CUDA) on stderr, the table on stdout
@@ -359,8 +444,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("| model | size | params | backend | graphs | kv | test | t/s | GB/s |");
-    println!("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |");
+    println!("| model | size | params | backend | graphs | kv | refine | test | t/s | GB/s |");
+    println!("| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: |");
     for r in &rows {
         let gbps = if r.effective_gbps > 0.0 {
             format!("{:.0}", r.effective_gbps)
@@ -368,13 +453,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "".into()
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} |",
             r.model,
             human_bytes(r.size_bytes),
             human_params(r.params),
             r.backend,
             if r.graphs { "on" } else { "off" },
             r.result.kv,
+            if r.result.refine.is_empty() {
+                "-"
+            } else {
+                &r.result.refine
+            },
             r.result.test,
             r.result.mean,
             r.result.sd,
@@ -382,7 +472,44 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     print_kv_bytes(&rows);
+    print_refinement(&rows);
     Ok(())
+}
+
+/// A table for weight-refinement generation rows: speed against the base row of the same
+/// test, cache and graphs setting, the bytes a token fetched and the rate they were read at.
+fn print_refinement(rows: &[Row]) {
+    let refined: Vec<&Row> = rows
+        .iter()
+        .filter(|r| !r.result.refine.is_empty() && r.result.test.starts_with("tg"))
+        .collect();
+    if refined.is_empty() {
+        return;
+    }
+    println!();
+    println!("| kv | test | refine | t/s | × base | fetched per token | host read GB/s |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    for r in refined {
+        let base = rows.iter().find(|b| {
+            b.result.refine.is_empty()
+                && b.result.test == r.result.test
+                && b.result.kv == r.result.kv
+                && b.graphs == r.graphs
+        });
+        let ratio = base.map_or(String::new(), |b| {
+            format!("{:.3}", r.result.mean / b.result.mean.max(1e-12))
+        });
+        println!(
+            "| {} | {} | {} | {:.2} | {} | {:.2} MiB | {:.1} |",
+            r.result.kv,
+            r.result.test,
+            r.result.refine,
+            r.result.mean,
+            ratio,
+            r.result.refine_read_per_token / (1u64 << 20) as f64,
+            r.result.refine_read_per_token * r.result.mean / 1e9
+        );
+    }
 }
 
 /// A second table for generation rows on quantized caches: the cache's bytes per tier at the

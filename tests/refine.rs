@@ -13,7 +13,7 @@ use sfx_runtime::refine::store::{MissPolicy, RefinementStore, SsdStore, UnitRead
 use sfx_runtime::refine::{
     file_settings, open_refinement, plan_from_sfx, MlpMode, RefineOpenOptions, Refiner, TierChoice,
 };
-use sfx_runtime::{load_sfx_model, CpuBackend};
+use sfx_runtime::{load_sfx_model, CpuBackend, LogitsMode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -84,9 +84,17 @@ fn refiner(
     settings.bundle_k = (3 * k + 2) / 4;
     settings.mlp = mlp;
     let warn = |m: &str| panic!("unexpected warning: {m}");
-    open_refinement(file, path, plan, Some(settings), options, &warn)
-        .unwrap()
-        .unwrap()
+    open_refinement(
+        &CpuBackend::new(),
+        file,
+        path,
+        plan,
+        Some(settings),
+        options,
+        &warn,
+    )
+    .unwrap()
+    .unwrap()
 }
 
 #[test]
@@ -157,6 +165,82 @@ fn ram_and_ssd_wait_tiers_give_identical_logits() {
         assert!(st.misses > 0 && st.hits > 0, "{st:?}");
         assert!(st.cache_peak_bytes <= 1 << 20, "cache over budget: {st:?}");
     }
+}
+
+/// The engine in the backend (the columns copied into a backend byte store, selection and
+/// accumulate as backend ops — the CUDA path's structure) gives the host-driven engine's
+/// logits bit for bit on the CPU backend, prefill rows and decode steps alike, and counts the
+/// same units and bytes; settings it does not cover stay host-driven with one note.
+#[test]
+fn engine_in_the_backend_matches_the_host_driven_engine() {
+    let (_, path) = containers();
+    let file = SfxFile::open(path).unwrap();
+    let model = load_sfx_model(&file, &opts()).unwrap();
+    let ids = tokens(40);
+    let host = RefineOpenOptions {
+        in_backend: Some(false),
+        ..RefineOpenOptions::default()
+    };
+    let placed = RefineOpenOptions {
+        in_backend: Some(true),
+        ..RefineOpenOptions::default()
+    };
+    for k in [4, 16] {
+        let mut a = refiner(&file, path, k, MlpMode::Channels, &host);
+        let mut b = refiner(&file, path, k, MlpMode::Channels, &placed);
+        assert!(!a.in_backend() && b.in_backend() && b.backend_bytes() > 0);
+        assert!(b.graph_id().is_some() && a.graph_id().is_none());
+        // Prefill rows, then decode steps one token at a time.
+        let (pre, steps) = ids.split_at(24);
+        let run = |r: &mut Refiner<CpuBackend>| {
+            let mut cache = model.new_cache(ids.len()).unwrap();
+            let mut out = model
+                .forward_refined(pre, &mut cache, LogitsMode::All, r)
+                .unwrap()
+                .into_vec();
+            for &t in steps {
+                out.extend(
+                    model
+                        .forward_refined(&[t], &mut cache, LogitsMode::Last, r)
+                        .unwrap()
+                        .into_vec(),
+                );
+            }
+            out
+        };
+        let (la, lb) = (run(&mut a), run(&mut b));
+        assert!(
+            la == lb,
+            "k={k}: in-backend logits differ from host-driven ones"
+        );
+        let (ca, cb) = (a.counters(), b.counters());
+        assert_eq!(ca, cb, "k={k}: counters");
+        assert!(cb.bytes_applied > 0);
+    }
+    // Lead/lag is host-driven: the placed request falls back with one note.
+    let config = file.metadata().config.clone().unwrap();
+    let plan = plan_from_sfx(&file, &config).unwrap();
+    let mut settings = file_settings(&file, &plan);
+    settings.s = [0.5, 0.0, 0.0, 0.0];
+    let notes = Mutex::new(Vec::<String>::new());
+    let warn = |m: &str| notes.lock().unwrap().push(m.to_string());
+    let r = open_refinement(
+        &CpuBackend::new(),
+        &file,
+        path,
+        plan,
+        Some(settings),
+        &placed,
+        &warn,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(!r.in_backend());
+    let notes = notes.lock().unwrap();
+    assert!(
+        notes.len() == 1 && notes[0].contains("lead/lag"),
+        "{notes:?}"
+    );
 }
 
 /// Reads the file, slowly; or fails every read.
@@ -267,6 +351,7 @@ fn corrupt_refinement_is_refused_with_one_warning() {
     let warn = |m: &str| warnings.lock().unwrap().push(m.to_string());
     let plan = plan_from_sfx(&bad_file, &config).unwrap();
     let r = open_refinement::<CpuBackend>(
+        &CpuBackend::new(),
         &bad_file,
         &bad_path,
         plan,

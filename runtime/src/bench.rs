@@ -12,6 +12,7 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::model::{LogitsMode, Model};
+use crate::refine::Refiner;
 use std::time::Instant;
 
 /// One row of the report.
@@ -67,6 +68,22 @@ pub struct BenchResult {
     /// Refinement unit bytes a generated token read (all layers and KV heads; the cache's
     /// own counter over the timed repetitions); 0 without refinement.
     pub kv_refine_read_per_token: f64,
+    /// Selective weight refinement of the row ([`BenchRefine`]): `k16` and where it runs;
+    /// empty for the resident base alone.
+    pub refine: String,
+    /// Weight refinement bytes a generated token read (the engine's counter over the timed
+    /// repetitions); 0 without refinement.
+    pub refine_read_per_token: f64,
+}
+
+/// Weight-refinement rows of a run: `refiner` measured at every budget of `ks` (k per 1024
+/// channels, every projection set), each beside the base row (no refinement) of the same
+/// test, depth and cache.
+pub struct BenchRefine<'r, B: Backend> {
+    pub refiner: &'r mut Refiner<B>,
+    pub ks: Vec<usize>,
+    /// Where the engine reads from, for the rows' labels (e.g. `ram`).
+    pub tier: String,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -230,8 +247,13 @@ pub fn run<B: Backend>(
     prefill_dtype: crate::backend::KvDtype,
     kvs: &[BenchKv],
     seed: u64,
+    mut refine: Option<BenchRefine<'_, B>>,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<BenchResult>> {
+    // Budget 0 is the base row.
+    let budgets: Vec<usize> = std::iter::once(0)
+        .chain(refine.iter().flat_map(|r| r.ks.iter().copied()))
+        .collect();
     let c = model.config();
     let vocab = c.vocab_size;
     let longest = tests.iter().map(BenchTest::tokens).max().unwrap_or(1);
@@ -248,15 +270,45 @@ pub fn run<B: Backend>(
         }
         for kv in kvs {
             let mut quantized: Option<QuantizedCache<B>> = None;
-            for test in tests {
+            for (test, &k) in tests
+                .iter()
+                .flat_map(|t| budgets.iter().map(move |k| (t, k)))
+            {
                 let label = test.label(depth);
-                progress(&format!("{label}, {} KV", kv.label()));
+                let tier = refine.as_ref().map(|r| r.tier.clone()).unwrap_or_default();
+                let mut refiner = match (k, refine.as_mut()) {
+                    (0, _) | (_, None) => None,
+                    (k, Some(r)) => {
+                        r.refiner.set_budgets(model.backend(), [k; 4])?;
+                        Some(&mut *r.refiner)
+                    }
+                };
+                let refine_label = match &refiner {
+                    Some(r) => format!(
+                        "k{k} {tier}{}",
+                        if r.in_backend() { "" } else { " (host-driven)" }
+                    ),
+                    None => String::new(),
+                };
+                progress(&format!(
+                    "{label}, {} KV{}",
+                    kv.label(),
+                    if refine_label.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", refinement {refine_label}")
+                    }
+                ));
                 let mut samples = Vec::with_capacity(reps);
                 let mut graph_capable = false;
                 let mut fetched = 0u64;
+                let mut refine_read = 0u64;
                 for rep in 0..=reps {
                     if let Some(q) = quantized.as_mut() {
                         q.reset_stats();
+                    }
+                    if let Some(r) = refiner.as_deref_mut() {
+                        r.reset_counters();
                     }
                     let cache = row_cache(model, &mut float, kv, depth, capacity, &mut quantized)?;
                     graph_capable = cache.graph_id().is_some();
@@ -264,12 +316,23 @@ pub fn run<B: Backend>(
                     match *test {
                         BenchTest::Prompt(n) => {
                             let prompt = tokens(vocab, n, seed ^ (rep as u64 + 1) << 20);
-                            model.forward(&prompt, cache, LogitsMode::Last)?;
+                            match refiner.as_deref_mut() {
+                                Some(r) => {
+                                    model.forward_refined(&prompt, cache, LogitsMode::Last, r)?;
+                                }
+                                None => {
+                                    model.forward(&prompt, cache, LogitsMode::Last)?;
+                                }
+                            }
                         }
                         BenchTest::Generate(n) => {
                             let mut t = tokens(vocab, 1, seed ^ rep as u64)[0];
                             for _ in 0..n {
-                                t = model.forward_greedy(&[t], cache)?;
+                                t = model.forward_greedy_with(
+                                    &[t],
+                                    cache,
+                                    refiner.as_deref_mut(),
+                                )?;
                             }
                         }
                     }
@@ -279,8 +342,13 @@ pub fn run<B: Backend>(
                     if rep > 0 {
                         samples.push(test.tokens() as f64 / secs.max(1e-12));
                         fetched += quantized.as_ref().map_or(0, QuantizedCache::bytes_fetched);
+                        refine_read += refiner.as_ref().map_or(0, |r| r.counters().bytes_applied);
                     }
                 }
+                let refine_read_per_token = match *test {
+                    BenchTest::Generate(n) if reps > 0 => refine_read as f64 / (reps * n) as f64,
+                    _ => 0.0,
+                };
                 let kv_refine_read_per_token = match *test {
                     BenchTest::Generate(n) if reps > 0 => fetched as f64 / (reps * n) as f64,
                     _ => 0.0,
@@ -308,6 +376,8 @@ pub fn run<B: Backend>(
                     bytes_per_token,
                     kv_bytes,
                     kv_refine_read_per_token,
+                    refine: refine_label,
+                    refine_read_per_token,
                 });
             }
         }
@@ -344,6 +414,7 @@ mod tests {
             crate::backend::KvDtype::F16,
             &[BenchKv::Float(crate::backend::KvDtype::F16)],
             1,
+            None,
             |_| {},
         )
         .unwrap();
@@ -372,6 +443,7 @@ mod tests {
             f16,
             &[BenchKv::Float(f16), BenchKv::Quantized(kvarn)],
             1,
+            None,
             |_| {},
         )
         .unwrap();
@@ -413,6 +485,7 @@ mod tests {
             f16,
             &[BenchKv::Float(f16), BenchKv::Quantized(kvarn)],
             1,
+            None,
             |_| {},
         )
         .unwrap();

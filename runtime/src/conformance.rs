@@ -145,6 +145,27 @@ pub enum Op {
         row_len: usize,
         units: usize,
     },
+    /// Channel selection S(x) of `rows` rows of `row_len` at `k` per 1024 (`ties`: few
+    /// distinct magnitudes, zeros and a NaN, so the tie rule decides; `norm`: of the rows'
+    /// RMSNorm); the indices compared.
+    SelectChannels {
+        rows: usize,
+        row_len: usize,
+        k: usize,
+        ties: bool,
+        norm: bool,
+    },
+    /// Column refinement of up to three projections (`outs`, 0 = absent) of one input (its
+    /// RMSNorm with `norm`): the device's own selection, then the selected columns added from
+    /// a host-memory byte store whose columns start `offset` bytes in.
+    SelectedColumns {
+        rows: usize,
+        row_len: usize,
+        k: usize,
+        outs: [usize; 3],
+        offset: usize,
+        norm: bool,
+    },
     Random {
         dtype: DType,
         rows: usize,
@@ -781,6 +802,65 @@ pub fn cases() -> Vec<Case> {
             1e-6,
         );
     }
+    // Weight refinement: the selection exactly (budgets of short last chunks, every channel
+    // selected, ties and a NaN), the column gather on the Llama-3.1-8B and SmolLM2 sets, in
+    // prefill rows, and columns neither 8-byte sized nor aligned.
+    for (rows, row_len, k, ties, norm) in [
+        (1, 4096, 16, false, true),
+        (1, 14336, 16, false, false),
+        (4, 576, 16, false, true),
+        (1, 2049, 3, false, false),
+        (2, 1024, 1024, false, false),
+        (1, 3000, 100, true, false),
+        (3, 1024, 7, true, false),
+    ] {
+        add(
+            "select_channels",
+            format!(
+                "{rows}×{row_len} k{k}{}{}",
+                if ties { " ties" } else { "" },
+                if norm { " norm" } else { "" }
+            ),
+            Op::SelectChannels {
+                rows,
+                row_len,
+                k,
+                ties,
+                norm,
+            },
+            0.0,
+            0.0,
+        );
+    }
+    for (rows, row_len, k, outs, offset, norm) in [
+        (1, 4096, 16, [4096, 1024, 1024], 0, true),
+        (1, 14336, 16, [4096, 0, 0], 0, false),
+        (1, 14336, 64, [4096, 0, 0], 0, false),
+        (1, 4096, 32, [14336, 14336, 0], 0, true),
+        (1, 576, 16, [576, 192, 192], 0, true),
+        (3, 1536, 64, [576, 0, 0], 0, false),
+        (2, 1000, 1024, [100, 37, 0], 5, false),
+        (1, 1000, 1024, [1100, 37, 0], 3, false),
+        (1, 2049, 3, [300, 0, 0], 0, false),
+    ] {
+        add(
+            "add_selected_columns",
+            format!(
+                "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
+                if norm { " norm" } else { "" }
+            ),
+            Op::SelectedColumns {
+                rows,
+                row_len,
+                k,
+                outs,
+                offset,
+                norm,
+            },
+            2e-6,
+            2e-6,
+        );
+    }
     // Group-quantized projections at every code width: decode (matvec, m ≤ 4) on the Llama
     // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
     // prefill (m > 4; bounds at `add_coded_linear`).
@@ -1414,6 +1494,40 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.b = rng.vec(row_len, 0.1);
             i.c = rng.vec(2 * row_len, 1.0);
         }
+        Op::SelectChannels {
+            rows,
+            row_len,
+            ties,
+            ..
+        } => {
+            i.a = rng.vec(rows * row_len, 2.0);
+            i.d = rng.norm_weights(row_len);
+            if ties {
+                // Quarter steps: many equal magnitudes, and zeros.
+                for v in &mut i.a {
+                    *v = (*v * 4.0).round() / 4.0;
+                }
+                let at = rng.below(rows * row_len);
+                i.a[at] = f32::NAN;
+            }
+        }
+        Op::SelectedColumns {
+            rows,
+            row_len,
+            outs,
+            offset,
+            ..
+        } => {
+            i.a = rng.vec(rows * row_len, 2.0);
+            i.d = rng.norm_weights(row_len);
+            let mut units = 0;
+            for &o in outs.iter().filter(|&&o| o > 0) {
+                units += o.div_ceil(2) * row_len;
+                i.b.extend(rng.vec(o, 0.05));
+                i.c.extend(rng.vec(rows * o, 1.0));
+            }
+            i.bytes = (0..offset + units).map(|_| rng.next() as u8).collect();
+        }
         Op::Random { .. } => i.ids = vec![rng.next() as u32, rng.next() as u32],
         Op::CodedLinear { m, rows, .. } => {
             coded_inputs(&mut i, spec, rng);
@@ -2033,6 +2147,82 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             b.add_nibble_units(&mut y, row_len, 1, &x.bytes, unit_bytes, &x.a, &x.b)?;
             download(b, &y)
         }
+        Op::SelectChannels {
+            row_len, k, norm, ..
+        } => {
+            let rows = x.a.len() / row_len;
+            let per_row = crate::refine::select::selected_count(k, row_len);
+            let mut sel = b.alloc_index(rows * per_row)?;
+            let mut values = b.alloc(rows * per_row)?;
+            let w = b.upload(&x.d)?;
+            let norm = norm.then_some((&w, CONFORMANCE_EPS));
+            b.select_channels(&b.upload(&x.a)?, row_len, norm, k, &mut sel, &mut values)?;
+            let mut out = vec![0u32; rows * per_row];
+            b.download_index(&sel, &mut out)?;
+            Ok(out.iter().map(|&i| i as f32).collect())
+        }
+        Op::SelectedColumns {
+            row_len,
+            k,
+            outs,
+            offset,
+            norm,
+            ..
+        } => {
+            let rows = x.a.len() / row_len;
+            let per_row = crate::refine::select::selected_count(k, row_len);
+            let xb = b.upload(&x.a)?;
+            let w = b.upload(&x.d)?;
+            let mut sel = b.alloc_index(rows * per_row)?;
+            let mut values = b.alloc(rows * per_row)?;
+            let norm = norm.then_some((&w, CONFORMANCE_EPS));
+            b.select_channels(&xb, row_len, norm, k, &mut sel, &mut values)?;
+            let mut store = b.alloc_host_byte_store(x.bytes.len())?;
+            b.write_byte_store(&mut store, 0, &x.bytes)?;
+            let dims: Vec<usize> = outs.iter().copied().filter(|&o| o > 0).collect();
+            let mut scales = Vec::new();
+            let mut ys = Vec::new();
+            let (mut s0, mut y0) = (0, 0);
+            for &o in &dims {
+                scales.push(b.upload(&x.b[s0..s0 + o])?);
+                ys.push(b.upload(&x.c[y0..y0 + rows * o])?);
+                s0 += o;
+                y0 += rows * o;
+            }
+            let mut scratch =
+                b.alloc(b.selected_columns_scratch_len(rows, per_row, &dims).max(1))?;
+            let mut at = offset;
+            let mut targets = Vec::new();
+            for ((&o, sc), y) in dims.iter().zip(&scales).zip(ys.iter_mut()) {
+                let unit_bytes = o.div_ceil(2);
+                targets.push(crate::backend::refine::ColumnTarget {
+                    store: &store,
+                    offset: at,
+                    unit_bytes,
+                    scales: sc,
+                    out: y,
+                    accumulate: true,
+                });
+                at += unit_bytes * row_len;
+            }
+            // Twice: the second launch finds the scratch as the first left it.
+            for _ in 0..2 {
+                b.add_selected_columns(
+                    rows,
+                    row_len,
+                    &sel,
+                    &values,
+                    per_row,
+                    &mut targets,
+                    &mut scratch,
+                )?;
+            }
+            let mut out = Vec::new();
+            for y in &ys {
+                out.extend(download(b, y)?);
+            }
+            Ok(out)
+        }
         Op::Random { dtype, rows, cols } => {
             let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
             let m = b.random_matrix(rows, cols, dtype, seed, 0.37)?;
@@ -2339,6 +2529,46 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             }
             y
         }
+        Op::SelectChannels {
+            row_len, k, norm, ..
+        } => naive_select(&naive_select_input(&x.a, &x.d, row_len, norm), row_len, k)
+            .iter()
+            .map(|&i| i as f64)
+            .collect(),
+        Op::SelectedColumns {
+            row_len,
+            k,
+            outs,
+            offset,
+            norm,
+            ..
+        } => {
+            let xs = naive_select_input(&x.a, &x.d, row_len, norm);
+            let sel = naive_select(&xs, row_len, k);
+            let rows = x.a.len() / row_len;
+            let per_row = sel.len() / rows;
+            let mut y = f(&x.c);
+            let (mut s0, mut y0, mut at) = (0, 0, offset);
+            for &o in outs.iter().filter(|&&o| o > 0) {
+                let unit_bytes = o.div_ceil(2);
+                for r in 0..rows {
+                    for e in 0..o {
+                        let mut acc = 0.0f64;
+                        for &i in &sel[r * per_row..(r + 1) * per_row] {
+                            let byte = x.bytes[at + i * unit_bytes + e / 2];
+                            let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
+                            acc += xs[r * row_len + i] * (nib as i32 - 8) as f64;
+                        }
+                        // Twice, as the case applies it.
+                        y[y0 + r * o + e] += 2.0 * acc * x.b[s0 + e] as f64;
+                    }
+                }
+                s0 += o;
+                y0 += rows * o;
+                at += unit_bytes * row_len;
+            }
+            y
+        }
         Op::GroupEmbedding { vocab, cols, .. } => {
             let w = group_codes(spec, x, 0, vocab).ok()?.dequantize();
             x.tokens
@@ -2463,14 +2693,18 @@ fn kvarn_records(c: &KvarnCase, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
     (bytes, units)
 }
 
-/// The case's refinement units in host memory the device reads ([`Backend::alloc_kv_host_tiles`]),
+/// The case's refinement units in host memory the device reads ([`Backend::alloc_host_byte_store`]),
 /// filled one tile's units at a time as the cache fills them; none without refinement.
-fn kvarn_units_store<B: Backend>(b: &B, c: &KvarnCase, units: &[u8]) -> Result<Option<B::KvTiles>> {
+fn kvarn_units_store<B: Backend>(
+    b: &B,
+    c: &KvarnCase,
+    units: &[u8],
+) -> Result<Option<B::ByteStore>> {
     let Some(r) = c.refine else {
         return Ok(None);
     };
     let tile_units = (KVARN_TILE / r.group) * r.unit_bytes(c.head_dim);
-    let store = b.alloc_kv_host_tiles(units.len())?;
+    let store = b.alloc_host_byte_store(units.len())?;
     fill_checked(b, store, units, tile_units, "refinement unit").map(Some)
 }
 
@@ -2590,34 +2824,34 @@ fn naive_kvarn_decode(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
 
 /// The case's tile store as the cache fills it: a zeroed store, one record written at a time,
 /// then read back and compared ([`fill_checked`]).
-fn kvarn_tile_store<B: Backend>(b: &B, c: &KvarnCase, bytes: &[u8]) -> Result<B::KvTiles> {
+fn kvarn_tile_store<B: Backend>(b: &B, c: &KvarnCase, bytes: &[u8]) -> Result<B::ByteStore> {
     let Ok(base) = Kvarn::with_tile(c.bits, c.head_dim, KVARN_TILE) else {
-        return b.upload_kv_tiles(bytes); // the op reports the bad geometry itself
+        return b.upload_byte_store(bytes); // the op reports the bad geometry itself
     };
-    let store = b.alloc_kv_tiles(bytes.len())?;
+    let store = b.alloc_byte_store(bytes.len())?;
     fill_checked(b, store, bytes, base.tile_bytes(), "record")
 }
 
-/// `bytes` written into `store` `piece` bytes at a time ([`Backend::write_kv_tiles`]), then
+/// `bytes` written into `store` `piece` bytes at a time ([`Backend::write_byte_store`]), then
 /// read back in two reads, one at an offset, and compared byte for byte.
 fn fill_checked<B: Backend>(
     b: &B,
-    mut store: B::KvTiles,
+    mut store: B::ByteStore,
     bytes: &[u8],
     piece: usize,
     what: &str,
-) -> Result<B::KvTiles> {
+) -> Result<B::ByteStore> {
     let piece = piece.max(1);
     for (i, p) in bytes.chunks(piece).enumerate() {
-        b.write_kv_tiles(&mut store, i * piece, p)?;
+        b.write_byte_store(&mut store, i * piece, p)?;
     }
     let mut back = vec![0u8; bytes.len()];
     let half = (bytes.len() / piece / 2) * piece;
-    b.read_kv_tiles(&store, 0, &mut back[..half])?;
-    b.read_kv_tiles(&store, half, &mut back[half..])?;
+    b.read_byte_store(&store, 0, &mut back[..half])?;
+    b.read_byte_store(&store, half, &mut back[half..])?;
     if let Some(at) = back.iter().zip(bytes).position(|(a, b)| a != b) {
         return Err(RuntimeError::Shape {
-            op: "read_kv_tiles",
+            op: "read_byte_store",
             msg: format!("byte {at} read back differs from the {what} written"),
         });
     }
@@ -2722,6 +2956,37 @@ fn naive_kvarn(c: &KvarnCase, x: &Inputs) -> Option<Vec<f64>> {
         }
     }
     Some(out)
+}
+
+/// RMSNorm epsilon of the selection cases.
+const CONFORMANCE_EPS: f32 = 1e-5;
+
+/// The values a selection case ranks: the rows, or their RMSNorm (f64) with `norm`.
+fn naive_select_input(x: &[f32], w: &[f32], row_len: usize, norm: bool) -> Vec<f64> {
+    if !norm {
+        return x.iter().map(|&v| v as f64).collect();
+    }
+    debug_assert_eq!(w.len(), row_len);
+    naive_norm(x, w, CONFORMANCE_EPS as f64)
+}
+
+/// S(x) by sorting: every chunk's channels ordered by |x| (a NaN largest) descending then
+/// index ascending, its budget taken, indices ascending.
+fn naive_select(x: &[f64], row_len: usize, k: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    for row in x.chunks_exact(row_len) {
+        for start in (0..row_len).step_by(1024) {
+            let len = (row_len - start).min(1024);
+            let budget = ((k * len + 512) / 1024).clamp(1, len);
+            let mut idx: Vec<usize> = (start..start + len).collect();
+            let key = |i: usize| row[i].abs();
+            idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+            let mut top = idx[..budget].to_vec();
+            top.sort_unstable();
+            out.extend(top);
+        }
+    }
+    out
 }
 
 fn naive_xwt(

@@ -278,6 +278,7 @@ fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Ref
     };
     let warn = |m: &str| eprintln!("{m}");
     Ok(open_refinement(
+        loaded.model.backend(),
         file,
         path,
         plan,

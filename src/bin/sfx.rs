@@ -146,6 +146,17 @@ enum Command {
         /// 0.01 or 1%).
         #[arg(long, default_value = "1/128")]
         kv_fraction: String,
+        /// Selective weight refinement rows: each budget (k channels per 1024 input channels
+        /// of every projection set, comma list) measured beside the resident base alone, with
+        /// the bytes a token fetched and the host-read rate. A .sfx model refines from its own
+        /// sections (ram tier); a synthetic model needs --fit. On CUDA the columns are read
+        /// from page-locked host memory mapped into the device, inside the step graph.
+        #[arg(long)]
+        k: Option<String>,
+        /// Synthetic model: give it refinement columns of the real sizes (random 4-bit
+        /// levels in host memory, as a converted file's ram tier holds them) for --k.
+        #[arg(long)]
+        fit: bool,
         /// Seed of synthetic weights and token ids.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -203,6 +214,8 @@ fn main() -> Result<()> {
             kv_sinks,
             kv_group,
             kv_fraction,
+            k,
+            fit,
             seed,
             json,
         } => {
@@ -248,6 +261,11 @@ fn main() -> Result<()> {
                             .map_err(|e| anyhow::anyhow!("--kv-fraction: {e}"))?,
                     },
                 )?,
+                refine_k: match k {
+                    Some(k) => nonzero(parse_list("--k", &k, false)?),
+                    None => Vec::new(),
+                },
+                fit,
                 seed,
                 json,
             })

@@ -27,7 +27,7 @@ pub fn hadamard_rows_check(len: usize, row_len: usize) -> Result<(usize, f32)> {
 }
 
 /// Checks a byte range `offset..offset + n` of a tile store of `len` bytes
-/// ([`Backend::write_kv_tiles`], [`Backend::read_kv_tiles`]).
+/// ([`Backend::write_byte_store`], [`Backend::read_byte_store`]).
 pub fn tile_range_check(op: &'static str, len: usize, offset: usize, n: usize) -> Result<()> {
     if offset.checked_add(n).is_none_or(|end| end > len) {
         return Err(RuntimeError::Shape {
@@ -50,14 +50,14 @@ pub struct KvarnLayer<'a, B: Backend> {
     pub sink_k: &'a B::KvStore,
     pub sink_v: &'a B::KvStore,
     /// `[kv_heads, tile_capacity, tile_bytes]` encoded tile records.
-    pub tiles: &'a B::KvTiles,
+    pub tiles: &'a B::ByteStore,
     /// F16 stores `[kv_heads, tail_capacity, head_dim]`.
     pub tail_k: &'a B::KvStore,
     pub tail_v: &'a B::KvStore,
     /// With refinement ([`KvarnShape::refine`]): the layer's refinement units,
     /// `[kv_heads, tile_capacity, groups per tile, unit bytes]` — the backing tier, in host
-    /// memory the device reads directly ([`Backend::alloc_kv_host_tiles`]).
-    pub units: Option<&'a B::KvTiles>,
+    /// memory the device reads directly ([`Backend::alloc_host_byte_store`]).
+    pub units: Option<&'a B::ByteStore>,
 }
 
 /// Nested refinement of the tiles (method: eq. 7 selection, eq. 8 correction). A unit is one
@@ -107,10 +107,10 @@ pub struct KvarnShape {
 pub struct KvarnLayerMut<'a, B: Backend> {
     pub sink_k: &'a mut B::KvStore,
     pub sink_v: &'a mut B::KvStore,
-    pub tiles: &'a B::KvTiles,
+    pub tiles: &'a B::ByteStore,
     pub tail_k: &'a mut B::KvStore,
     pub tail_v: &'a mut B::KvStore,
-    pub units: Option<&'a B::KvTiles>,
+    pub units: Option<&'a B::ByteStore>,
 }
 
 impl<'a, B: Backend> KvarnLayerMut<'a, B> {
@@ -420,13 +420,13 @@ mod tests {
 
     #[test]
     fn tile_ranges_stay_inside_the_store() {
-        assert!(tile_range_check("write_kv_tiles", 100, 40, 60).is_ok());
-        assert!(tile_range_check("write_kv_tiles", 100, 100, 0).is_ok());
-        let e = tile_range_check("read_kv_tiles", 100, 41, 60)
+        assert!(tile_range_check("write_byte_store", 100, 40, 60).is_ok());
+        assert!(tile_range_check("write_byte_store", 100, 100, 0).is_ok());
+        let e = tile_range_check("read_byte_store", 100, 41, 60)
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.contains("bytes 41..101 of a tile store of 100")));
-        assert!(tile_range_check("read_kv_tiles", 100, usize::MAX, 2).is_err());
+        assert!(tile_range_check("read_byte_store", 100, usize::MAX, 2).is_err());
     }
 
     #[test]

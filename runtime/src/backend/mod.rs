@@ -16,6 +16,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod kvarn;
+pub mod refine;
 
 use crate::error::{Result, RuntimeError};
 pub use kvarn::{KvarnLayer, KvarnLayerMut, KvarnRefineSpec, KvarnShape, KvarnSlot};
@@ -224,8 +225,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     type Index: Send + Sync;
     /// One layer's K or V cache storage `[kv_heads, capacity, head_dim]` of a [`KvDtype`].
     type KvStore: Send + Sync;
-    /// Bytes of encoded KV tiles (a KVarN layer's records, [`KvarnLayer`]).
-    type KvTiles: Send + Sync;
+    /// Bytes kernels read: a KVarN layer's encoded tile records ([`KvarnLayer`]) or
+    /// refinement units (KV groups, weight columns) in host memory the device reads directly.
+    type ByteStore: Send + Sync;
     /// A captured sequence of ops, replayed by one launch ([`Backend::launch_graph`]).
     type Graph: Send;
 
@@ -291,22 +293,28 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn upload_kv(&self, host: &[f32], dtype: KvDtype) -> Result<Self::KvStore>;
     /// Copies the whole store, widened to f32, to `out`.
     fn download_kv(&self, kv: &Self::KvStore, out: &mut [f32]) -> Result<()>;
-    /// Encoded KV tiles holding `bytes`.
-    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Self::KvTiles>;
-    /// A zero-filled tile store of `len` bytes.
-    fn alloc_kv_tiles(&self, len: usize) -> Result<Self::KvTiles>;
-    /// A zero-filled tile store of `len` bytes in host memory that the device's kernels read
+    /// A byte store (device memory on CUDA) holding `bytes`.
+    fn upload_byte_store(&self, bytes: &[u8]) -> Result<Self::ByteStore>;
+    /// A zero-filled byte store of `len` bytes (device memory on CUDA).
+    fn alloc_byte_store(&self, len: usize) -> Result<Self::ByteStore>;
+    /// A zero-filled byte store of `len` bytes in host memory that the device's kernels read
     /// directly (page-locked and mapped on CUDA; on the CPU the same as
-    /// [`Backend::alloc_kv_tiles`]): the backing tier of KV refinement units, of which a
-    /// decode step reads only the few groups it selects. Written and read through
-    /// [`Backend::write_kv_tiles`] and [`Backend::read_kv_tiles`].
-    fn alloc_kv_host_tiles(&self, len: usize) -> Result<Self::KvTiles>;
-    /// Copies `bytes` into `tiles` from byte `offset` (a tile record as its tile fills),
+    /// [`Backend::alloc_byte_store`]): the backing tier of refinement — KV groups and weight
+    /// columns — of which a decode step reads only the few units it selects. Written and read
+    /// through [`Backend::write_byte_store`] and [`Backend::read_byte_store`].
+    fn alloc_host_byte_store(&self, len: usize) -> Result<Self::ByteStore>;
+    /// Copies `bytes` into `store` from byte `offset` (a tile record as its tile fills),
     /// ordered after the ops queued before it.
-    fn write_kv_tiles(&self, tiles: &mut Self::KvTiles, offset: usize, bytes: &[u8]) -> Result<()>;
-    /// Host copy of `out.len()` bytes of `tiles` from byte `offset`; waits for the ops
+    fn write_byte_store(
+        &self,
+        store: &mut Self::ByteStore,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<()>;
+    /// Host copy of `out.len()` bytes of `store` from byte `offset`; waits for the ops
     /// queued before it.
-    fn read_kv_tiles(&self, tiles: &Self::KvTiles, offset: usize, out: &mut [u8]) -> Result<()>;
+    fn read_byte_store(&self, store: &Self::ByteStore, offset: usize, out: &mut [u8])
+        -> Result<()>;
 
     /// `out[t] = table[tokens[t]]` (token ids must already be checked against the vocab).
     fn embedding(
@@ -600,6 +608,58 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         scales: &[f32],
     ) -> Result<()>;
 
+    /// Channel selection S(x) (method.md §2) of every row of `x[rows, row_len]` — of
+    /// `rms_norm(x; w)` when `norm` gives `(w, eps)`, normalised as [`Backend::rms_norm`]
+    /// does, so a projection whose norm is fused into its matvec need not write its input:
+    /// the indices of the `chunk_budget(k, len)` largest |x_i| of each 1024-channel chunk
+    /// (ties to the lower index; a NaN above every number), ascending, written to
+    /// `sel[row · selected_count(k, row_len)..]` with their values at the same places of
+    /// `values` — the order and tie rule of [`crate::refine::select::select_top_k`], so both
+    /// backends select the same channels.
+    fn select_channels(
+        &self,
+        x: &Self::Buffer,
+        row_len: usize,
+        norm: Option<(&Self::Buffer, f32)>,
+        k_per_1024: usize,
+        sel: &mut Self::Index,
+        values: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// f32 elements of scratch [`Backend::add_selected_columns`] needs for `rows` rows of
+    /// `selected` channels into outputs of `out_dims` rows (split partial sums); 0 where the
+    /// backend needs none.
+    fn selected_columns_scratch_len(
+        &self,
+        _rows: usize,
+        _selected: usize,
+        _out_dims: &[usize],
+    ) -> usize {
+        0
+    }
+
+    /// The refinement accumulate of method.md eq. 2 for up to three projections of one input
+    /// (q, k, v; gate, up): for every row `r < rows` and every target,
+    /// `out[r, e] += scales[e] · Σ_j v_j · level(C[:, i_j])[e]` over the `selected` channels
+    /// `i_j = sel[r · selected + j]` with values `v_j = values[r · selected + j]`
+    /// ([`Backend::select_channels`]'s output), where column `i` is the `unit_bytes` bytes at
+    /// `offset + i · unit_bytes` of the target's store ([`refine::ColumnTarget`]). Only the
+    /// selected columns are read, each in one piece; an index of `row_len` or more names no
+    /// column and is skipped. `scratch` has
+    /// [`Backend::selected_columns_scratch_len`] elements, zero before the first call (the
+    /// op leaves it so).
+    #[allow(clippy::too_many_arguments)]
+    fn add_selected_columns(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &Self::Index,
+        values: &Self::Buffer,
+        selected: usize,
+        targets: &mut [refine::ColumnTarget<'_, Self>],
+        scratch: &mut Self::Buffer,
+    ) -> Result<()>;
+
     /// Copies rows `first..first + dst_rows` of `src[_, row_len]` into `dst`
     /// (selects the positions that need logits).
     fn copy_rows(
@@ -620,6 +680,28 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// it, so crossing the boundary re-captures instead of replaying the other schedule.
     fn step_schedule(&self, _past: usize) -> u32 {
         0
+    }
+
+    /// Starts a branch: the ops that follow, up to [`Backend::end_branch`], may run
+    /// concurrently with the ops queued after it (a device: a second stream, ordered after
+    /// everything queued so far; captured, a parallel path of the step graph), until
+    /// [`Backend::join_branch`] orders what follows after the branch. One branch at a time.
+    /// Backends that run ops in order keep the defaults, which do nothing.
+    fn begin_branch(&self) -> Result<()> {
+        Ok(())
+    }
+    fn end_branch(&self) -> Result<()> {
+        Ok(())
+    }
+    fn join_branch(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether selective weight refinement should run in the backend
+    /// ([`crate::refine::Refiner::place_in_backend`]) rather than host-driven: true where the
+    /// device reads host memory directly, so a step never waits on the host.
+    fn refinement_in_backend(&self) -> bool {
+        false
     }
 
     /// Whether [`Backend::begin_capture`] can record a step graph.

@@ -9,7 +9,7 @@
 //! the host.
 //!
 //! With refinement, each layer also has a units store of `tile_capacity` tiles' refinement
-//! units per KV head ([`Backend::alloc_kv_host_tiles`]: page-locked, device-mapped host memory
+//! units per KV head ([`Backend::alloc_host_byte_store`]: page-locked, device-mapped host memory
 //! on CUDA), written as tiles are encoded; a step reads only the units of the groups it
 //! selects, over the bus.
 //!
@@ -19,7 +19,7 @@
 //! correction), the output rotated back — all reading the position from the device, so the
 //! step is captured into the model's step graph and replayed. When a commit fills the tail,
 //! its rows are read back, encoded on the host by the same encoder as the host cache, and the
-//! records and units written into their stores ([`Backend::write_kv_tiles`]): one round trip
+//! records and units written into their stores ([`Backend::write_byte_store`]): one round trip
 //! per tile of tokens (128 steps).
 //!
 //! A prefill chunk attends on the host path the host cache uses ([`attend_chunk_as_stored`]):
@@ -47,11 +47,11 @@ use crate::error::{Result, RuntimeError};
 use crate::kv_cache::{check_append, check_commit, FloatKvCache, KvCache, KvShape};
 
 /// A layer's units store: host memory the device reads, or device memory (`vram`).
-fn alloc_units<B: Backend>(backend: &B, r: RefineGeometry) -> Result<B::KvTiles> {
+fn alloc_units<B: Backend>(backend: &B, r: RefineGeometry) -> Result<B::ByteStore> {
     if r.in_device {
-        backend.alloc_kv_tiles(r.store)
+        backend.alloc_byte_store(r.store)
     } else {
-        backend.alloc_kv_host_tiles(r.store)
+        backend.alloc_host_byte_store(r.store)
     }
 }
 
@@ -59,12 +59,12 @@ fn alloc_units<B: Backend>(backend: &B, r: RefineGeometry) -> Result<B::KvTiles>
 struct LayerStores<B: Backend> {
     sink_k: B::KvStore,
     sink_v: B::KvStore,
-    tiles: B::KvTiles,
+    tiles: B::ByteStore,
     tail_k: B::KvStore,
     tail_v: B::KvStore,
     /// Refinement units `[kv_heads, tile_capacity, groups per tile, unit]` (host memory the
     /// device reads), with refinement.
-    units: Option<B::KvTiles>,
+    units: Option<B::ByteStore>,
 }
 
 /// [`Backend::kvarn_decode`]'s scratch, allocated on the first decode step (its length
@@ -162,7 +162,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             Ok(LayerStores {
                 sink_k: backend.alloc_kv(kv * g.sinks * d, KvDtype::F16)?,
                 sink_v: backend.alloc_kv(kv * g.sinks * d, KvDtype::F16)?,
-                tiles: backend.alloc_kv_tiles(g.tile_bytes)?,
+                tiles: backend.alloc_byte_store(g.tile_bytes)?,
                 tail_k: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
                 tail_v: backend.alloc_kv(kv * g.tile * d, KvDtype::F16)?,
                 units: g.refine.map(|r| alloc_units(backend, r)).transpose()?,
@@ -315,7 +315,11 @@ impl<B: Backend> BackendKvarnCache<B> {
             let mut units = g.refine.map(|r| alloc_units(backend, r)).transpose()?;
             for (j, (kr, vr, tail_rows, head_units)) in heads.into_iter().enumerate() {
                 if let (Some(store), Some(r)) = (units.as_mut(), g.refine) {
-                    backend.write_kv_tiles(store, r.offset(j, 0, g.tile_capacity), &head_units)?;
+                    backend.write_byte_store(
+                        store,
+                        r.offset(j, 0, g.tile_capacity),
+                        &head_units,
+                    )?;
                 }
                 let ns = fill.sinks * d;
                 sink.0[j * sinks * d..][..ns].copy_from_slice(&kr[..ns]);
@@ -327,7 +331,7 @@ impl<B: Backend> BackendKvarnCache<B> {
             Ok(LayerStores {
                 sink_k: backend.upload_kv(&sink.0, KvDtype::F16)?,
                 sink_v: backend.upload_kv(&sink.1, KvDtype::F16)?,
-                tiles: backend.upload_kv_tiles(&tiles)?,
+                tiles: backend.upload_byte_store(&tiles)?,
                 tail_k: backend.upload_kv(&tail.0, KvDtype::F16)?,
                 tail_v: backend.upload_kv(&tail.1, KvDtype::F16)?,
                 units,
@@ -465,7 +469,7 @@ impl<B: Backend> BackendKvarnCache<B> {
         let mut out = Vec::with_capacity(kv);
         for (j, (((sk, sv), tk), tv)) in sk.into_iter().zip(sv).zip(tk).zip(tv).enumerate() {
             let mut recs = vec![0u8; fill.tiles * self.geo.record];
-            backend.read_kv_tiles(
+            backend.read_byte_store(
                 &st.tiles,
                 j * self.geo.tile_capacity * self.geo.record,
                 &mut recs,
@@ -638,9 +642,9 @@ impl<B: Backend> BackendKvarnCache<B> {
         let mut rest_k = vec![0.0f32; after.tail * row];
         let mut rest_v = vec![0.0f32; after.tail * row];
         for (j, (recs, units, k, v)) in per_head.into_iter().enumerate() {
-            backend.write_kv_tiles(&mut st.tiles, (j * cap + before.tiles) * record, &recs)?;
+            backend.write_byte_store(&mut st.tiles, (j * cap + before.tiles) * record, &recs)?;
             if let (Some(store), Some(r)) = (st.units.as_mut(), refine) {
-                backend.write_kv_tiles(store, r.offset(j, before.tiles, cap), &units)?;
+                backend.write_byte_store(store, r.offset(j, before.tiles, cap), &units)?;
             }
             for t in 0..after.tail {
                 rest_k[t * row + j * d..][..d].copy_from_slice(&k[t * d..(t + 1) * d]);

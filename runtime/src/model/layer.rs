@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{check_shape, require, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::observe::{ActivationObserver, ProjectionSet};
+use crate::refine::engine::SetInput;
 use crate::refine::Refiner;
 use sfx_formats::{ModelConfig, TensorSource};
 
@@ -196,8 +197,21 @@ impl<B: Backend> DecoderLayer<B> {
         observer: &mut Option<&mut dyn ActivationObserver>,
         refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
-        // With nothing reading the normalised input, the norm fuses into the projections.
-        let plain = observer.is_none() && refiner.is_none();
+        // With nothing reading the normalised input, the norm fuses into the projections (an
+        // engine in the backend selects from the residual stream and the norm itself).
+        let in_backend = refiner.as_deref().is_some_and(Refiner::in_backend);
+        let plain = observer.is_none() && (refiner.is_none() || in_backend);
+        // Each set's refinement starts once its input exists and runs beside the projection
+        // (in the backend); `refine_set` then finishes it.
+        if let Some(r) = refiner.as_deref_mut() {
+            let input = SetInput::Normed {
+                raw: h,
+                norm: &self.attn_norm,
+                eps,
+                normed: &s.xn,
+            };
+            r.start_set(b, layer, ProjectionSet::Qkv, input)?;
+        }
         match (
             self.q_proj.matrix_parts(),
             self.k_proj.matrix_parts(),
@@ -238,8 +252,14 @@ impl<B: Backend> DecoderLayer<B> {
             }
         }
         if let Some(r) = refiner.as_deref_mut() {
+            let input = SetInput::Normed {
+                raw: h,
+                norm: &self.attn_norm,
+                eps,
+                normed: &s.xn,
+            };
             let outs = &mut [&mut s.q, &mut s.k, &mut s.v];
-            r.refine_set(b, layer, ProjectionSet::Qkv, &s.xn, outs)?;
+            r.refine_set(b, layer, ProjectionSet::Qkv, input, outs)?;
         }
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             b.rms_norm_in_place(&mut s.q, qn, eps)?;
@@ -258,21 +278,68 @@ impl<B: Backend> DecoderLayer<B> {
             &mut s.attn,
         )?;
         observe(b, observer, layer, ProjectionSet::O, &s.attn, n)?;
-        match refiner.as_deref_mut() {
-            None => self.o_proj.forward_add(b, &s.attn, n, h, &mut s.tmp)?,
-            Some(r) => {
-                self.o_proj.forward(b, &s.attn, n, &mut s.tmp)?;
-                r.refine_set(b, layer, ProjectionSet::O, &s.attn, &mut [&mut s.tmp])?;
-                b.add_assign(h, &s.tmp)?;
-                r.at_stream(b, 2 * layer + 1, h)?;
-            }
+        // o and down add into the residual stream, their refinement after them.
+        if let Some(r) = refiner.as_deref_mut() {
+            r.start_set(b, layer, ProjectionSet::O, SetInput::Plain(&s.attn))?;
+        }
+        self.o_proj.forward_add(b, &s.attn, n, h, &mut s.tmp)?;
+        if let Some(r) = refiner.as_deref_mut() {
+            r.refine_set(
+                b,
+                layer,
+                ProjectionSet::O,
+                SetInput::Plain(&s.attn),
+                &mut [h],
+            )?;
+            r.at_stream(b, 2 * layer + 1, h)?;
         }
 
-        let fused_mlp = match (self.gate_proj.matrix_parts(), self.up_proj.matrix_parts()) {
-            (Some((wg, None)), Some((wu, None))) if refiner.is_none() => Some((wg, wu)),
+        let gate_up = match (self.gate_proj.matrix_parts(), self.up_proj.matrix_parts()) {
+            (Some((wg, None)), Some((wu, None))) => Some((wg, wu)),
             _ => None,
         };
+        let bundles = refiner.as_deref().is_some_and(|r| r.uses_bundles(layer));
+        let fused_mlp = gate_up.filter(|_| refiner.is_none());
         match fused_mlp {
+            // The norm fused into gate and up, their refinement added before SwiGLU.
+            None if plain && !bundles && gate_up.is_some() => {
+                if let (Some((wg, wu)), Some(r)) = (gate_up, refiner.as_deref_mut()) {
+                    let input = SetInput::Normed {
+                        raw: h,
+                        norm: &self.mlp_norm,
+                        eps,
+                        normed: &s.xn,
+                    };
+                    r.start_set(b, layer, ProjectionSet::GateUp, input)?;
+                    let items = &mut [
+                        GroupItem {
+                            weight: wg,
+                            bias: None,
+                            out: &mut s.gate,
+                        },
+                        GroupItem {
+                            weight: wu,
+                            bias: None,
+                            out: &mut s.up,
+                        },
+                    ];
+                    b.rms_norm_matmul_group(h, &self.mlp_norm, eps, &mut s.xn, n, items)?;
+                    let input = SetInput::Normed {
+                        raw: h,
+                        norm: &self.mlp_norm,
+                        eps,
+                        normed: &s.xn,
+                    };
+                    r.refine_set(
+                        b,
+                        layer,
+                        ProjectionSet::GateUp,
+                        input,
+                        &mut [&mut s.gate, &mut s.up],
+                    )?;
+                    b.silu_mul(&mut s.gate, &s.up)?;
+                }
+            }
             Some((wg, wu)) if observer.is_none() => {
                 b.rms_norm_swiglu(
                     h,
@@ -296,13 +363,18 @@ impl<B: Backend> DecoderLayer<B> {
                 observe(b, observer, layer, ProjectionSet::GateUp, &s.xn, n)?;
                 self.gate_proj.forward(b, &s.xn, n, &mut s.gate)?;
                 self.up_proj.forward(b, &s.xn, n, &mut s.up)?;
-                let bundles = refiner.as_deref().is_some_and(|r| r.uses_bundles(layer));
                 if let Some(r) = refiner.as_deref_mut() {
                     if bundles {
                         r.capture_mlp_inputs(b, layer, &s.xn, &s.gate, &s.up)?;
                     } else {
+                        let input = SetInput::Normed {
+                            raw: h,
+                            norm: &self.mlp_norm,
+                            eps,
+                            normed: &s.xn,
+                        };
                         let outs = &mut [&mut s.gate, &mut s.up];
-                        r.refine_set(b, layer, ProjectionSet::GateUp, &s.xn, outs)?;
+                        r.refine_set(b, layer, ProjectionSet::GateUp, input, outs)?;
                     }
                 }
                 b.silu_mul(&mut s.gate, &s.up)?;
@@ -312,13 +384,16 @@ impl<B: Backend> DecoderLayer<B> {
         match refiner.as_deref_mut() {
             None => self.down_proj.forward_add(b, &s.gate, n, h, &mut s.tmp)?,
             Some(r) => {
-                self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
-                if r.uses_bundles(layer) {
+                if bundles {
+                    self.down_proj.forward(b, &s.gate, n, &mut s.tmp)?;
                     r.apply_bundles(b, layer, &s.gate, &mut s.tmp)?;
+                    b.add_assign(h, &s.tmp)?;
                 } else {
-                    r.refine_set(b, layer, ProjectionSet::Down, &s.gate, &mut [&mut s.tmp])?;
+                    r.start_set(b, layer, ProjectionSet::Down, SetInput::Plain(&s.gate))?;
+                    self.down_proj.forward_add(b, &s.gate, n, h, &mut s.tmp)?;
+                    let input = SetInput::Plain(&s.gate);
+                    r.refine_set(b, layer, ProjectionSet::Down, input, &mut [h])?;
                 }
-                b.add_assign(h, &s.tmp)?;
                 r.at_stream(b, 2 * layer + 2, h)?;
             }
         }

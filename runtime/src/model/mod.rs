@@ -89,6 +89,8 @@ struct GraphKey {
     rope: u64,
     head: HeadOut,
     schedule: u32,
+    /// The refinement engine's graph id (0: none).
+    refine: u64,
 }
 
 /// The run-time state a forward needs besides the weights: the resident RoPE table, the
@@ -311,8 +313,24 @@ impl<B: Backend> Model<B> {
     /// Greedy decoding: runs `tokens` like [`Model::forward`] and returns the most probable
     /// next token after the last one, chosen on the device (only its id is downloaded).
     pub fn forward_greedy(&self, tokens: &[u32], cache: &mut dyn KvCache<B>) -> Result<u32> {
-        let out =
-            self.forward_inner(tokens, cache, LogitsMode::Last, HeadOut::Argmax, None, None)?;
+        self.forward_greedy_with(tokens, cache, None)
+    }
+
+    /// [`Model::forward_greedy`] with selective refinement when `refiner` is given.
+    pub fn forward_greedy_with(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache<B>,
+        refiner: Option<&mut Refiner<B>>,
+    ) -> Result<u32> {
+        let out = self.forward_inner(
+            tokens,
+            cache,
+            LogitsMode::Last,
+            HeadOut::Argmax,
+            None,
+            refiner,
+        )?;
         match out {
             HeadResult::Ids(ids) => ids.last().copied().ok_or(RuntimeError::EmptyInput),
             HeadResult::Logits(..) => Err(RuntimeError::EmptyInput),
@@ -411,14 +429,15 @@ impl<B: Backend> Model<B> {
             let end = start + chunk.len();
             // Rows of this chunk that fall in the selected tail.
             let chunk_rows = end - first_row.clamp(start, end);
+            // A refinement engine in the backend never waits on the host: its steps capture.
             let graphable = chunk.len() == 1
                 && chunk_rows == 1
                 && observer.is_none()
-                && refiner.is_none()
+                && refiner.as_deref().is_none_or(|r| r.graph_id().is_some())
                 && self.uses_step_graphs()
                 && cache.graph_id().is_some();
             if graphable {
-                self.decode_step(st, chunk[0], cache, head)?;
+                self.decode_step(st, chunk[0], cache, head, &mut refiner)?;
             } else {
                 self.forward_chunk(
                     st,
@@ -510,6 +529,7 @@ impl<B: Backend> Model<B> {
         token: u32,
         cache: &mut dyn KvCache<B>,
         head: HeadOut,
+        refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
         let b = &self.backend;
         let key = GraphKey {
@@ -517,6 +537,7 @@ impl<B: Backend> Model<B> {
             rope: st.rope_generation,
             head,
             schedule: b.step_schedule(cache.len()),
+            refine: refiner.as_deref().and_then(Refiner::graph_id).unwrap_or(0),
         };
         let pos = cache.len() as u32;
         let StepState {
@@ -530,11 +551,17 @@ impl<B: Backend> Model<B> {
         b.stage_index(&mut bufs.tokens, &[token])?;
         b.stage_index(&mut bufs.positions, &[pos])?;
         match graph {
-            Some((k, g)) if *k == key => b.launch_graph(g)?,
+            Some((k, g)) if *k == key => {
+                // The replayed ops are the engine's; its host-side count is not.
+                if let Some(r) = refiner.as_deref_mut() {
+                    r.begin_chunk(1);
+                }
+                b.launch_graph(g)?
+            }
             _ if *warm == Some(key) => {
                 *graph = None;
                 b.begin_capture()?;
-                let recorded = self.enqueue_staged(bufs, rope, cache, head);
+                let recorded = self.enqueue_staged(bufs, rope, cache, head, refiner);
                 let captured = b.end_capture();
                 recorded?;
                 let g = captured?;
@@ -542,7 +569,7 @@ impl<B: Backend> Model<B> {
                 *graph = Some((key, g));
             }
             _ => {
-                self.enqueue_staged(bufs, rope, cache, head)?;
+                self.enqueue_staged(bufs, rope, cache, head, refiner)?;
                 *warm = Some(key);
             }
         }
@@ -556,11 +583,12 @@ impl<B: Backend> Model<B> {
         rope: &RopeTable<B>,
         cache: &mut dyn KvCache<B>,
         head: HeadOut,
+        refiner: &mut Option<&mut Refiner<B>>,
     ) -> Result<()> {
         let b = &self.backend;
         b.upload_staged_index(&bufs.tokens)?;
         b.upload_staged_index(&bufs.positions)?;
-        self.enqueue_chunk(bufs, rope, 1, cache, 1, head, &mut None, &mut None)
+        self.enqueue_chunk(bufs, rope, 1, cache, 1, head, &mut None, refiner)
     }
 
     /// Enqueues the whole graph for `n` tokens whose ids and positions are in `bufs`.

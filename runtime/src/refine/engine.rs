@@ -11,15 +11,24 @@
 //! own RMSNorm, the channels' values still taken from the real input); a lag of s blocks adds
 //! o's refinement at stream `2l + 1 + 2s` instead of `2l + 1`.
 //!
-//! The engine drives a [`Backend`] through three ops (`read_rows`, `add_nibble_units`,
-//! `add_assign`) so a device backend keeps its own kernels for the accumulate.
+//! The engine runs in one of two places:
+//! - **host-driven** (every tier, lead/lag, bundles): the selection and the fetch on the
+//!   host, through three backend ops (`read_rows`, `add_nibble_units`, `add_assign`);
+//! - **in the backend** ([`Refiner::place_in_backend`]; ram tier, channels, s = 0): every
+//!   projection's columns copied once into a byte store the backend's kernels read (host memory
+//!   mapped into the device on CUDA), and each set refined by two backend ops,
+//!   [`Backend::select_channels`] and [`Backend::add_selected_columns`]. Nothing waits on the
+//!   host, so a decode step with refinement is captured into the step graph like one without.
 
-use super::select::select_top_k;
+use super::select::{select_top_k, selected_count};
 use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
+use crate::backend::refine::ColumnTarget;
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One projection's channel-wise refinement: `inp` units (columns) of `unit_bytes` bytes at
@@ -115,12 +124,95 @@ pub struct RefineCounters {
     pub bytes_applied: u64,
 }
 
+/// One projection's columns in a backend byte store, with its scales.
+struct PlacedColumns<B: Backend> {
+    store: B::ByteStore,
+    unit_bytes: usize,
+    scales: B::Buffer,
+}
+
+/// The refinement the backend reads itself ([`Refiner::place_in_backend`]).
+struct Placed<B: Backend> {
+    /// `[layer][set]`: the set's projections in graph order.
+    layers: Vec<[Vec<PlacedColumns<B>>; 4]>,
+    /// The selected channels of a decode step's row and their values, and the gather's
+    /// scratch: reallocated only by [`Refiner::set_budgets`] (a captured step graph points
+    /// into them, and a new budget gets a new graph).
+    step: Selection<B>,
+    /// Those of a chunk of rows, grown as chunks need.
+    chunk: Option<Selection<B>>,
+    /// Per set, a decode row's refinement of each projection, computed by a branch beside
+    /// the projection ([`Refiner::start_set`]) and added to its output after the join.
+    deltas: [Vec<B::Buffer>; 4],
+    /// The `(layer, set)` whose branch is running.
+    started: Option<(usize, ProjectionSet)>,
+    /// Most channels one row of any set selects.
+    max_selected: usize,
+    /// Units and bytes one token's refinement reads: the selection's size is fixed by k.
+    units_per_token: u64,
+    bytes_per_token: u64,
+    /// Bytes of the byte stores.
+    store_bytes: u64,
+    /// Distinguishes this engine's captured step graphs from another's.
+    graph_id: u64,
+}
+
+/// Where a set's selection goes: `rows` rows of up to `per_row` channels.
+struct Selection<B: Backend> {
+    rows: usize,
+    sel: B::Index,
+    values: B::Buffer,
+    scratch: B::Buffer,
+}
+
+impl<B: Backend> Selection<B> {
+    fn new(b: &B, rows: usize, per_row: usize, scratch: usize) -> Result<Self> {
+        let n = (rows * per_row).max(1);
+        Ok(Self {
+            rows,
+            sel: b.alloc_index(n)?,
+            values: b.alloc(n)?,
+            scratch: b.alloc(scratch.max(1))?,
+        })
+    }
+}
+
+/// A projection set's input as the layer has it.
+pub enum SetInput<'a, B: Backend> {
+    /// The input itself (o: the attention output; down: the activation).
+    Plain(&'a B::Buffer),
+    /// The RMSNorm of the residual stream `raw` by `norm` (qkv, gate/up). `normed` holds it
+    /// for the host-driven engine; the engine in the backend selects from `raw` itself, so
+    /// the projection may fuse the norm and leave `normed` unwritten.
+    Normed {
+        raw: &'a B::Buffer,
+        norm: &'a B::Buffer,
+        eps: f32,
+        normed: &'a B::Buffer,
+    },
+}
+
+impl<'a, B: Backend> SetInput<'a, B> {
+    /// The set's input values (the normalised rows for a normed input).
+    fn values(&self) -> &'a B::Buffer {
+        match *self {
+            SetInput::Plain(x) => x,
+            SetInput::Normed { normed, .. } => normed,
+        }
+    }
+}
+
+/// Source of [`Placed::graph_id`]s.
+static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
+
 /// The engine: a plan, a store and settings, plus per-forward scratch state.
 pub struct Refiner<B: Backend> {
     /// Shared so a call can hold its layer's sources while mutating the engine's counters and
     /// scratch (a refcount bump per call instead of copying every scale vector).
     plan: Arc<RefinementPlan>,
-    store: Arc<dyn RefinementStore>,
+    /// The host-driven engine's store (`None` for an engine built in the backend).
+    store: Option<Arc<dyn RefinementStore>>,
+    placed: Option<Placed<B>>,
     settings: RefineSettings,
     counters: RefineCounters,
     /// Fetch lead: per (layer, set index), the channels selected for each row of the current
@@ -171,10 +263,74 @@ fn level(bytes: &[u8], e: usize) -> f32 {
     nib as f32 - 8.0
 }
 
+/// [`Refiner::refine_set`] in the backend: the selection (with the set's norm applied by the
+/// selection itself), then the selected columns of every projection of the set in one launch.
+#[allow(clippy::too_many_arguments)]
+fn refine_set_placed<B: Backend>(
+    b: &B,
+    p: &mut Placed<B>,
+    layer: usize,
+    set: ProjectionSet,
+    k: usize,
+    inp: usize,
+    rows: usize,
+    x: &SetInput<'_, B>,
+    outputs: &mut [&mut B::Buffer],
+    accumulate: bool,
+) -> Result<()> {
+    let selected = selected_count(k, inp);
+    let buffers = if rows <= 1 {
+        &mut p.step
+    } else {
+        if p.chunk.as_ref().is_none_or(|c| c.rows < rows) {
+            p.chunk = Some(Selection::new(b, rows, p.max_selected, 0)?);
+        }
+        match p.chunk.as_mut() {
+            Some(c) => c,
+            None => return Err(RuntimeError::EmptyInput),
+        }
+    };
+    let (raw, norm) = match *x {
+        SetInput::Plain(x) => (x, None),
+        SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
+    };
+    b.select_channels(raw, inp, norm, k, &mut buffers.sel, &mut buffers.values)?;
+    let cols = &p.layers[layer][set.index()];
+    let mut targets: Vec<ColumnTarget<'_, B>> = cols
+        .iter()
+        .zip(outputs.iter_mut())
+        .map(|(c, y)| ColumnTarget {
+            store: &c.store,
+            offset: 0,
+            unit_bytes: c.unit_bytes,
+            scales: &c.scales,
+            out: &mut **y,
+            accumulate,
+        })
+        .collect();
+    b.add_selected_columns(
+        rows,
+        inp,
+        &buffers.sel,
+        &buffers.values,
+        selected,
+        &mut targets,
+        &mut buffers.scratch,
+    )
+}
+
 impl<B: Backend> Refiner<B> {
     pub fn new(
         plan: RefinementPlan,
         store: Arc<dyn RefinementStore>,
+        settings: RefineSettings,
+    ) -> Result<Self> {
+        Self::with_store(plan, Some(store), settings)
+    }
+
+    fn with_store(
+        plan: RefinementPlan,
+        store: Option<Arc<dyn RefinementStore>>,
         settings: RefineSettings,
     ) -> Result<Self> {
         for &s in &settings.s {
@@ -200,6 +356,7 @@ impl<B: Backend> Refiner<B> {
         Ok(Self {
             plan: Arc::new(plan),
             store,
+            placed: None,
             settings,
             counters: RefineCounters::default(),
             pending: BTreeMap::new(),
@@ -219,17 +376,190 @@ impl<B: Backend> Refiner<B> {
         &self.settings
     }
 
-    pub fn counters(&self) -> &RefineCounters {
-        &self.counters
+    /// Work done since the last reset. In the backend every selected unit is applied (the
+    /// ram tier has them all) and a token reads a fixed number of units, so the counts follow
+    /// from the tokens.
+    pub fn counters(&self) -> RefineCounters {
+        match &self.placed {
+            None => self.counters.clone(),
+            Some(p) => {
+                let tokens = self.counters.tokens;
+                RefineCounters {
+                    tokens,
+                    units_selected: tokens * p.units_per_token,
+                    units_applied: tokens * p.units_per_token,
+                    units_skipped: 0,
+                    units_failed: 0,
+                    bytes_applied: tokens * p.bytes_per_token,
+                }
+            }
+        }
     }
 
     pub fn store_stats(&self) -> StoreStats {
-        self.store.stats()
+        self.store.as_ref().map(|s| s.stats()).unwrap_or_default()
     }
 
     pub fn reset_counters(&mut self) {
         self.counters = RefineCounters::default();
-        self.store.reset_stats();
+        if let Some(s) = &self.store {
+            s.reset_stats();
+        }
+    }
+
+    /// Whether the engine runs in the backend ([`Refiner::place_in_backend`]).
+    pub fn in_backend(&self) -> bool {
+        self.placed.is_some()
+    }
+
+    /// Bytes of the columns copied into backend byte stores (0 for the host-driven engine).
+    pub fn backend_bytes(&self) -> u64 {
+        self.placed.as_ref().map_or(0, |p| p.store_bytes)
+    }
+
+    /// A key of this engine's step graphs: `Some` when a decode step with it can be captured
+    /// (it runs in the backend), unique per engine.
+    pub fn graph_id(&self) -> Option<u64> {
+        self.placed.as_ref().map(|p| p.graph_id)
+    }
+
+    /// Why the engine cannot run in the backend with these settings, if it cannot.
+    pub fn backend_blocker(&self) -> Option<String> {
+        if self.settings.s.iter().any(|&s| s != 0.0) {
+            return Some(format!(
+                "fetch lead/lag (s = {:?}) runs host-driven",
+                self.settings.s
+            ));
+        }
+        if self.settings.mlp == MlpMode::Bundles {
+            return Some("neuron bundles run host-driven".into());
+        }
+        None
+    }
+
+    /// Moves the engine into the backend: every projection's columns copied once into a byte
+    /// store the backend's kernels read ([`Backend::alloc_host_byte_store`]: page-locked host
+    /// memory mapped into the device on CUDA), `column_bytes` giving a source's
+    /// `inp · unit_bytes` bytes. From then on each set is refined by
+    /// [`Backend::select_channels`] and [`Backend::add_selected_columns`].
+    pub fn place_in_backend<'s>(
+        &mut self,
+        b: &B,
+        mut column_bytes: impl FnMut(&ColumnSource) -> Result<Cow<'s, [u8]>>,
+    ) -> Result<()> {
+        if let Some(why) = self.backend_blocker() {
+            return Err(RuntimeError::Config(format!(
+                "refinement cannot run in the backend: {why}"
+            )));
+        }
+        let mut layers = Vec::with_capacity(self.plan.layers.len());
+        let mut stored = 0u64;
+        for l in &self.plan.layers {
+            let mut sets: [Vec<PlacedColumns<B>>; 4] = Default::default();
+            for (set, placed) in ProjectionSet::ALL.iter().zip(sets.iter_mut()) {
+                for src in &l.sets[set.index()] {
+                    let want = src.inp.checked_mul(src.unit_bytes).ok_or_else(|| {
+                        RuntimeError::Config(format!(
+                            "refinement columns of {} × {} bytes overflow",
+                            src.inp, src.unit_bytes
+                        ))
+                    })?;
+                    let data = column_bytes(src)?;
+                    if data.len() != want {
+                        return Err(RuntimeError::Config(format!(
+                            "refinement columns: {} bytes where {} columns of {} need {want}",
+                            data.len(),
+                            src.inp,
+                            src.unit_bytes
+                        )));
+                    }
+                    let mut store = b.alloc_host_byte_store(want)?;
+                    b.write_byte_store(&mut store, 0, &data)?;
+                    stored += want as u64;
+                    placed.push(PlacedColumns {
+                        store,
+                        unit_bytes: src.unit_bytes,
+                        scales: b.upload(&src.scales)?,
+                    });
+                }
+            }
+            layers.push(sets);
+        }
+        let mut deltas: [Vec<B::Buffer>; 4] = Default::default();
+        if let Some(l) = self.plan.layers.first() {
+            for (d, sources) in deltas.iter_mut().zip(&l.sets) {
+                for src in sources {
+                    d.push(b.alloc(src.out)?);
+                }
+            }
+        }
+        self.placed = Some(Placed {
+            layers,
+            step: Selection::new(b, 1, 1, 0)?,
+            chunk: None,
+            deltas,
+            started: None,
+            max_selected: 0,
+            units_per_token: 0,
+            bytes_per_token: 0,
+            store_bytes: stored,
+            graph_id: 0,
+        });
+        // The selection sizes and the graph id.
+        self.set_budgets(b, self.settings.k)?;
+        Ok(())
+    }
+
+    /// Changes the budgets k per set (a benchmark's k ladder over one placed copy of the
+    /// columns). An engine in the backend gets a new step-graph id: captured steps hold the
+    /// old selection sizes.
+    pub fn set_budgets(&mut self, b: &B, k: [usize; 4]) -> Result<()> {
+        if let Some(&bad) = k.iter().find(|&&k| k > 1024) {
+            return Err(RuntimeError::Config(format!(
+                "refinement budget k = {bad}: at most 1024 per 1024 channels"
+            )));
+        }
+        self.settings.k = k;
+        let plan = Arc::clone(&self.plan);
+        if let Some(p) = self.placed.as_mut() {
+            let (mut units, mut bytes, mut max_selected, mut scratch) = (0u64, 0u64, 0usize, 0);
+            for l in &plan.layers {
+                for set in ProjectionSet::ALL {
+                    let sources = &l.sets[set.index()];
+                    let Some(inp) = sources.first().map(|s| s.inp) else {
+                        continue;
+                    };
+                    let selected = selected_count(k[set.index()], inp);
+                    max_selected = max_selected.max(selected);
+                    let outs: Vec<usize> = sources.iter().map(|s| s.out).collect();
+                    scratch = scratch.max(b.selected_columns_scratch_len(1, selected, &outs));
+                    for src in sources {
+                        units += selected as u64;
+                        bytes += (selected * src.unit_bytes) as u64;
+                    }
+                }
+            }
+            p.step = Selection::new(b, 1, max_selected, scratch)?;
+            p.chunk = None;
+            p.max_selected = max_selected;
+            p.units_per_token = units;
+            p.bytes_per_token = bytes;
+            p.graph_id = NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// An engine built in the backend from the start (no host store): synthetic refinement
+    /// of a benchmark's random model, `column_bytes` making each source's columns.
+    pub fn new_in_backend<'s>(
+        plan: RefinementPlan,
+        settings: RefineSettings,
+        b: &B,
+        column_bytes: impl FnMut(&ColumnSource) -> Result<Cow<'s, [u8]>>,
+    ) -> Result<Self> {
+        let mut r = Self::with_store(plan, None, settings)?;
+        r.place_in_backend(b, column_bytes)?;
+        Ok(r)
     }
 
     fn lead(&self, set: ProjectionSet) -> usize {
@@ -239,6 +569,9 @@ impl<B: Backend> Refiner<B> {
 
     /// Starts a forward chunk of `rows` token rows.
     pub fn begin_chunk(&mut self, rows: usize) {
+        if let Some(p) = self.placed.as_mut() {
+            p.started = None;
+        }
         self.pending.clear();
         self.lagged.clear();
         self.rows = rows;
@@ -303,7 +636,9 @@ impl<B: Backend> Refiner<B> {
                                 offset: src.offset + (i * src.unit_bytes) as u64,
                                 len: src.unit_bytes as u32,
                             };
-                            self.store.prefetch(UnitKey(src.key_base | i as u64), at);
+                            if let Some(store) = &self.store {
+                                store.prefetch(UnitKey(src.key_base | i as u64), at);
+                            }
                         }
                     }
                     per_row.push(sel);
@@ -342,10 +677,11 @@ impl<B: Backend> Refiner<B> {
             offset: offset + (index * unit_bytes) as u64,
             len: unit_bytes as u32,
         };
-        match self
-            .store
-            .fetch(UnitKey(key_base | index as u64), at, &mut self.unit)
-        {
+        let Some(store) = self.store.as_ref() else {
+            self.counters.units_failed += 1;
+            return false;
+        };
+        match store.fetch(UnitKey(key_base | index as u64), at, &mut self.unit) {
             Fetched::Hit | Fetched::Loaded if self.unit.len() == unit_bytes => {
                 self.counters.units_applied += 1;
                 self.counters.bytes_applied += unit_bytes as u64;
@@ -362,6 +698,55 @@ impl<B: Backend> Refiner<B> {
         }
     }
 
+    /// Starts the refinement of set `set` of layer `layer` beside its projection: in the
+    /// backend and for a decode row, the selection and the gather run as a branch
+    /// ([`Backend::begin_branch`]) into the set's deltas while the resident projection runs,
+    /// and [`Refiner::refine_set`] joins it and adds them. Otherwise it does nothing and
+    /// `refine_set` does the work. Call it once the set's input exists.
+    pub fn start_set(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        input: SetInput<'_, B>,
+    ) -> Result<()> {
+        let k = self.settings.k[set.index()];
+        let rows = self.rows;
+        let plan = Arc::clone(&self.plan);
+        let Some(p) = self.placed.as_mut() else {
+            return Ok(());
+        };
+        let Some(sources) = plan.layers.get(layer).map(|l| &l.sets[set.index()]) else {
+            return Ok(());
+        };
+        if k == 0 || sources.is_empty() || rows != 1 || p.started.is_some() {
+            return Ok(());
+        }
+        let mut deltas = std::mem::take(&mut p.deltas[set.index()]);
+        b.begin_branch()?;
+        let ran = {
+            let mut outs: Vec<&mut B::Buffer> = deltas.iter_mut().collect();
+            refine_set_placed(
+                b,
+                p,
+                layer,
+                set,
+                k,
+                sources[0].inp,
+                rows,
+                &input,
+                &mut outs,
+                false,
+            )
+        };
+        let ended = b.end_branch();
+        p.deltas[set.index()] = deltas;
+        ran?;
+        ended?;
+        p.started = Some((layer, set));
+        Ok(())
+    }
+
     /// Channel-wise refinement of projection set `set` of layer `layer` (eq. 2): for every
     /// row of `x` (the set's real input), select S(x) — from an earlier stream position under
     /// fetch lead — and add `Σ_{i∈S} x_i C[:, i]` to each projection's output in `outputs`
@@ -371,7 +756,7 @@ impl<B: Backend> Refiner<B> {
         b: &B,
         layer: usize,
         set: ProjectionSet,
-        x: &B::Buffer,
+        input: SetInput<'_, B>,
         outputs: &mut [&mut B::Buffer],
     ) -> Result<()> {
         let k = self.settings.k[set.index()];
@@ -392,6 +777,18 @@ impl<B: Backend> Refiner<B> {
         }
         let inp = sources[0].inp;
         let rows = self.rows;
+        if let Some(p) = self.placed.as_mut() {
+            if p.started == Some((layer, set)) {
+                p.started = None;
+                b.join_branch()?;
+                for (y, d) in outputs.iter_mut().zip(&p.deltas[set.index()]) {
+                    b.add_assign(y, d)?;
+                }
+                return Ok(());
+            }
+            return refine_set_placed(b, p, layer, set, k, inp, rows, &input, outputs, true);
+        }
+        let x = input.values();
         let mut xrows = vec![0.0f32; rows * inp];
         b.read_rows(x, inp, 0, &mut xrows)?;
         // Under fetch lead the selection was made (and prefetched) earlier, from the stream.

@@ -5,8 +5,9 @@ use super::engine::{RefineSettings, RefinementPlan, Refiner};
 use super::plan::file_settings;
 use super::store::{MissPolicy, RamStore, RefinementStore, SsdStore};
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use sfx_formats::sfx::{SfxFile, Tier};
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -30,6 +31,11 @@ pub struct RefineOpenOptions {
     pub mlock: bool,
     /// Check the refinement sections' SHA-256 before using them.
     pub verify: bool,
+    /// RAM tier: run the engine in the backend ([`Refiner::place_in_backend`]: the columns
+    /// copied once into host memory the device reads) — `None` takes the backend's
+    /// preference ([`Backend::refinement_in_backend`]). Settings the backend path does not
+    /// cover (lead/lag, bundles) stay host-driven, with a note through `warn`.
+    pub in_backend: Option<bool>,
 }
 
 impl Default for RefineOpenOptions {
@@ -41,6 +47,7 @@ impl Default for RefineOpenOptions {
             loader_threads: 2,
             mlock: false,
             verify: true,
+            in_backend: None,
         }
     }
 }
@@ -51,6 +58,7 @@ impl Default for RefineOpenOptions {
 /// model then runs at resident precision instead of producing silently wrong output. Malformed
 /// refinement sections (shapes, layouts) are errors.
 pub fn open_refinement<B: Backend>(
+    backend: &B,
     file: &SfxFile,
     path: &Path,
     plan: RefinementPlan,
@@ -80,6 +88,7 @@ pub fn open_refinement<B: Backend>(
         TierChoice::Ram => false,
         TierChoice::Ssd => true,
     };
+    let settings = settings.unwrap_or_else(|| file_settings(file, &plan));
     let store: Arc<dyn RefinementStore> = if use_ssd {
         match SsdStore::open(
             path,
@@ -107,6 +116,33 @@ pub fn open_refinement<B: Backend>(
                         .collect();
                     s.lock(&ranges);
                 }
+                if options
+                    .in_backend
+                    .unwrap_or_else(|| backend.refinement_in_backend())
+                {
+                    let ram = Arc::new(s);
+                    let mut r = Refiner::new(plan, ram.clone(), settings)?;
+                    match r.backend_blocker() {
+                        None => r.place_in_backend(backend, |src| {
+                            let len = src.inp * src.unit_bytes;
+                            ram.bytes(src.offset, len)
+                                .map(Cow::Borrowed)
+                                .ok_or_else(|| {
+                                    RuntimeError::Config(format!(
+                                        "{}: refinement columns at byte {} ({len} bytes) lie past \
+                                     the end of the file",
+                                        path.display(),
+                                        src.offset
+                                    ))
+                                })
+                        })?,
+                        Some(why) => warn(&format!(
+                            "note: refinement runs host-driven on {}: {why}",
+                            backend.name()
+                        )),
+                    }
+                    return Ok(Some(r));
+                }
                 Arc::new(s)
             }
             Err(e) => {
@@ -118,6 +154,5 @@ pub fn open_refinement<B: Backend>(
             }
         }
     };
-    let settings = settings.unwrap_or_else(|| file_settings(file, &plan));
     Ok(Some(Refiner::new(plan, store, settings)?))
 }

@@ -317,6 +317,12 @@ impl RamStore {
         self.map.is_empty()
     }
 
+    /// The mapped bytes `offset..offset + len`, or `None` past the end of the file.
+    pub fn bytes(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        self.map.get(start..start.checked_add(len)?)
+    }
+
     /// Pins the given `(offset, len)` byte ranges in RAM (mlock), so that refinement never
     /// page-faults to disk. Returns the number of bytes locked. Locking is best effort: the
     /// first failure (typically `RLIMIT_MEMLOCK`) prints one warning and stops locking; the

@@ -222,7 +222,7 @@ impl Backend for CpuBackend {
     type Matrix = CpuMatrix;
     type Index = CpuIndex;
     type KvStore = CpuKvStore;
-    type KvTiles = Vec<u8>;
+    type ByteStore = Vec<u8>;
     type Graph = ();
 
     fn name(&self) -> String {
@@ -301,11 +301,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+    fn upload_byte_store(&self, bytes: &[u8]) -> Result<Vec<u8>> {
         Ok(bytes.to_vec())
     }
 
-    fn alloc_kv_tiles(&self, len: usize) -> Result<Vec<u8>> {
+    fn alloc_byte_store(&self, len: usize) -> Result<Vec<u8>> {
         let mut v = Vec::new();
         v.try_reserve_exact(len).map_err(|e| {
             crate::error::RuntimeError::Config(format!(
@@ -316,13 +316,13 @@ impl Backend for CpuBackend {
         Ok(v)
     }
 
-    fn alloc_kv_host_tiles(&self, len: usize) -> Result<Vec<u8>> {
-        self.alloc_kv_tiles(len)
+    fn alloc_host_byte_store(&self, len: usize) -> Result<Vec<u8>> {
+        self.alloc_byte_store(len)
     }
 
-    fn write_kv_tiles(&self, tiles: &mut Vec<u8>, offset: usize, bytes: &[u8]) -> Result<()> {
+    fn write_byte_store(&self, tiles: &mut Vec<u8>, offset: usize, bytes: &[u8]) -> Result<()> {
         crate::backend::kvarn::tile_range_check(
-            "write_kv_tiles",
+            "write_byte_store",
             tiles.len(),
             offset,
             bytes.len(),
@@ -331,8 +331,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn read_kv_tiles(&self, tiles: &Vec<u8>, offset: usize, out: &mut [u8]) -> Result<()> {
-        crate::backend::kvarn::tile_range_check("read_kv_tiles", tiles.len(), offset, out.len())?;
+    fn read_byte_store(&self, tiles: &Vec<u8>, offset: usize, out: &mut [u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check("read_byte_store", tiles.len(), offset, out.len())?;
         out.copy_from_slice(&tiles[offset..offset + out.len()]);
         Ok(())
     }
@@ -672,6 +672,91 @@ impl Backend for CpuBackend {
         )?;
         let out = &mut y.0[row * row_len..(row + 1) * row_len];
         refine_kernels::add_nibble_units(out, units, unit_bytes, weights, scales);
+        Ok(())
+    }
+
+    fn select_channels(
+        &self,
+        x: &CpuBuffer,
+        row_len: usize,
+        norm: Option<(&CpuBuffer, f32)>,
+        k_per_1024: usize,
+        sel: &mut CpuIndex,
+        values: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (_, per_row) = crate::backend::refine::select_check(
+            x.len(),
+            row_len,
+            norm.map(|(w, _)| w.len()),
+            k_per_1024,
+            sel.0.len(),
+            values.len(),
+        )?;
+        let mut picked = Vec::with_capacity(per_row);
+        let mut normed = vec![0.0f32; row_len];
+        for (r, row) in x.0.chunks_exact(row_len).enumerate() {
+            // The norm as `rms_norm` computes it, so the host-driven engine (which selects
+            // from rms_norm's output) and this op select the same channels.
+            let row: &[f32] = match norm {
+                Some((w, eps)) => {
+                    elementwise::rms_norm(self.simd, row, &w.0, eps, &mut normed);
+                    &normed
+                }
+                None => row,
+            };
+            crate::refine::select::select_top_k(row, k_per_1024, &mut picked);
+            let at = r * per_row..(r + 1) * per_row;
+            for ((slot, value), &i) in sel.0[at.clone()]
+                .iter_mut()
+                .zip(&mut values.0[at])
+                .zip(&picked)
+            {
+                *slot = i as u32;
+                *value = row[i];
+            }
+        }
+        Ok(())
+    }
+
+    fn add_selected_columns(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &CpuIndex,
+        values: &CpuBuffer,
+        selected: usize,
+        targets: &mut [crate::backend::refine::ColumnTarget<'_, Self>],
+        _scratch: &mut CpuBuffer,
+    ) -> Result<()> {
+        let check = crate::backend::refine::columns_check::<Self>(
+            rows,
+            row_len,
+            sel.0.len(),
+            values.len(),
+            selected,
+            targets,
+            |s| s.len(),
+            |b| b.len(),
+        )?;
+        for (t, &out_dim) in targets.iter_mut().zip(&check.out_dims) {
+            for r in 0..rows {
+                let at = r * selected..(r + 1) * selected;
+                // An index past the row names no column: skipped, as the kernels do.
+                let units = sel.0[at.clone()]
+                    .iter()
+                    .zip(&values.0[at])
+                    .filter(|&(&i, _)| (i as usize) < row_len)
+                    .map(|(&i, &v)| {
+                        let start = t.offset + i as usize * t.unit_bytes;
+                        (&t.store[start..start + t.unit_bytes], v)
+                    });
+                let out = &mut t.out.0[r * out_dim..(r + 1) * out_dim];
+                if !t.accumulate {
+                    out.fill(0.0);
+                }
+                refine_kernels::add_nibble_columns(out, units, &t.scales.0);
+            }
+        }
         Ok(())
     }
 

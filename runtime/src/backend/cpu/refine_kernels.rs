@@ -1,8 +1,8 @@
 //! CPU kernels of the refinement accumulate (method.md eq. 2 / 6).
 
 /// `out[e] += scales[e] · Σ_j weights[j] · level_j[e]` over nibble-packed units (levels
-/// `nibble − 8`, element `e` in byte `e / 2`, low nibble first). Units are summed in an f32
-/// accumulator first so the per-row scale multiplies once per element, not once per unit.
+/// `nibble − 8`, element `e` in byte `e / 2`, low nibble first), `units` holding them back to
+/// back.
 pub(crate) fn add_nibble_units(
     out: &mut [f32],
     units: &[u8],
@@ -10,10 +10,27 @@ pub(crate) fn add_nibble_units(
     weights: &[f32],
     scales: &[f32],
 ) {
+    add_nibble_columns(
+        out,
+        units
+            .chunks_exact(unit_bytes.max(1))
+            .zip(weights.iter().copied()),
+        scales,
+    );
+}
+
+/// [`add_nibble_units`] over `(unit, weight)` pairs wherever the units lie (a projection's
+/// selected columns read in place). Units are summed in an f32 accumulator first so the
+/// per-row scale multiplies once per element, not once per unit; a zero weight is skipped.
+pub(crate) fn add_nibble_columns<'u>(
+    out: &mut [f32],
+    units: impl Iterator<Item = (&'u [u8], f32)>,
+    scales: &[f32],
+) {
     let n = out.len();
     let pairs = n / 2;
     let mut acc = vec![0.0f32; n];
-    for (unit, &w) in units.chunks_exact(unit_bytes.max(1)).zip(weights) {
+    for (unit, w) in units {
         if w == 0.0 {
             continue;
         }

@@ -59,6 +59,15 @@ pub(crate) struct Device {
     /// events (a tuning aid: it adds a few µs per launch, so use it with step graphs off).
     profile: Option<Mutex<Vec<TimedLaunch>>>,
     capturing: AtomicBool,
+    /// A second stream for branches ([`Device::begin_branch`]): launches go there while
+    /// `on_side` is set, ordered after the main stream's work at the fork, and the main
+    /// stream waits for them at the join. Captured, the branch becomes a parallel path of the
+    /// step graph.
+    side_owner: Arc<CudaStream>,
+    side: sys::CUstream,
+    on_side: AtomicBool,
+    fork_event: sys::CUevent,
+    join_event: sys::CUevent,
 }
 
 /// One profiled launch: its kernel, grid and the events around it.
@@ -80,6 +89,13 @@ impl Device {
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("opening the device"))?;
         let stream_owner = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
         let stream = stream_owner.cu_stream();
+        let side_owner = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let side = side_owner.cu_stream();
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(cuda_err("creating a branch event"))
+        };
+        let (fork_event, join_event) = (event()?, event()?);
         let attr = |a| {
             ctx.attribute(a)
                 .map_err(cuda_err("reading device attributes"))
@@ -108,7 +124,66 @@ impl Device {
                 .is_ok_and(|v| v == "1")
                 .then(|| Mutex::new(Vec::new())),
             capturing: AtomicBool::new(false),
+            side_owner,
+            side,
+            on_side: AtomicBool::new(false),
+            fork_event,
+            join_event,
         }))
+    }
+
+    /// The stream launches go to: the side stream inside a branch.
+    fn launch_stream(&self) -> sys::CUstream {
+        if self.on_side.load(Ordering::Acquire) {
+            self.side
+        } else {
+            self.stream
+        }
+    }
+
+    /// Starts a branch: launches that follow go to the side stream, after everything queued
+    /// on the main stream so far, until [`Device::end_branch`].
+    pub fn begin_branch(&self) -> Result<()> {
+        if self.on_side.swap(true, Ordering::AcqRel) {
+            return Err(RuntimeError::Unsupported("a branch inside a branch".into()));
+        }
+        // SAFETY: both streams and the event live as long as `self`.
+        unsafe {
+            result::event::record(self.fork_event, self.stream)
+                .and_then(|()| {
+                    result::stream::wait_event(
+                        self.side,
+                        self.fork_event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                })
+                .map_err(cuda_err("forking a branch"))
+        }
+    }
+
+    /// Ends the branch's launches; the main stream goes on beside them.
+    pub fn end_branch(&self) -> Result<()> {
+        if !self.on_side.swap(false, Ordering::AcqRel) {
+            return Err(RuntimeError::Unsupported(
+                "end of a branch never begun".into(),
+            ));
+        }
+        // SAFETY: as in begin_branch.
+        unsafe { result::event::record(self.join_event, self.side) }
+            .map_err(cuda_err("ending a branch"))
+    }
+
+    /// The main stream waits for the last ended branch.
+    pub fn join_branch(&self) -> Result<()> {
+        // SAFETY: as in begin_branch.
+        unsafe {
+            result::stream::wait_event(
+                self.stream,
+                self.join_event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cuda_err("joining a branch"))
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -120,8 +195,9 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         self.staging_in_flight.store(false, Ordering::Release);
-        self.stream_owner
+        self.side_owner
             .synchronize()
+            .and_then(|()| self.stream_owner.synchronize())
             .map_err(cuda_err("synchronizing"))
     }
 
@@ -219,7 +295,7 @@ impl Device {
         let timing = self.start_timing()?;
         // SAFETY: `f` comes from a loaded module; the caller passes arguments matching the
         // kernel's signature and buffers large enough for the grid.
-        unsafe { result::launch_kernel(f.func, grid, block, smem, self.stream, args) }
+        unsafe { result::launch_kernel(f.func, grid, block, smem, self.launch_stream(), args) }
             .map_err(|e| launch_err(f, "", e))?;
         self.end_timing(timing, f, grid)
     }
@@ -330,7 +406,7 @@ impl Device {
             blockDimY: block.1,
             blockDimZ: block.2,
             sharedMemBytes: smem,
-            hStream: self.stream,
+            hStream: self.launch_stream(),
             attrs: &mut attr,
             numAttrs: 1,
         };

@@ -124,6 +124,9 @@ pub(crate) struct Kernels {
     pub kvarn_refine_score: Kernel,
     pub kvarn_refine_correct: Kernel,
     pub kvarn_hadamard_rows: Kernel,
+    /// Weight refinement (refine.cu): the channel selection and the column gather.
+    pub refine_select: Kernel,
+    pub refine_columns: Kernel,
 }
 
 impl Kernels {
@@ -155,6 +158,7 @@ impl Kernels {
         let gt = find("group_mma")?;
         let tr = find("trellis")?;
         let kv = find("kvarn")?;
+        let rf = find("refine")?;
         // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{1|2} and
         // tr_gemm_{code}_k{K}_{rm|mma}_t{64|128}, as [K − 2][order][variant].
         macro_rules! tr_orders {
@@ -390,6 +394,8 @@ impl Kernels {
             kvarn_refine_score: kv.function("kvarn_refine_score")?,
             kvarn_refine_correct: kv.function("kvarn_refine_correct")?,
             kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
+            refine_select: rf.function("refine_select")?,
+            refine_columns: rf.function("refine_columns")?,
         };
         // The KV scoring blocks keep their query heads' split weights in shared memory (past
         // 48 KB with eight query heads and many splits).

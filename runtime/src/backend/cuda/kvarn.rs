@@ -29,7 +29,7 @@ const MAX_D: usize = 128;
 const MAX_SPLITS: usize = 2048;
 
 /// Encoded KV tile records (device memory), or refinement units (mapped host memory).
-pub struct CudaKvTiles {
+pub struct CudaByteStore {
     pub(super) mem: TileMem,
     pub(super) len: usize,
 }
@@ -39,7 +39,7 @@ pub(super) enum TileMem {
     Mapped(MappedMem),
 }
 
-impl CudaKvTiles {
+impl CudaByteStore {
     /// The address kernels read.
     pub(super) fn device_ptr(&self) -> u64 {
         match &self.mem {
@@ -199,12 +199,12 @@ fn i32_field(what: &str, v: usize) -> Result<i32> {
 }
 
 impl CudaBackend {
-    pub(super) fn upload_tiles(&self, bytes: &[u8]) -> Result<CudaKvTiles> {
+    pub(super) fn upload_tiles(&self, bytes: &[u8]) -> Result<CudaByteStore> {
         let mem = self.dev().alloc(bytes.len())?;
         if !bytes.is_empty() {
             self.dev().upload_bytes(mem.ptr, bytes)?;
         }
-        Ok(CudaKvTiles {
+        Ok(CudaByteStore {
             mem: TileMem::Device(mem),
             len: bytes.len(),
         })

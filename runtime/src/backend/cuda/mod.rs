@@ -11,6 +11,7 @@ mod device;
 mod group;
 mod kernels;
 mod kvarn;
+mod refine;
 mod resident;
 mod trellis;
 mod trellis_layout;
@@ -23,7 +24,7 @@ use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
 use device::{Device, DeviceMem, PinnedMem};
 use kernels::Kernels;
-pub use kvarn::CudaKvTiles;
+pub use kvarn::CudaByteStore;
 use sfx_formats::{DType, TensorView};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -185,6 +186,7 @@ enum Arg {
     TrellisFinish(trellis::TrFinish),
     FreshKv(FreshKv),
     Kvarn(kvarn::KvarnParams),
+    Columns(refine::ColumnParams),
 }
 
 /// The new keys and values a decode attention launch rotates and stores itself (the kernels'
@@ -214,6 +216,7 @@ impl Arg {
             Arg::TrellisFinish(g) => g as *mut trellis::TrFinish as *mut c_void,
             Arg::FreshKv(f) => f as *mut FreshKv as *mut c_void,
             Arg::Kvarn(p) => p as *mut kvarn::KvarnParams as *mut c_void,
+            Arg::Columns(p) => p as *mut refine::ColumnParams as *mut c_void,
         }
     }
 }
@@ -245,6 +248,9 @@ struct Inner {
     /// bits in L2 instead of gathering the few near the threshold into shared memory, for
     /// comparison and to exercise that path.
     kv_select_l2: bool,
+    /// Branches run on the side stream (`SFX_BRANCHES=0`, or kernel profiling, which times
+    /// launches on the main stream: in order).
+    branches: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
     group_rows: Option<usize>,
@@ -395,6 +401,8 @@ impl CudaBackend {
                 fused_attention: dev_has_mma
                     && std::env::var("SFX_FUSED_ATTN").map_or(true, |v| v != "0"),
                 kv_select_l2: std::env::var("SFX_KV_SELECT_L2").is_ok_and(|v| v == "1"),
+                branches: std::env::var("SFX_BRANCHES").map_or(true, |v| v != "0")
+                    && std::env::var("SFX_PROFILE_KERNELS").map_or(true, |v| v != "1"),
             }),
         })
     }
@@ -853,7 +861,7 @@ impl Backend for CudaBackend {
     type Matrix = CudaMatrix;
     type Index = CudaIndex;
     type KvStore = CudaKvStore;
-    type KvTiles = CudaKvTiles;
+    type ByteStore = CudaByteStore;
     type Graph = CudaGraph;
 
     fn name(&self) -> String {
@@ -1070,26 +1078,36 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn upload_kv_tiles(&self, bytes: &[u8]) -> Result<CudaKvTiles> {
+    fn upload_byte_store(&self, bytes: &[u8]) -> Result<CudaByteStore> {
         self.upload_tiles(bytes)
     }
 
-    fn alloc_kv_tiles(&self, len: usize) -> Result<CudaKvTiles> {
-        Ok(CudaKvTiles {
+    fn alloc_byte_store(&self, len: usize) -> Result<CudaByteStore> {
+        Ok(CudaByteStore {
             mem: kvarn::TileMem::Device(self.dev().alloc_zeroed(len)?),
             len,
         })
     }
 
-    fn alloc_kv_host_tiles(&self, len: usize) -> Result<CudaKvTiles> {
-        Ok(CudaKvTiles {
+    fn alloc_host_byte_store(&self, len: usize) -> Result<CudaByteStore> {
+        Ok(CudaByteStore {
             mem: kvarn::TileMem::Mapped(device::MappedMem::new(self.dev(), len)?),
             len,
         })
     }
 
-    fn write_kv_tiles(&self, tiles: &mut CudaKvTiles, offset: usize, bytes: &[u8]) -> Result<()> {
-        crate::backend::kvarn::tile_range_check("write_kv_tiles", tiles.len, offset, bytes.len())?;
+    fn write_byte_store(
+        &self,
+        tiles: &mut CudaByteStore,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
+        crate::backend::kvarn::tile_range_check(
+            "write_byte_store",
+            tiles.len,
+            offset,
+            bytes.len(),
+        )?;
         match &mut tiles.mem {
             kvarn::TileMem::Device(m) => self.dev().upload_bytes(m.ptr + offset as u64, bytes),
             kvarn::TileMem::Mapped(m) => {
@@ -1099,8 +1117,8 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn read_kv_tiles(&self, tiles: &CudaKvTiles, offset: usize, out: &mut [u8]) -> Result<()> {
-        crate::backend::kvarn::tile_range_check("read_kv_tiles", tiles.len, offset, out.len())?;
+    fn read_byte_store(&self, tiles: &CudaByteStore, offset: usize, out: &mut [u8]) -> Result<()> {
+        crate::backend::kvarn::tile_range_check("read_byte_store", tiles.len, offset, out.len())?;
         match &tiles.mem {
             kvarn::TileMem::Device(m) => self.dev().download_bytes(out, m.ptr + offset as u64),
             kvarn::TileMem::Mapped(m) => {
@@ -1758,6 +1776,65 @@ impl Backend for CudaBackend {
                 Arg::I32(i32_of("add_nibble_units", row_len)?),
             ],
         )
+    }
+
+    fn refinement_in_backend(&self) -> bool {
+        true
+    }
+
+    fn begin_branch(&self) -> Result<()> {
+        if self.inner.branches {
+            self.dev().begin_branch()?;
+        }
+        Ok(())
+    }
+
+    fn end_branch(&self) -> Result<()> {
+        if self.inner.branches {
+            self.dev().end_branch()?;
+        }
+        Ok(())
+    }
+
+    fn join_branch(&self) -> Result<()> {
+        if self.inner.branches {
+            self.dev().join_branch()?;
+        }
+        Ok(())
+    }
+
+    fn select_channels(
+        &self,
+        x: &CudaBuffer,
+        row_len: usize,
+        norm: Option<(&CudaBuffer, f32)>,
+        k_per_1024: usize,
+        sel: &mut CudaIndex,
+        values: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.select_channels_kernel(x, row_len, norm, k_per_1024, sel, values)
+    }
+
+    fn selected_columns_scratch_len(
+        &self,
+        rows: usize,
+        selected: usize,
+        out_dims: &[usize],
+    ) -> usize {
+        self.selected_columns_scratch(rows, selected, out_dims)
+    }
+
+    fn add_selected_columns(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &CudaIndex,
+        values: &CudaBuffer,
+        selected: usize,
+        targets: &mut [crate::backend::refine::ColumnTarget<'_, Self>],
+        scratch: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.add_selected_columns_kernel(rows, row_len, sel, values, selected, targets, scratch)
     }
 
     fn copy_rows(

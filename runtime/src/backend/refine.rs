@@ -1,0 +1,147 @@
+//! The device side of selective weight refinement (issue 14): what the channel selection and
+//! the column gather-accumulate of one projection set read and write, and the checks every
+//! backend runs before touching memory.
+//!
+//! A projection's refinement is `in_dim` columns of `unit_bytes` bytes each (docs/format.md,
+//! `column_nibbles`): column `i` holds the 4-bit levels `nibble − 8` of `C[:, i]`, element
+//! `e` in byte `e / 2`, low nibble first. With the columns in host memory the device reads
+//! directly ([`Backend::alloc_host_byte_store`]), a decode step reads only the selected
+//! columns, one contiguous read each, and never waits on the host.
+
+use super::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::refine::select::{selected_count, CHUNK};
+
+/// One projection of a set whose columns [`Backend::add_selected_columns`] adds.
+pub struct ColumnTarget<'a, B: Backend> {
+    /// The columns: `in_dim` units of `unit_bytes` bytes from byte `offset` of `store`.
+    pub store: &'a B::ByteStore,
+    pub offset: usize,
+    pub unit_bytes: usize,
+    /// Per-output-row scales (`out_dim` values: the buffer's length).
+    pub scales: &'a B::Buffer,
+    /// The projection's output `[rows, out_dim]`: accumulated into, or overwritten (a delta
+    /// that a branch computes beside the projection, added to its output after the join).
+    pub out: &'a mut B::Buffer,
+    pub accumulate: bool,
+}
+
+/// Most projections one [`Backend::add_selected_columns`] call takes (q, k, v).
+pub const MAX_COLUMN_TARGETS: usize = 3;
+
+fn shape_err(op: &'static str, msg: String) -> RuntimeError {
+    RuntimeError::Shape { op, msg }
+}
+
+/// Checks a [`Backend::select_channels`] call; returns `(rows, selected per row)`.
+pub fn select_check(
+    x_len: usize,
+    row_len: usize,
+    norm_len: Option<usize>,
+    k_per_1024: usize,
+    sel_len: usize,
+    values_len: usize,
+) -> Result<(usize, usize)> {
+    let op = "select_channels";
+    if row_len == 0 || !x_len.is_multiple_of(row_len) {
+        return Err(shape_err(
+            op,
+            format!("rows of {row_len} over an input of {x_len}"),
+        ));
+    }
+    if let Some(n) = norm_len.filter(|&n| n != row_len) {
+        return Err(shape_err(
+            op,
+            format!("a norm weight of {n} for rows of {row_len}"),
+        ));
+    }
+    if k_per_1024 > CHUNK {
+        return Err(shape_err(
+            op,
+            format!("k = {k_per_1024} per {CHUNK} channels: at most {CHUNK}"),
+        ));
+    }
+    let rows = x_len / row_len;
+    let per_row = selected_count(k_per_1024, row_len);
+    if rows * per_row > sel_len.min(values_len) {
+        return Err(shape_err(
+            op,
+            format!(
+                "{rows} rows of {per_row} selected channels do not fit an index of {sel_len} \
+                 and values of {values_len}"
+            ),
+        ));
+    }
+    Ok((rows, per_row))
+}
+
+/// What [`Backend::add_selected_columns`] checked: per target its output size.
+pub struct ColumnCheck {
+    pub out_dims: Vec<usize>,
+}
+
+/// Checks an [`Backend::add_selected_columns`] call. `store_len` gives a target's store
+/// size in bytes, `buffer_len` a buffer's length.
+#[allow(clippy::too_many_arguments)]
+pub fn columns_check<B: Backend>(
+    rows: usize,
+    row_len: usize,
+    sel_len: usize,
+    values_len: usize,
+    selected: usize,
+    targets: &[ColumnTarget<'_, B>],
+    store_len: impl Fn(&B::ByteStore) -> usize,
+    buffer_len: impl Fn(&B::Buffer) -> usize,
+) -> Result<ColumnCheck> {
+    let op = "add_selected_columns";
+    if selected > row_len || rows * selected > sel_len.min(values_len) {
+        return Err(shape_err(
+            op,
+            format!(
+                "{rows} rows of {selected} selected channels of {row_len} from an index of \
+                 {sel_len} and values of {values_len}"
+            ),
+        ));
+    }
+    if targets.is_empty() || targets.len() > MAX_COLUMN_TARGETS {
+        return Err(shape_err(
+            op,
+            format!("{} targets (1 to {MAX_COLUMN_TARGETS})", targets.len()),
+        ));
+    }
+    let mut out_dims = Vec::with_capacity(targets.len());
+    for (i, t) in targets.iter().enumerate() {
+        let out_dim = buffer_len(t.scales);
+        if out_dim == 0 || t.unit_bytes < out_dim.div_ceil(2) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "target {i}: {out_dim} scales for columns of {} bytes",
+                    t.unit_bytes
+                ),
+            ));
+        }
+        let end = row_len
+            .checked_mul(t.unit_bytes)
+            .and_then(|b| b.checked_add(t.offset));
+        let have = store_len(t.store);
+        if end.is_none_or(|e| e > have) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "target {i}: {row_len} columns of {} bytes from byte {} of a store of {have}",
+                    t.unit_bytes, t.offset
+                ),
+            ));
+        }
+        let out_len = buffer_len(t.out);
+        if out_len != rows * out_dim {
+            return Err(shape_err(
+                op,
+                format!("target {i}: output of {out_len} for {rows} rows of {out_dim}"),
+            ));
+        }
+        out_dims.push(out_dim);
+    }
+    Ok(ColumnCheck { out_dims })
+}
