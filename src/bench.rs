@@ -288,7 +288,7 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
                     "refinement: {} of columns {} in {:.1} s",
                     human_bytes(r.backend_bytes()),
                     if r.in_backend() {
-                        "in host memory the device reads"
+                        "placed in the backend (CUDA: host memory the GPU reads)"
                     } else {
                         "read host-driven"
                     },

@@ -377,20 +377,26 @@ fn converted_with(quant: &str, head: &str, extra: &[&str]) -> Result<std::path::
     Ok(out)
 }
 
+/// `file`'s model loaded on the CPU and on CUDA.
+fn on_both_backends(file: &SfxFile) -> Result<(Model<CpuBackend>, Model<CudaBackend>), Failed> {
+    let options = ModelOptions::default();
+    let cpu = load_sfx_model_on(CpuBackend::new(), file, &options).map_err(|e| e.to_string())?;
+    let gpu = load_sfx_model_on(
+        CudaBackend::new(0).map_err(|e| e.to_string())?,
+        file,
+        &options,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((cpu, gpu))
+}
+
 /// The same `.sfx` on CPU and CUDA: mean KL(CPU ‖ CUDA) over 1024 wiki tokens (prefill: group
 /// codes through TF32 panels, trellis codes through tensor-core tiles on f16 inputs), the same
 /// over the first 128 fed one at a time (decode only: the matvecs), and greedy continuations.
 fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> {
     let path = converted(quant, head)?;
     let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
-    let options = ModelOptions::default();
-    let cpu = load_sfx_model_on(CpuBackend::new(), &file, &options).map_err(|e| e.to_string())?;
-    let gpu = load_sfx_model_on(
-        CudaBackend::new(0).map_err(|e| e.to_string())?,
-        &file,
-        &options,
-    )
-    .map_err(|e| e.to_string())?;
+    let (cpu, gpu) = on_both_backends(&file)?;
     let vocab = cpu.config().vocab_size;
     let tokenizer = sfx_runtime::sfx_model::sfx_tokenizer_json(&file).ok_or("no tokenizer")?;
     let ids = common::wiki_tokens_with(tokenizer, 1024);
@@ -485,14 +491,7 @@ fn sfx_refined_agreement(quant: &'static str) -> Result<(), Failed> {
         ],
     )?;
     let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
-    let options = ModelOptions::default();
-    let cpu = load_sfx_model_on(CpuBackend::new(), &file, &options).map_err(|e| e.to_string())?;
-    let gpu = load_sfx_model_on(
-        CudaBackend::new(0).map_err(|e| e.to_string())?,
-        &file,
-        &options,
-    )
-    .map_err(|e| e.to_string())?;
+    let (cpu, gpu) = on_both_backends(&file)?;
     let config = cpu.config().clone();
     let vocab = config.vocab_size;
     let plan = plan_from_sfx(&file, &config).map_err(|e| e.to_string())?;

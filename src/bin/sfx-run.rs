@@ -142,7 +142,10 @@ struct Cli {
     #[arg(long, help_heading = "Refinement (.sfx)")]
     bundle_k: Option<usize>,
     /// .sfx: read refinement from ram (memory map) or ssd (bounded RAM cache + background
-    /// loader threads); default: the tier recorded in the file.
+    /// loader threads); default: the tier recorded in the file. With --device cuda the ram
+    /// tier's columns are copied at load into page-locked host memory the GPU reads, and the
+    /// selection and gather run on the GPU inside the step graph (channels, --s 0; other
+    /// settings run host-driven, with a note).
     #[arg(long, help_heading = "Refinement (.sfx)")]
     refine_tier: Option<String>,
     /// .sfx, ssd tier: RAM cache budget shared by all projection sets (e.g. 1MiB, 128MiB, 2GiB).
@@ -296,6 +299,8 @@ fn refine_report<B: Backend>(r: &Refiner<B>, options_tier: &Option<String>) -> s
     serde_json::json!({
         "settings": r.settings(),
         "tier": options_tier.clone().unwrap_or_else(|| "as stored".into()),
+        "engine": if r.in_backend() { "backend" } else { "host-driven" },
+        "backend_column_bytes": r.backend_bytes(),
         "counters": c,
         "store": st,
         "fetched_bytes_per_token": c.bytes_applied as f64 / tokens,

@@ -204,12 +204,7 @@ impl<B: Backend> DecoderLayer<B> {
         // Each set's refinement starts once its input exists and runs beside the projection
         // (in the backend); `refine_set` then finishes it.
         if let Some(r) = refiner.as_deref_mut() {
-            let input = SetInput::Normed {
-                raw: h,
-                norm: &self.attn_norm,
-                eps,
-                normed: &s.xn,
-            };
+            let input = SetInput::normed(h, &self.attn_norm, eps, &s.xn);
             r.start_set(b, layer, ProjectionSet::Qkv, input)?;
         }
         match (
@@ -252,12 +247,7 @@ impl<B: Backend> DecoderLayer<B> {
             }
         }
         if let Some(r) = refiner.as_deref_mut() {
-            let input = SetInput::Normed {
-                raw: h,
-                norm: &self.attn_norm,
-                eps,
-                normed: &s.xn,
-            };
+            let input = SetInput::normed(h, &self.attn_norm, eps, &s.xn);
             let outs = &mut [&mut s.q, &mut s.k, &mut s.v];
             r.refine_set(b, layer, ProjectionSet::Qkv, input, outs)?;
         }
@@ -304,12 +294,7 @@ impl<B: Backend> DecoderLayer<B> {
             // The norm fused into gate and up, their refinement added before SwiGLU.
             None if plain && !bundles && gate_up.is_some() => {
                 if let (Some((wg, wu)), Some(r)) = (gate_up, refiner.as_deref_mut()) {
-                    let input = SetInput::Normed {
-                        raw: h,
-                        norm: &self.mlp_norm,
-                        eps,
-                        normed: &s.xn,
-                    };
+                    let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
                     r.start_set(b, layer, ProjectionSet::GateUp, input)?;
                     let items = &mut [
                         GroupItem {
@@ -324,12 +309,7 @@ impl<B: Backend> DecoderLayer<B> {
                         },
                     ];
                     b.rms_norm_matmul_group(h, &self.mlp_norm, eps, &mut s.xn, n, items)?;
-                    let input = SetInput::Normed {
-                        raw: h,
-                        norm: &self.mlp_norm,
-                        eps,
-                        normed: &s.xn,
-                    };
+                    let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
                     r.refine_set(
                         b,
                         layer,
@@ -367,12 +347,7 @@ impl<B: Backend> DecoderLayer<B> {
                     if bundles {
                         r.capture_mlp_inputs(b, layer, &s.xn, &s.gate, &s.up)?;
                     } else {
-                        let input = SetInput::Normed {
-                            raw: h,
-                            norm: &self.mlp_norm,
-                            eps,
-                            normed: &s.xn,
-                        };
+                        let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
                         let outs = &mut [&mut s.gate, &mut s.up];
                         r.refine_set(b, layer, ProjectionSet::GateUp, input, outs)?;
                     }

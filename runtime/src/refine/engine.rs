@@ -14,21 +14,17 @@
 //! The engine runs in one of two places:
 //! - **host-driven** (every tier, lead/lag, bundles): the selection and the fetch on the
 //!   host, through three backend ops (`read_rows`, `add_nibble_units`, `add_assign`);
-//! - **in the backend** ([`Refiner::place_in_backend`]; ram tier, channels, s = 0): every
-//!   projection's columns copied once into a byte store the backend's kernels read (host memory
-//!   mapped into the device on CUDA), and each set refined by two backend ops,
-//!   [`Backend::select_channels`] and [`Backend::add_selected_columns`]. Nothing waits on the
-//!   host, so a decode step with refinement is captured into the step graph like one without.
+//! - **in the backend** ([`Refiner::place_in_backend`]; ram tier, channels, s = 0): see
+//!   [`super::placed`].
 
-use super::select::{select_top_k, selected_count};
+use super::placed::Placed;
+use super::select::select_top_k;
 use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
-use crate::backend::refine::ColumnTarget;
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One projection's channel-wise refinement: `inp` units (columns) of `unit_bytes` bytes at
@@ -124,59 +120,6 @@ pub struct RefineCounters {
     pub bytes_applied: u64,
 }
 
-/// One projection's columns in a backend byte store, with its scales.
-struct PlacedColumns<B: Backend> {
-    store: B::ByteStore,
-    unit_bytes: usize,
-    scales: B::Buffer,
-}
-
-/// The refinement the backend reads itself ([`Refiner::place_in_backend`]).
-struct Placed<B: Backend> {
-    /// `[layer][set]`: the set's projections in graph order.
-    layers: Vec<[Vec<PlacedColumns<B>>; 4]>,
-    /// The selected channels of a decode step's row and their values, and the gather's
-    /// scratch: reallocated only by [`Refiner::set_budgets`] (a captured step graph points
-    /// into them, and a new budget gets a new graph).
-    step: Selection<B>,
-    /// Those of a chunk of rows, grown as chunks need.
-    chunk: Option<Selection<B>>,
-    /// Per set, a decode row's refinement of each projection, computed by a branch beside
-    /// the projection ([`Refiner::start_set`]) and added to its output after the join.
-    deltas: [Vec<B::Buffer>; 4],
-    /// The `(layer, set)` whose branch is running.
-    started: Option<(usize, ProjectionSet)>,
-    /// Most channels one row of any set selects.
-    max_selected: usize,
-    /// Units and bytes one token's refinement reads: the selection's size is fixed by k.
-    units_per_token: u64,
-    bytes_per_token: u64,
-    /// Bytes of the byte stores.
-    store_bytes: u64,
-    /// Distinguishes this engine's captured step graphs from another's.
-    graph_id: u64,
-}
-
-/// Where a set's selection goes: `rows` rows of up to `per_row` channels.
-struct Selection<B: Backend> {
-    rows: usize,
-    sel: B::Index,
-    values: B::Buffer,
-    scratch: B::Buffer,
-}
-
-impl<B: Backend> Selection<B> {
-    fn new(b: &B, rows: usize, per_row: usize, scratch: usize) -> Result<Self> {
-        let n = (rows * per_row).max(1);
-        Ok(Self {
-            rows,
-            sel: b.alloc_index(n)?,
-            values: b.alloc(n)?,
-            scratch: b.alloc(scratch.max(1))?,
-        })
-    }
-}
-
 /// A projection set's input as the layer has it.
 pub enum SetInput<'a, B: Backend> {
     /// The input itself (o: the attention output; down: the activation).
@@ -193,6 +136,21 @@ pub enum SetInput<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> SetInput<'a, B> {
+    /// [`SetInput::Normed`].
+    pub fn normed(
+        raw: &'a B::Buffer,
+        norm: &'a B::Buffer,
+        eps: f32,
+        normed: &'a B::Buffer,
+    ) -> Self {
+        SetInput::Normed {
+            raw,
+            norm,
+            eps,
+            normed,
+        }
+    }
+
     /// The set's input values (the normalised rows for a normed input).
     fn values(&self) -> &'a B::Buffer {
         match *self {
@@ -202,9 +160,6 @@ impl<'a, B: Backend> SetInput<'a, B> {
     }
 }
 
-/// Source of [`Placed::graph_id`]s.
-static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
-
 /// The engine: a plan, a store and settings, plus per-forward scratch state.
 pub struct Refiner<B: Backend> {
     /// Shared so a call can hold its layer's sources while mutating the engine's counters and
@@ -212,6 +167,7 @@ pub struct Refiner<B: Backend> {
     plan: Arc<RefinementPlan>,
     /// The host-driven engine's store (`None` for an engine built in the backend).
     store: Option<Arc<dyn RefinementStore>>,
+    /// The engine in the backend, once placed there.
     placed: Option<Placed<B>>,
     settings: RefineSettings,
     counters: RefineCounters,
@@ -261,62 +217,6 @@ fn level(bytes: &[u8], e: usize) -> f32 {
         b >> 4
     };
     nib as f32 - 8.0
-}
-
-/// [`Refiner::refine_set`] in the backend: the selection (with the set's norm applied by the
-/// selection itself), then the selected columns of every projection of the set in one launch.
-#[allow(clippy::too_many_arguments)]
-fn refine_set_placed<B: Backend>(
-    b: &B,
-    p: &mut Placed<B>,
-    layer: usize,
-    set: ProjectionSet,
-    k: usize,
-    inp: usize,
-    rows: usize,
-    x: &SetInput<'_, B>,
-    outputs: &mut [&mut B::Buffer],
-    accumulate: bool,
-) -> Result<()> {
-    let selected = selected_count(k, inp);
-    let buffers = if rows <= 1 {
-        &mut p.step
-    } else {
-        if p.chunk.as_ref().is_none_or(|c| c.rows < rows) {
-            p.chunk = Some(Selection::new(b, rows, p.max_selected, 0)?);
-        }
-        match p.chunk.as_mut() {
-            Some(c) => c,
-            None => return Err(RuntimeError::EmptyInput),
-        }
-    };
-    let (raw, norm) = match *x {
-        SetInput::Plain(x) => (x, None),
-        SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
-    };
-    b.select_channels(raw, inp, norm, k, &mut buffers.sel, &mut buffers.values)?;
-    let cols = &p.layers[layer][set.index()];
-    let mut targets: Vec<ColumnTarget<'_, B>> = cols
-        .iter()
-        .zip(outputs.iter_mut())
-        .map(|(c, y)| ColumnTarget {
-            store: &c.store,
-            offset: 0,
-            unit_bytes: c.unit_bytes,
-            scales: &c.scales,
-            out: &mut **y,
-            accumulate,
-        })
-        .collect();
-    b.add_selected_columns(
-        rows,
-        inp,
-        &buffers.sel,
-        &buffers.values,
-        selected,
-        &mut targets,
-        &mut buffers.scratch,
-    )
 }
 
 impl<B: Backend> Refiner<B> {
@@ -382,17 +282,7 @@ impl<B: Backend> Refiner<B> {
     pub fn counters(&self) -> RefineCounters {
         match &self.placed {
             None => self.counters.clone(),
-            Some(p) => {
-                let tokens = self.counters.tokens;
-                RefineCounters {
-                    tokens,
-                    units_selected: tokens * p.units_per_token,
-                    units_applied: tokens * p.units_per_token,
-                    units_skipped: 0,
-                    units_failed: 0,
-                    bytes_applied: tokens * p.bytes_per_token,
-                }
-            }
+            Some(p) => p.counters(self.counters.tokens),
         }
     }
 
@@ -445,68 +335,14 @@ impl<B: Backend> Refiner<B> {
     pub fn place_in_backend<'s>(
         &mut self,
         b: &B,
-        mut column_bytes: impl FnMut(&ColumnSource) -> Result<Cow<'s, [u8]>>,
+        column_bytes: impl FnMut(&ColumnSource) -> Result<Cow<'s, [u8]>>,
     ) -> Result<()> {
         if let Some(why) = self.backend_blocker() {
             return Err(RuntimeError::Config(format!(
                 "refinement cannot run in the backend: {why}"
             )));
         }
-        let mut layers = Vec::with_capacity(self.plan.layers.len());
-        let mut stored = 0u64;
-        for l in &self.plan.layers {
-            let mut sets: [Vec<PlacedColumns<B>>; 4] = Default::default();
-            for (set, placed) in ProjectionSet::ALL.iter().zip(sets.iter_mut()) {
-                for src in &l.sets[set.index()] {
-                    let want = src.inp.checked_mul(src.unit_bytes).ok_or_else(|| {
-                        RuntimeError::Config(format!(
-                            "refinement columns of {} × {} bytes overflow",
-                            src.inp, src.unit_bytes
-                        ))
-                    })?;
-                    let data = column_bytes(src)?;
-                    if data.len() != want {
-                        return Err(RuntimeError::Config(format!(
-                            "refinement columns: {} bytes where {} columns of {} need {want}",
-                            data.len(),
-                            src.inp,
-                            src.unit_bytes
-                        )));
-                    }
-                    let mut store = b.alloc_host_byte_store(want)?;
-                    b.write_byte_store(&mut store, 0, &data)?;
-                    stored += want as u64;
-                    placed.push(PlacedColumns {
-                        store,
-                        unit_bytes: src.unit_bytes,
-                        scales: b.upload(&src.scales)?,
-                    });
-                }
-            }
-            layers.push(sets);
-        }
-        let mut deltas: [Vec<B::Buffer>; 4] = Default::default();
-        if let Some(l) = self.plan.layers.first() {
-            for (d, sources) in deltas.iter_mut().zip(&l.sets) {
-                for src in sources {
-                    d.push(b.alloc(src.out)?);
-                }
-            }
-        }
-        self.placed = Some(Placed {
-            layers,
-            step: Selection::new(b, 1, 1, 0)?,
-            chunk: None,
-            deltas,
-            started: None,
-            max_selected: 0,
-            units_per_token: 0,
-            bytes_per_token: 0,
-            store_bytes: stored,
-            graph_id: 0,
-        });
-        // The selection sizes and the graph id.
-        self.set_budgets(b, self.settings.k)?;
+        self.placed = Some(Placed::new(b, &self.plan, self.settings.k, column_bytes)?);
         Ok(())
     }
 
@@ -520,31 +356,8 @@ impl<B: Backend> Refiner<B> {
             )));
         }
         self.settings.k = k;
-        let plan = Arc::clone(&self.plan);
         if let Some(p) = self.placed.as_mut() {
-            let (mut units, mut bytes, mut max_selected, mut scratch) = (0u64, 0u64, 0usize, 0);
-            for l in &plan.layers {
-                for set in ProjectionSet::ALL {
-                    let sources = &l.sets[set.index()];
-                    let Some(inp) = sources.first().map(|s| s.inp) else {
-                        continue;
-                    };
-                    let selected = selected_count(k[set.index()], inp);
-                    max_selected = max_selected.max(selected);
-                    let outs: Vec<usize> = sources.iter().map(|s| s.out).collect();
-                    scratch = scratch.max(b.selected_columns_scratch_len(1, selected, &outs));
-                    for src in sources {
-                        units += selected as u64;
-                        bytes += (selected * src.unit_bytes) as u64;
-                    }
-                }
-            }
-            p.step = Selection::new(b, 1, max_selected, scratch)?;
-            p.chunk = None;
-            p.max_selected = max_selected;
-            p.units_per_token = units;
-            p.bytes_per_token = bytes;
-            p.graph_id = NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed);
+            p.set_budgets(b, &self.plan, k)?;
         }
         Ok(())
     }
@@ -570,7 +383,7 @@ impl<B: Backend> Refiner<B> {
     /// Starts a forward chunk of `rows` token rows.
     pub fn begin_chunk(&mut self, rows: usize) {
         if let Some(p) = self.placed.as_mut() {
-            p.started = None;
+            p.begin_chunk();
         }
         self.pending.clear();
         self.lagged.clear();
@@ -711,40 +524,15 @@ impl<B: Backend> Refiner<B> {
         input: SetInput<'_, B>,
     ) -> Result<()> {
         let k = self.settings.k[set.index()];
-        let rows = self.rows;
-        let plan = Arc::clone(&self.plan);
         let Some(p) = self.placed.as_mut() else {
             return Ok(());
         };
-        let Some(sources) = plan.layers.get(layer).map(|l| &l.sets[set.index()]) else {
-            return Ok(());
-        };
-        if k == 0 || sources.is_empty() || rows != 1 || p.started.is_some() {
-            return Ok(());
+        match self.plan.layers.get(layer).map(|l| &l.sets[set.index()]) {
+            Some(sources) if k > 0 && !sources.is_empty() => {
+                p.start(b, layer, set, k, sources[0].inp, self.rows, &input)
+            }
+            _ => Ok(()),
         }
-        let mut deltas = std::mem::take(&mut p.deltas[set.index()]);
-        b.begin_branch()?;
-        let ran = {
-            let mut outs: Vec<&mut B::Buffer> = deltas.iter_mut().collect();
-            refine_set_placed(
-                b,
-                p,
-                layer,
-                set,
-                k,
-                sources[0].inp,
-                rows,
-                &input,
-                &mut outs,
-                false,
-            )
-        };
-        let ended = b.end_branch();
-        p.deltas[set.index()] = deltas;
-        ran?;
-        ended?;
-        p.started = Some((layer, set));
-        Ok(())
     }
 
     /// Channel-wise refinement of projection set `set` of layer `layer` (eq. 2): for every
@@ -778,15 +566,7 @@ impl<B: Backend> Refiner<B> {
         let inp = sources[0].inp;
         let rows = self.rows;
         if let Some(p) = self.placed.as_mut() {
-            if p.started == Some((layer, set)) {
-                p.started = None;
-                b.join_branch()?;
-                for (y, d) in outputs.iter_mut().zip(&p.deltas[set.index()]) {
-                    b.add_assign(y, d)?;
-                }
-                return Ok(());
-            }
-            return refine_set_placed(b, p, layer, set, k, inp, rows, &input, outputs, true);
+            return p.finish(b, layer, set, k, inp, rows, &input, outputs);
         }
         let x = input.values();
         let mut xrows = vec![0.0f32; rows * inp];

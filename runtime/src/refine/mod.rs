@@ -4,6 +4,7 @@
 
 pub mod engine;
 pub mod open;
+mod placed;
 pub mod plan;
 pub mod select;
 pub mod store;
