@@ -391,6 +391,63 @@ impl<B: ResidentKernels> Model<B> {
     }
 }
 
+/// Refinement of a synthetic model (issue 14, item 5): every projection's `in_dim` columns of
+/// random 4-bit levels, the sizes a converted file's refinement has, with small per-row
+/// scales; `column_bytes` draws a source's bytes (each projection its own stream of
+/// [`synthetic_bits`]). Speed depends on the bytes a step reads, not on their values.
+pub fn refinement_plan(c: &ModelConfig) -> crate::refine::RefinementPlan {
+    use crate::refine::engine::{ColumnSource, LayerSources};
+    let q = c.num_attention_heads * c.head_dim;
+    let kv = c.num_key_value_heads * c.head_dim;
+    let (h, f) = (c.hidden_size, c.intermediate_size);
+    let shapes: [&[(usize, usize)]; 4] = [
+        &[(q, h), (kv, h), (kv, h)],
+        &[(h, q)],
+        &[(f, h), (f, h)],
+        &[(h, f)],
+    ];
+    let mut key = 0u64;
+    let layers = (0..c.num_hidden_layers)
+        .map(|_| {
+            let mut l = LayerSources {
+                attn_norm: vec![1.0; h],
+                mlp_norm: vec![1.0; h],
+                ..Default::default()
+            };
+            for (set, projections) in l.sets.iter_mut().zip(shapes) {
+                for &(out, inp) in projections {
+                    set.push(ColumnSource {
+                        key_base: key << 32,
+                        offset: 0,
+                        unit_bytes: out.div_ceil(2),
+                        out,
+                        inp,
+                        scales: vec![1e-3; out],
+                    });
+                    key += 1;
+                }
+            }
+            l
+        })
+        .collect();
+    crate::refine::RefinementPlan {
+        layers,
+        hidden: h,
+        eps: c.rms_norm_eps as f32,
+    }
+}
+
+/// The random column bytes of a synthetic refinement source (see [`refinement_plan`]).
+pub fn refinement_columns(src: &crate::refine::engine::ColumnSource, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; src.inp * src.unit_bytes];
+    let stream = seed ^ src.key_base;
+    bytes.par_chunks_mut(8).enumerate().for_each(|(i, chunk)| {
+        let bits = synthetic_bits(stream, i as u64).to_le_bytes();
+        chunk.copy_from_slice(&bits[..chunk.len()]);
+    });
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,61 +520,4 @@ mod tests {
         assert_ne!(a, c3);
         assert!(a.iter().all(|v| v.is_finite()));
     }
-}
-
-/// Refinement of a synthetic model (issue 14, item 5): every projection's `in_dim` columns of
-/// random 4-bit levels, the sizes a converted file's refinement has, with small per-row
-/// scales; `column_bytes` draws a source's bytes (each projection its own stream of
-/// [`synthetic_bits`]). Speed depends on the bytes a step reads, not on their values.
-pub fn refinement_plan(c: &ModelConfig) -> crate::refine::RefinementPlan {
-    use crate::refine::engine::{ColumnSource, LayerSources};
-    let q = c.num_attention_heads * c.head_dim;
-    let kv = c.num_key_value_heads * c.head_dim;
-    let (h, f) = (c.hidden_size, c.intermediate_size);
-    let shapes: [&[(usize, usize)]; 4] = [
-        &[(q, h), (kv, h), (kv, h)],
-        &[(h, q)],
-        &[(f, h), (f, h)],
-        &[(h, f)],
-    ];
-    let mut key = 0u64;
-    let layers = (0..c.num_hidden_layers)
-        .map(|_| {
-            let mut l = LayerSources {
-                attn_norm: vec![1.0; h],
-                mlp_norm: vec![1.0; h],
-                ..Default::default()
-            };
-            for (set, projections) in l.sets.iter_mut().zip(shapes) {
-                for &(out, inp) in projections {
-                    set.push(ColumnSource {
-                        key_base: key << 32,
-                        offset: 0,
-                        unit_bytes: out.div_ceil(2),
-                        out,
-                        inp,
-                        scales: vec![1e-3; out],
-                    });
-                    key += 1;
-                }
-            }
-            l
-        })
-        .collect();
-    crate::refine::RefinementPlan {
-        layers,
-        hidden: h,
-        eps: c.rms_norm_eps as f32,
-    }
-}
-
-/// The random column bytes of a synthetic refinement source (see [`refinement_plan`]).
-pub fn refinement_columns(src: &crate::refine::engine::ColumnSource, seed: u64) -> Vec<u8> {
-    let mut bytes = vec![0u8; src.inp * src.unit_bytes];
-    let stream = seed ^ src.key_base;
-    bytes.par_chunks_mut(8).enumerate().for_each(|(i, chunk)| {
-        let bits = synthetic_bits(stream, i as u64).to_le_bytes();
-        chunk.copy_from_slice(&bits[..chunk.len()]);
-    });
-    bytes
 }

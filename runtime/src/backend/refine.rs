@@ -145,3 +145,75 @@ pub fn columns_check<B: Backend>(
     }
     Ok(ColumnCheck { out_dims })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBuffer;
+    use crate::CpuBackend;
+
+    #[test]
+    fn selection_checks_name_the_bad_field() {
+        assert_eq!(
+            select_check(8192, 4096, Some(4096), 16, 128, 128).unwrap(),
+            (2, 64)
+        );
+        let msg = |r: Result<(usize, usize)>| r.unwrap_err().to_string();
+        assert!(msg(select_check(4000, 4096, None, 16, 64, 64)).contains("rows of 4096"));
+        assert!(msg(select_check(4096, 4096, Some(576), 16, 64, 64)).contains("norm weight of 576"));
+        assert!(msg(select_check(4096, 4096, None, 2048, 4096, 4096)).contains("k = 2048"));
+        assert!(msg(select_check(4096, 4096, None, 16, 64, 63)).contains("values of 63"));
+    }
+
+    #[test]
+    fn column_checks_name_the_bad_target() {
+        // 100 columns of 8 bytes (16 output rows), 16 selected per row, one row.
+        let store = vec![0u8; 100 * 8];
+        let scales = CpuBuffer(vec![1.0; 16]);
+        let (mut a, mut short) = (CpuBuffer(vec![0.0; 16]), CpuBuffer(vec![0.0; 15]));
+        fn target<'a>(
+            store: &'a Vec<u8>,
+            scales: &'a CpuBuffer,
+            offset: usize,
+            unit_bytes: usize,
+            out: &'a mut CpuBuffer,
+        ) -> ColumnTarget<'a, CpuBackend> {
+            ColumnTarget {
+                store,
+                offset,
+                unit_bytes,
+                scales,
+                out,
+                accumulate: true,
+            }
+        }
+        fn check(
+            targets: &[ColumnTarget<'_, CpuBackend>],
+            selected: usize,
+        ) -> std::result::Result<Vec<usize>, String> {
+            columns_check::<CpuBackend>(1, 100, 16, 16, selected, targets, |s| s.len(), |b| b.len())
+                .map(|c| c.out_dims)
+                .map_err(|e| e.to_string())
+        }
+        assert_eq!(
+            check(&[target(&store, &scales, 0, 8, &mut a)], 16).unwrap(),
+            [16]
+        );
+        let e = check(&[target(&store, &scales, 0, 8, &mut a)], 17).unwrap_err();
+        assert!(e.contains("17 selected"), "{e}");
+        let e = check(&[target(&store, &scales, 1, 8, &mut a)], 16).unwrap_err();
+        assert!(e.contains("target 0") && e.contains("from byte 1"), "{e}");
+        let e = check(&[target(&store, &scales, 0, 7, &mut a)], 16).unwrap_err();
+        assert!(e.contains("columns of 7 bytes"), "{e}");
+        let e = check(
+            &[
+                target(&store, &scales, 0, 8, &mut a),
+                target(&store, &scales, 0, 8, &mut short),
+            ],
+            16,
+        )
+        .unwrap_err();
+        assert!(e.contains("target 1: output of 15"), "{e}");
+        assert!(check(&[], 16).unwrap_err().contains("0 targets"));
+    }
+}
