@@ -254,6 +254,7 @@ pub fn run<B: Backend>(
     let budgets: Vec<usize> = std::iter::once(0)
         .chain(refine.iter().flat_map(|r| r.ks.iter().copied()))
         .collect();
+    let tier = refine.as_ref().map(|r| r.tier.clone()).unwrap_or_default();
     let c = model.config();
     let vocab = c.vocab_size;
     let longest = tests.iter().map(BenchTest::tokens).max().unwrap_or(1);
@@ -275,7 +276,6 @@ pub fn run<B: Backend>(
                 .flat_map(|t| budgets.iter().map(move |k| (t, k)))
             {
                 let label = test.label(depth);
-                let tier = refine.as_ref().map(|r| r.tier.clone()).unwrap_or_default();
                 let mut refiner = match (k, refine.as_mut()) {
                     (0, _) | (_, None) => None,
                     (k, Some(r)) => {
@@ -345,14 +345,13 @@ pub fn run<B: Backend>(
                         refine_read += refiner.as_ref().map_or(0, |r| r.counters().bytes_applied);
                     }
                 }
-                let refine_read_per_token = match *test {
-                    BenchTest::Generate(n) if reps > 0 => refine_read as f64 / (reps * n) as f64,
+                // A timed repetition's total, per generated token.
+                let per_token = |total: u64| match *test {
+                    BenchTest::Generate(n) if reps > 0 => total as f64 / (reps * n) as f64,
                     _ => 0.0,
                 };
-                let kv_refine_read_per_token = match *test {
-                    BenchTest::Generate(n) if reps > 0 => fetched as f64 / (reps * n) as f64,
-                    _ => 0.0,
-                };
+                let refine_read_per_token = per_token(refine_read);
+                let kv_refine_read_per_token = per_token(fetched);
                 // A float row never builds a quantized cache: none.
                 let kv_bytes = quantized.as_ref().map(QuantizedCache::bytes);
                 let (mean, sd) = mean_sd(&samples);

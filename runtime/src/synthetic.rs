@@ -393,7 +393,7 @@ impl<B: ResidentKernels> Model<B> {
 
 /// Refinement of a synthetic model (issue 14, item 5): every projection's `in_dim` columns of
 /// random 4-bit levels, the sizes a converted file's refinement has, with small per-row
-/// scales; `column_bytes` draws a source's bytes (each projection its own stream of
+/// scales; [`refinement_columns`] draws a source's bytes (each projection its own stream of
 /// [`synthetic_bits`]). Speed depends on the bytes a step reads, not on their values.
 pub fn refinement_plan(c: &ModelConfig) -> crate::refine::RefinementPlan {
     use crate::refine::engine::{ColumnSource, LayerSources};

@@ -197,6 +197,16 @@ fn half_blocks(s: f32) -> Result<usize> {
     Ok(h as usize)
 }
 
+/// Budgets k per set and neurons per 1024 for bundles: at most every channel.
+fn check_budgets(k: [usize; 4], bundle_k: usize) -> Result<()> {
+    if k.iter().chain([&bundle_k]).any(|&k| k > 1024) {
+        return Err(RuntimeError::Config(format!(
+            "refinement budgets {k:?} / bundles {bundle_k}: at most 1024 per 1024 channels"
+        )));
+    }
+    Ok(())
+}
+
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
@@ -236,17 +246,7 @@ impl<B: Backend> Refiner<B> {
         for &s in &settings.s {
             half_blocks(s)?;
         }
-        if settings
-            .k
-            .iter()
-            .chain([&settings.bundle_k])
-            .any(|&k| k > 1024)
-        {
-            return Err(RuntimeError::Config(format!(
-                "refinement budgets {:?} / bundles {}: at most 1024 per 1024 channels",
-                settings.k, settings.bundle_k
-            )));
-        }
+        check_budgets(settings.k, settings.bundle_k)?;
         if settings.mlp == MlpMode::Bundles && plan.layers.iter().any(|l| l.bundles.is_none()) {
             return Err(RuntimeError::Config(
                 "--mlp bundles: the model file has no neuron bundles (convert with --mlp bundles or both)"
@@ -350,11 +350,7 @@ impl<B: Backend> Refiner<B> {
     /// columns). An engine in the backend gets a new step-graph id: captured steps hold the
     /// old selection sizes.
     pub fn set_budgets(&mut self, b: &B, k: [usize; 4]) -> Result<()> {
-        if let Some(&bad) = k.iter().find(|&&k| k > 1024) {
-            return Err(RuntimeError::Config(format!(
-                "refinement budget k = {bad}: at most 1024 per 1024 channels"
-            )));
-        }
+        check_budgets(k, self.settings.bundle_k)?;
         self.settings.k = k;
         if let Some(p) = self.placed.as_mut() {
             p.set_budgets(b, &self.plan, k)?;

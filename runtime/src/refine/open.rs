@@ -89,6 +89,8 @@ pub fn open_refinement<B: Backend>(
         TierChoice::Ssd => true,
     };
     let settings = settings.unwrap_or_else(|| file_settings(file, &plan));
+    // The ram tier's map, kept to copy its columns from if the engine runs in the backend.
+    let mut placement: Option<Arc<RamStore>> = None;
     let store: Arc<dyn RefinementStore> = if use_ssd {
         match SsdStore::open(
             path,
@@ -116,34 +118,9 @@ pub fn open_refinement<B: Backend>(
                         .collect();
                     s.lock(&ranges);
                 }
-                if options
-                    .in_backend
-                    .unwrap_or_else(|| backend.refinement_in_backend())
-                {
-                    let ram = Arc::new(s);
-                    let mut r = Refiner::new(plan, ram.clone(), settings)?;
-                    match r.backend_blocker() {
-                        None => r.place_in_backend(backend, |src| {
-                            let len = src.inp * src.unit_bytes;
-                            ram.bytes(src.offset, len)
-                                .map(Cow::Borrowed)
-                                .ok_or_else(|| {
-                                    RuntimeError::Config(format!(
-                                        "{}: refinement columns at byte {} ({len} bytes) lie past \
-                                     the end of the file",
-                                        path.display(),
-                                        src.offset
-                                    ))
-                                })
-                        })?,
-                        Some(why) => warn(&format!(
-                            "note: refinement runs host-driven on {}: {why}",
-                            backend.name()
-                        )),
-                    }
-                    return Ok(Some(r));
-                }
-                Arc::new(s)
+                let s = Arc::new(s);
+                placement = Some(s.clone());
+                s
             }
             Err(e) => {
                 warn(&format!(
@@ -154,5 +131,30 @@ pub fn open_refinement<B: Backend>(
             }
         }
     };
-    Ok(Some(Refiner::new(plan, store, settings)?))
+    let mut r = Refiner::new(plan, store, settings)?;
+    let in_backend = options
+        .in_backend
+        .unwrap_or_else(|| backend.refinement_in_backend());
+    if let Some(ram) = placement.filter(|_| in_backend) {
+        match r.backend_blocker() {
+            None => r.place_in_backend(backend, |src| {
+                let len = src.inp * src.unit_bytes;
+                ram.bytes(src.offset, len)
+                    .map(Cow::Borrowed)
+                    .ok_or_else(|| {
+                        RuntimeError::Config(format!(
+                            "{}: refinement columns at byte {} ({len} bytes) lie past the end of \
+                         the file",
+                            path.display(),
+                            src.offset
+                        ))
+                    })
+            })?,
+            Some(why) => warn(&format!(
+                "note: refinement runs host-driven on {}: {why}",
+                backend.name()
+            )),
+        }
+    }
+    Ok(Some(r))
 }

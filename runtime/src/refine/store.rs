@@ -372,11 +372,7 @@ impl RamStore {
 impl RefinementStore for RamStore {
     fn fetch(&self, _key: UnitKey, at: UnitRef, out: &mut Vec<u8>) -> Fetched {
         out.clear();
-        let range = at
-            .end()
-            .filter(|&end| end <= self.len())
-            .and_then(|end| Some(usize::try_from(at.offset).ok()?..usize::try_from(end).ok()?));
-        match range.and_then(|r| self.map.get(r)) {
+        match self.bytes(at.offset, at.len as usize) {
             Some(bytes) => {
                 out.extend_from_slice(bytes);
                 Counters::add(&self.counters.hits, 1);

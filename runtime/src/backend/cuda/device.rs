@@ -83,6 +83,18 @@ struct TimedLaunch {
 unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: the branch events were created by `open` and are not used after this; the
+        // driver releases an event with work still pending on it once that work completes.
+        let _ = self.ctx.bind_to_thread();
+        unsafe {
+            let _ = result::event::destroy(self.fork_event);
+            let _ = result::event::destroy(self.join_event);
+        }
+    }
+}
+
 impl Device {
     /// Opens device `ordinal`: the caller has checked that libcuda is present.
     pub fn open(ordinal: usize) -> Result<Arc<Self>> {

@@ -34,6 +34,8 @@ pub use resident::CudaResidentLinear;
 /// Up to this many token rows a projection runs as matrix–vector products (weights streamed
 /// once per row); beyond it, a GEMM.
 const MATVEC_MAX_TOKENS: usize = 4;
+/// CUDA's limit on a grid's y and z extents.
+const MAX_GRID_YZ: u32 = 65_535;
 /// Threads of a matvec block (the kernels' `MV_THREADS`).
 const MV_THREADS: u32 = 256;
 /// Keys per decode attention chunk at least (one 32-key tile per warp of a 4-warp block).

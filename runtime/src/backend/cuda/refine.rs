@@ -2,7 +2,7 @@
 //! gather-accumulate of the selected columns, read from wherever the byte store lies —
 //! host memory mapped into the device (the ram tier) or device memory.
 
-use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaIndex};
+use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaIndex, MAX_GRID_YZ};
 use crate::backend::refine::{columns_check, select_check, ColumnTarget, MAX_COLUMN_TARGETS};
 use crate::error::{Result, RuntimeError};
 
@@ -14,8 +14,6 @@ const COLUMN_SLAB: usize = 1024;
 const COLUMN_THREADS: usize = 256;
 const COLUMNS_PER_SPLIT: usize = 32;
 const MAX_SPLITS: usize = 32;
-/// Most rows per launch: rows are the grid's y (selection) and z (gather) dimension.
-const MAX_ROWS: usize = 65_535;
 
 /// The kernel's `ColumnTarget`, field for field.
 #[repr(C)]
@@ -47,14 +45,15 @@ pub(super) struct ColumnParams {
     t: [ColumnTargetParams; MAX_COLUMN_TARGETS],
 }
 
+/// Rows of a launch as its grid extent: the selection's y, the gather's z.
 fn rows_check(op: &'static str, rows: usize) -> Result<u32> {
-    if rows > MAX_ROWS {
-        return Err(RuntimeError::Shape {
+    u32::try_from(rows)
+        .ok()
+        .filter(|&r| r <= MAX_GRID_YZ)
+        .ok_or_else(|| RuntimeError::Shape {
             op,
-            msg: format!("{rows} rows in one launch (at most {MAX_ROWS})"),
-        });
-    }
-    Ok(rows as u32)
+            msg: format!("{rows} rows in one launch (at most {MAX_GRID_YZ})"),
+        })
 }
 
 /// How a gather launch splits each slab's columns: `(splits, columns per split)`. A decode

@@ -14,6 +14,7 @@ use super::resident::CudaResidentLinear;
 use super::trellis_layout::{pack_units, units, UNIT_COLS};
 use super::{
     blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, MATVEC_MAX_TOKENS,
+    MAX_GRID_YZ,
 };
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
@@ -43,8 +44,6 @@ const PLANE_PAD_WORDS: usize = 8;
 const ZERO_WORDS: usize = 16 * 8;
 /// Longest row of a transform row block (`TR_ROW_MAX`).
 const ROW_MAX: usize = 512;
-/// CUDA's limit on a grid's z extent (the transforms' tokens), and on y.
-const MAX_GRID_Z: u32 = 65535;
 /// The prefill GEMM's block: tile rows (one a warp, `TR_GEMM_WARPS`).
 const GEMM_WARPS: usize = 8;
 
@@ -227,10 +226,10 @@ fn transform_grid(
         .fold((1, 32), |a, b| (a.0.max(b.0), a.1.max(b.1)));
     let z = u32::try_from(tokens)
         .ok()
-        .filter(|&z| z <= MAX_GRID_Z)
+        .filter(|&z| z <= MAX_GRID_YZ)
         .ok_or_else(|| {
             RuntimeError::Unsupported(format!(
-                "{what}: {tokens} tokens in one launch (at most {MAX_GRID_Z})"
+                "{what}: {tokens} tokens in one launch (at most {MAX_GRID_YZ})"
             ))
         })?;
     Ok(((blocks, items as u32, z), (threads, 1, 1)))
@@ -753,7 +752,7 @@ impl CudaBackend {
             [usize::from(tokens == 128)];
         let grid_y = u32::try_from(m.div_ceil(tokens))
             .ok()
-            .filter(|&b| b <= MAX_GRID_Z)
+            .filter(|&b| b <= MAX_GRID_YZ)
             .ok_or_else(|| {
                 RuntimeError::Unsupported(format!("trellis gemm: {m} tokens in one launch"))
             })?;
