@@ -39,7 +39,13 @@ fn main() {
         "cargo:rerun-if-changed={}",
         src.join("common.cuh").display()
     );
-    for var in ["SFX_NVCC", "SFX_CUDA_ARCHS", "CUDA_HOME", "PATH"] {
+    for var in [
+        "SFX_NVCC",
+        "SFX_CUDA_ARCHS",
+        "SFX_NVCC_LINEINFO",
+        "CUDA_HOME",
+        "PATH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo::rustc-check-cfg=cfg(sfx_cuda_kernels)");
@@ -74,6 +80,10 @@ fn main() {
             .args(["-O3", "-std=c++17", "--threads", "0"])
             .arg("-I")
             .arg(&src);
+        // Source lines for profilers (ncu's source view); the SASS is unchanged.
+        if std::env::var("SFX_NVCC_LINEINFO").is_ok_and(|v| v == "1") {
+            cmd.arg("-lineinfo");
+        }
         for a in &archs {
             cmd.arg(format!("-gencode=arch=compute_{a},code=sm_{a}"));
         }

@@ -1193,14 +1193,19 @@ fn add_coded_linear(
 /// q/k/v and gate/up paths for one format per code.
 fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
     const HYB: TrellisCode = TrellisCode::Hyb { q: 9 };
+    // 1024 × 1536 and 2048 × 512: decode with bias and accumulation after tr_prepare and after
+    // the matvec's prologue, with more than one token.
     let decode = [
         (1, 1536, 576, true, false),
         (3, 96, 1536, false, true),
         (1, 304, 14336, false, true),
         (2, 48, 64, true, true),
+        (2, 1024, 1536, true, true),
     ];
     let shapes_all = [
         (1, 4096, 4096, false, false),
+        (2, 1024, 1536, true, true),
+        (3, 2048, 512, false, true),
         (1, 1536, 576, true, false),
         (3, 96, 1536, false, true),
         (1, 304, 14336, false, true),

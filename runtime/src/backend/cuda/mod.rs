@@ -223,6 +223,32 @@ impl Arg {
     }
 }
 
+/// Which kernels launch with programmatic dependent launch. Measured on the H200 (tg128, Llama-3.1-8B
+/// shape, one call each): the trellis chain (matvec, transforms) gains — qtip2 HYB 298.3 → 321.7
+/// tok/s, since each matvec block copies its 128 KB table and loads its first codes while the
+/// previous transform finishes — while group-coded and float projections do not (rtn2 518 → 515;
+/// earlier 220 → 201 and 240 → 224: early blocks wait on SMs the running kernel needs).
+/// `SFX_PDL=1` turns it on for every projection, `SFX_PDL=0` off for all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PdlPolicy {
+    trellis: bool,
+    projections: bool,
+}
+
+impl PdlPolicy {
+    fn new(device_has_pdl: bool, setting: Option<&str>) -> Self {
+        let (trellis, projections) = match setting {
+            Some("1") => (true, true),
+            Some("0") => (false, false),
+            _ => (true, false),
+        };
+        Self {
+            trellis: trellis && device_has_pdl,
+            projections: projections && device_has_pdl,
+        }
+    }
+}
+
 struct Inner {
     dev: Arc<Device>,
     k: Kernels,
@@ -233,11 +259,9 @@ struct Inner {
     matvec_rows: Option<usize>,
     /// Partial results of the two-step argmax: [ARGMAX_ROWS × 64] (value, index) pairs.
     argmax_scratch: DeviceMem,
-    /// Projections launch with programmatic dependent launch (sm_90+, `SFX_PDL=1`): their
-    /// weight loads may start during the previous kernel. Off by default: measured slower on
-    /// the H200 (tg128 201 vs 220 tok/s, then 224 vs 240 with the current attention: early blocks
-    /// wait on SMs the running kernel needs).
-    pdl: bool,
+    /// Which projections launch with programmatic dependent launch (sm_90+): their weight
+    /// loads and table copies may start during the previous kernel.
+    pdl: PdlPolicy,
     /// RMSNorm fused into the following projections (`SFX_FUSE_NORM=0` runs it separately).
     fuse_norm: bool,
     /// Prefill attention over f16 caches on tensor cores (sm_80+; `SFX_PREFILL_ATTN=simt`
@@ -358,7 +382,7 @@ impl CudaBackend {
             .and_then(|v| v.parse().ok())
             .filter(|r| matches!(r, 1 | 2 | 4));
         let argmax_scratch = dev.alloc(ARGMAX_ROWS * ARGMAX_PARTS * 8)?;
-        let pdl = dev.compute.0 >= 9 && std::env::var("SFX_PDL").is_ok_and(|v| v == "1");
+        let pdl = PdlPolicy::new(dev.compute.0 >= 9, std::env::var("SFX_PDL").ok().as_deref());
         let dev_has_mma = dev.compute.0 >= 8;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -417,7 +441,7 @@ impl CudaBackend {
         &self.inner.k
     }
 
-    /// A projection kernel: with PDL where the device has it.
+    /// A float or group-coded projection kernel: with PDL where [`PdlPolicy`] says so.
     fn launch_projection(
         &self,
         k: &device::Kernel,
@@ -426,7 +450,20 @@ impl CudaBackend {
         smem: usize,
         args: &mut [Arg],
     ) -> Result<()> {
-        if !self.inner.pdl {
+        self.launch_dependent(self.inner.pdl.projections, k, grid, block, smem, args)
+    }
+
+    /// A kernel launched with programmatic dependent launch when `pdl`, plainly otherwise.
+    fn launch_dependent(
+        &self,
+        pdl: bool,
+        k: &device::Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: usize,
+        args: &mut [Arg],
+    ) -> Result<()> {
+        if !pdl {
             return self.launch(k, grid, block, smem, args);
         }
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
@@ -1919,5 +1956,25 @@ impl CudaBackend {
                 Arg::F32(eps),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod pdl_tests {
+    use super::PdlPolicy;
+
+    #[test]
+    fn pdl_defaults_to_the_trellis_chain_and_follows_the_setting() {
+        let on = |trellis, projections| PdlPolicy {
+            trellis,
+            projections,
+        };
+        assert_eq!(PdlPolicy::new(true, None), on(true, false));
+        assert_eq!(PdlPolicy::new(true, Some("1")), on(true, true));
+        assert_eq!(PdlPolicy::new(true, Some("0")), on(false, false));
+        assert_eq!(PdlPolicy::new(true, Some("yes")), on(true, false));
+        // Below sm_90 nothing launches with PDL, whatever the setting.
+        assert_eq!(PdlPolicy::new(false, Some("1")), on(false, false));
+        assert_eq!(PdlPolicy::new(false, None), on(false, false));
     }
 }

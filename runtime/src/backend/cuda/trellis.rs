@@ -440,7 +440,7 @@ impl CudaBackend {
         };
         args.extend(tail);
         let (grid, block) = transform_grid("trellis prepare", views.into_iter(), items.len(), m)?;
-        self.launch_projection(kernel, grid, block, 0, &mut args)
+        self.launch_dependent(self.inner.pdl.trellis, kernel, grid, block, 0, &mut args)
     }
 
     /// The output transform of up to three items (m tokens), reading each item's rotated
@@ -494,7 +494,7 @@ impl CudaBackend {
             }
         }
         let (grid, block) = transform_grid("trellis finish", views.into_iter(), launched, m)?;
-        self.launch_projection(kernel, grid, block, 0, &mut args)
+        self.launch_dependent(self.inner.pdl.trellis, kernel, grid, block, 0, &mut args)
     }
 
     /// The launch of a prefill transform (`tr_prepare_tokens`, `tr_finish_tokens`) over items
@@ -619,7 +619,8 @@ impl CudaBackend {
             ),
             None => (0, 0, 0.0),
         };
-        self.launch_projection(
+        self.launch_dependent(
+            self.inner.pdl.trellis,
             kernel,
             (blocks(total, gpb), m as u32, 1),
             (threads as u32, 1, 1),

@@ -252,13 +252,62 @@ __device__ __forceinline__ RowSlot row_slot(const RowView& v) {
     return s;
 }
 
-// Σ_k C[r][k]·in[k·P + c] (transposed C for the output transform), eight loads in flight.
-__device__ __forceinline__ float row_mix(const float* __restrict__ in, const float* __restrict__ hm,
-                                         int m, const RowView& v, bool transpose, int r, int c) {
+// The row mix's coefficients of a block's rows, C[r][k] (Cᵀ with `transpose`) at
+// coef[(r − first row)·M + k], where a dense factor makes them loads: they are weights, so the
+// kernels stage them before waiting for the previous kernel. Nothing is staged without a dense
+// factor (the coefficients are a popcount: measured, staging them and batching the few loads
+// of those mixes made the 4096-wide finish ~1 µs slower) or where they would not fit; the
+// caller's barrier after the wait is then skipped too (`staged` is uniform over the block).
+#define TR_COEF_MAX 1024
+struct RowCoeffs {
+    float* coef;
+    bool staged;
+};
+
+__device__ __forceinline__ RowCoeffs stage_row_coeffs(float* coef, const float* __restrict__ hm,
+                                                      int m, const RowView& v, bool transpose) {
+    const int first = blockIdx.x * v.RB, rows = min(v.RB, v.M - first);
+    if (hm == nullptr || rows * v.M > TR_COEF_MAX) return {coef, false};
+    for (int i = threadIdx.x; i < rows * v.M; i += blockDim.x) {
+        const int rr = i / v.M, k = i - rr * v.M;
+        coef[i] = row_coeff(hm, m, v.lq, transpose, first + rr, k);
+    }
+    return {coef, true};
+}
+
+// C[r][k] from the staged coefficients (after a barrier) or computed in place.
+__device__ __forceinline__ float staged_coeff(const RowCoeffs& rc, const float* __restrict__ hm,
+                                              int m, const RowView& v, bool transpose, int r,
+                                              int k) {
+    return rc.staged ? rc.coef[(r - (int)blockIdx.x * v.RB) * v.M + k]
+                     : row_coeff(hm, m, v.lq, transpose, r, k);
+}
+
+// Loads of a dense row mix issued together: the mix of the 8B shape's 14336-wide vectors has 28
+// terms, which eight at a time took four dependent trips to L2.
+#define TR_MIX_BATCH 32
+
+// Σ_k C[r][k]·in[k·P + c] (transposed C for the output transform), in k order.
+__device__ __forceinline__ float row_mix(const float* __restrict__ in, const RowCoeffs& rc,
+                                         const float* __restrict__ hm, int m, const RowView& v,
+                                         bool transpose, int r, int c) {
     float acc = 0.0f;
+    if (!rc.staged) {
 #pragma unroll 8
-    for (int k = 0; k < v.M; ++k)
-        acc = fmaf(row_coeff(hm, m, v.lq, transpose, r, k), in[k * v.P + c], acc);
+        for (int k = 0; k < v.M; ++k)
+            acc = fmaf(row_coeff(hm, m, v.lq, transpose, r, k), in[k * v.P + c], acc);
+        return acc;
+    }
+    for (int k0 = 0; k0 < v.M; k0 += TR_MIX_BATCH) {
+        float val[TR_MIX_BATCH];
+#pragma unroll
+        for (int j = 0; j < TR_MIX_BATCH; ++j)
+            val[j] = k0 + j < v.M ? in[(k0 + j) * v.P + c] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < TR_MIX_BATCH; ++j)
+            if (k0 + j < v.M)
+                acc = fmaf(staged_coeff(rc, hm, m, v, transpose, r, k0 + j), val[j], acc);
+    }
     return acc;
 }
 struct TrPrepItem {
@@ -308,25 +357,43 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
     __shared__ float red[32];
+    __shared__ float coef[TR_COEF_MAX];
     const TrPrepItem it = item_at(pr.item, blockIdx.y);
     const int t = blockIdx.z;
     const RowView v = row_view(n, it.m);
     if ((int)blockIdx.x * v.RB >= v.M) return;
     const RowSlot s = row_slot(v);
+    const RowCoeffs rc = stage_row_coeffs(coef, it.hm, it.m, v, false);
     SFX_PDL_WAIT();
+    if (rc.staged) __syncthreads();
     const float* xt = x + (size_t)t * n;
     float acc = 0.0f, ss = 0.0f, ss_hat = 0.0f;
     if (s.valid) {
-#pragma unroll 8
-        for (int k = 0; k < v.M; ++k) {
-            const int i = k * v.P + s.c;
-            float xv = xt[i];
-            if (NORM) {
-                ss = fmaf(xv, xv, ss);
-                xv *= nw[i];
+        // Each batch's loads go out together: a half (with the norm's weights, a quarter)
+        // batch, so the values fit in the registers of a 512-thread block.
+        constexpr int B = NORM ? TR_MIX_BATCH / 4 : TR_MIX_BATCH / 2;
+        for (int k0 = 0; k0 < v.M; k0 += B) {
+            float xs[B], ws[B], us[B];
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                const int i = (k0 + j) * v.P + s.c;
+                const bool in = k0 + j < v.M;
+                xs[j] = in ? xt[i] : 0.0f;
+                ws[j] = in && NORM ? nw[i] : 0.0f;
+                us[j] = in ? it.su[i] : 0.0f;
             }
-            ss_hat = fmaf(xv, xv, ss_hat);
-            acc = fmaf(row_coeff(it.hm, it.m, v.lq, false, s.r, k), xv * it.su[i], acc);
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                if (k0 + j >= v.M) continue;
+                float xv = xs[j];
+                if (NORM) {
+                    ss = fmaf(xv, xv, ss);
+                    xv *= ws[j];
+                }
+                ss_hat = fmaf(xv, xv, ss_hat);
+                const float c = staged_coeff(rc, it.hm, it.m, v, false, s.r, k0 + j);
+                acc = fmaf(c, xv * us[j], acc);
+            }
         }
         if ((int)threadIdx.x >= v.P) ss = ss_hat = 0.0f;  // counted by the first row
     }
@@ -345,19 +412,19 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
     if (s.valid) store_plane_value<MMA>(hi, hi + pcols, o, val[0] * (scale * sigma));
 }
 
-extern "C" __global__ void tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols,
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols,
                                          float inv_sqrt_n) {
     tr_prepare_body<false, false>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void tr_prepare_mma(const TrPrep p, const float* x, int n, int pcols,
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_mma(const TrPrep p, const float* x, int n, int pcols,
                                           float inv_sqrt_n) {
     tr_prepare_body<false, true>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void tr_prepare_norm_rm(const TrPrep p, const float* x, const float* nw,
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_norm_rm(const TrPrep p, const float* x, const float* nw,
                                               float eps, int n, int pcols, float inv_sqrt_n) {
     tr_prepare_body<true, false>(p, x, nw, eps, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void tr_prepare_norm_mma(const TrPrep p, const float* x, const float* nw,
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_norm_mma(const TrPrep p, const float* x, const float* nw,
                                                float eps, int n, int pcols, float inv_sqrt_n) {
     tr_prepare_body<true, true>(p, x, nw, eps, n, pcols, inv_sqrt_n);
 }
@@ -381,9 +448,10 @@ struct TrFinish {
 
 // grid (row blocks, items, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's
 // rows. sv and the bias are weights: read before waiting for the matvec's outputs.
-extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish(const TrFinish f, int accumulate) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
+    __shared__ float coef[TR_COEF_MAX];
     const TrFinishItem it = item_at(f.item, blockIdx.y);
     const int t = blockIdx.z;
     const RowView v = row_view(it.n, it.m);
@@ -392,8 +460,11 @@ extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
     const int o = s.r * v.P + s.c;
     const float sv = s.valid ? it.sv[o] : 0.0f;
     const float bias = s.valid && it.bias ? it.bias[o] : 0.0f;
+    const RowCoeffs rc = stage_row_coeffs(coef, it.hm, it.m, v, true);
     SFX_PDL_WAIT();
-    float val[1] = {s.valid ? row_mix(it.rot + (size_t)t * it.n, it.hm, it.m, v, true, s.r, s.c)
+    if (rc.staged) __syncthreads();
+    float val[1] = {s.valid ? row_mix(it.rot + (size_t)t * it.n, rc, it.hm, it.m, v, true, s.r,
+                                      s.c)
                             : 0.0f};
     row_fwht<1>(val, v.P, buf);
     if (!s.valid) return;
@@ -406,9 +477,10 @@ extern "C" __global__ void tr_finish(const TrFinish f, int accumulate) {
 
 // grid (row blocks, 1, tokens): item 0 the gate, item 1 the up projection (one row view: the
 // host checks their factors agree); gate ← silu(g) · u.
-extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const TrFinish f) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * 2 * TR_ROW_MAX];
+    __shared__ float coef[2][TR_COEF_MAX];
     const int t = blockIdx.z;
     const TrFinishItem& g = f.item[0];
     const TrFinishItem& u = f.item[1];
@@ -417,15 +489,31 @@ extern "C" __global__ void tr_finish_swiglu(const TrFinish f) {
     const RowSlot s = row_slot(v);
     const int o = s.r * v.P + s.c;
     const float gsv = s.valid ? g.sv[o] : 0.0f, usv = s.valid ? u.sv[o] : 0.0f;
+    const RowCoeffs gc = stage_row_coeffs(coef[0], g.hm, g.m, v, true);
+    const RowCoeffs uc = stage_row_coeffs(coef[1], u.hm, u.m, v, true);
     SFX_PDL_WAIT();
+    if (gc.staged || uc.staged) __syncthreads();
     float val[2] = {0.0f, 0.0f};
     if (s.valid) {
+        // Both vectors' loads of a batch go out together.
+        constexpr int B = TR_MIX_BATCH;
         const float* gr = g.rot + (size_t)t * g.n + s.c;
         const float* ur = u.rot + (size_t)t * u.n + s.c;
-#pragma unroll 8
-        for (int k = 0; k < v.M; ++k) {
-            val[0] = fmaf(row_coeff(g.hm, g.m, v.lq, true, s.r, k), gr[k * v.P], val[0]);
-            val[1] = fmaf(row_coeff(u.hm, u.m, v.lq, true, s.r, k), ur[k * v.P], val[1]);
+        for (int k0 = 0; k0 < v.M; k0 += B) {
+            float gs[B], us[B];
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                const bool in = k0 + j < v.M;
+                gs[j] = in ? gr[(k0 + j) * v.P] : 0.0f;
+                us[j] = in ? ur[(k0 + j) * v.P] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                if (k0 + j >= v.M) continue;
+                const int k = k0 + j;
+                val[0] = fmaf(staged_coeff(gc, g.hm, g.m, v, true, s.r, k), gs[j], val[0]);
+                val[1] = fmaf(staged_coeff(uc, u.hm, u.m, v, true, s.r, k), us[j], val[1]);
+            }
         }
     }
     row_fwht<2>(val, v.P, buf);
