@@ -463,9 +463,6 @@ impl CudaBackend {
         smem: usize,
         args: &mut [Arg],
     ) -> Result<()> {
-        if !pdl {
-            return self.launch(k, grid, block, smem, args);
-        }
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > ptrs.len() {
             return Err(RuntimeError::Unsupported(format!(
@@ -476,8 +473,12 @@ impl CudaBackend {
         for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
             *p = a.as_ptr();
         }
-        self.dev()
-            .launch_pdl(k, grid, block, smem as u32, &mut ptrs[..args.len()])
+        let ptrs = &mut ptrs[..args.len()];
+        if pdl {
+            self.dev().launch_pdl(k, grid, block, smem as u32, ptrs)
+        } else {
+            self.dev().launch(k, grid, block, smem as u32, ptrs)
+        }
     }
 
     fn launch(
@@ -488,18 +489,7 @@ impl CudaBackend {
         smem: usize,
         args: &mut [Arg],
     ) -> Result<()> {
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
-        if args.len() > ptrs.len() {
-            return Err(RuntimeError::Unsupported(format!(
-                "{}: too many kernel arguments",
-                k.name
-            )));
-        }
-        for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
-            *p = a.as_ptr();
-        }
-        self.dev()
-            .launch(k, grid, block, smem as u32, &mut ptrs[..args.len()])
+        self.launch_dependent(false, k, grid, block, smem, args)
     }
 
     /// Rows per matvec block for a group whose smallest matrix has `rows` rows: enough
