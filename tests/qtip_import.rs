@@ -1,5 +1,5 @@
-//! `sfx-convert import-qtip`: conformance with the QTIP checkpoint format as described in
-//! `shared/reference/quant_formats.md` §3 (no real checkpoint can be downloaded here).
+//! `sfx-convert import-qtip`: conformance with the QTIP checkpoint format as docs/format.md
+//! states it, "QTIP/YAQA checkpoint import" (no real checkpoint can be downloaded here).
 //!
 //! Each test writes a synthetic QTIP folder (config.json with `quip_params`, safetensors with
 //! `trellis` / `SU` / `SV` / `tlut` per projection): random tile streams (any byte stream is a

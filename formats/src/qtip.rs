@@ -1,6 +1,7 @@
 //! Import of QTIP / YAQA prequantized Hugging Face checkpoints (both write the same format) into
-//! the trellis sections of a `.sfx` container. Implemented from the format description in
-//! `shared/reference/quant_formats.md` §3 only: QTIP's code is GPL-3.0 and is not used.
+//! the trellis sections of a `.sfx` container. Implemented from the checkpoint format as
+//! docs/format.md states it ("QTIP/YAQA checkpoint import") only: QTIP's code is GPL-3.0 and is
+//! not used.
 //!
 //! What a checkpoint holds per projection `P` (e.g. `model.layers.0.self_attn.q_proj`):
 //! - `P.trellis`: int16 `[(out/16)·(in/16), 16·K]`, the tile bitstreams in the storage
@@ -36,7 +37,7 @@ use std::path::{Path, PathBuf};
 /// projection must be multiples of this.
 pub const SUPERTILE_SIDE: usize = 2 * TILE_SIDE;
 
-/// Orders of the dense Hadamard factors QTIP ships (quant_formats.md §3: `n = K·2^p`). Used
+/// Orders of the dense Hadamard factors QTIP ships (`n = K·2^p`). Used
 /// only to name the order a missing table should have; the tables themselves come from the
 /// user.
 pub const QTIP_HADAMARD_ORDERS: [usize; 12] =
@@ -294,7 +295,7 @@ fn swizzle_len(rows: usize, cols: usize, bits: usize) -> Result<usize, QtipError
 /// Visits every stored byte position of the kernel swizzle in storage order, with the tile
 /// (row-major tile index) and stream byte it holds. Storage order is
 /// `(A, B, c, b, a, K−1−r)`: stored index `((((A·(cols/32)+B)·32 + c)·2 + b)·2 + a)·K + (K−1−r)`
-/// holds byte `c·K + r` of tile `(2A+a, 2B+b)` (quant_formats.md §3).
+/// holds byte `c·K + r` of tile `(2A+a, 2B+b)` (QTIP's kernel tile order).
 fn for_each_swizzled(rows: usize, cols: usize, bits: usize, mut f: impl FnMut(usize, usize)) {
     let tile_bytes = 32 * bits;
     let tiles_per_row = cols / TILE_SIDE;
@@ -1198,7 +1199,7 @@ mod tests {
         }
     }
 
-    /// Positions worked out by hand from the formula in quant_formats.md §3 for K = 2,
+    /// Positions worked out by hand from the storage order (`for_each_swizzled`) for K = 2,
     /// rows = 32, cols = 64 (tiles 2×4, 64 bytes each, cols/32 = 2 column groups):
     /// index = ((((A·2 + B)·32 + c)·2 + b)·2 + a)·2 + (1 − r).
     #[test]

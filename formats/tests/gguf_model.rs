@@ -263,7 +263,8 @@ fn import_and_write_hf_folder() {
     assert_eq!(calls.get(), m.tensors.len());
     assert_eq!(m.source_sha256.as_deref(), Some(MODEL_SHA256));
 
-    // config.json: the values assets.md lists, and accepted by the crate's own config parser.
+    // config.json: SmolLM2-135M's published configuration, and accepted by the crate's own
+    // config parser.
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg, m.hf_config);

@@ -5,7 +5,7 @@
 //! projections, downloaded to the host as row-major `[rows, in]` f32. The plain
 //! [`Model::forward`](crate::Model::forward) passes no observer and pays one branch per set.
 
-/// Projections that share one input (method.md §2: each set has its own refinement budget).
+/// Projections that share one input (docs/method.md §2: each set has its own refinement budget).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ProjectionSet {
     /// q, k, v: input is the attention-normed hidden state (`hidden`).

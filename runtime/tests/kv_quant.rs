@@ -341,7 +341,7 @@ fn resident_bytes_follow_the_kvarn_record_and_stay_within_budget() {
     };
     let capacity = 128 + 4 * 128;
     let mut cache = QuantKvCache::<CpuBackend>::new(shape, capacity, &config).unwrap();
-    // KVarN record, D = 64, G = 128, 3/2 bits (quant_formats.md §7a):
+    // KVarN record, D = 64, G = 128, 3/2 bits (docs/format.md, "KVarN tile record"):
     // K codes 64·128·3/8 = 3072, s_col_K + zp_K 2·64·2 = 256, s_row_K 128·2 = 256;
     // V codes 64·128·2/8 = 2048, s_col_V 128, s_row_V + zp_V 2·128·2 = 512 → 6272 (8-aligned).
     let tile_bytes = 6272;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent float32 PyTorch/transformers evaluation per shared assets.md ("Evaluation protocol").
+"""Independent float32 PyTorch/transformers evaluation per docs/method.md §7 ("Evaluation protocol").
 
 wiki:8            tokenize the whole canonical wiki text (no BOS, no special tokens); consecutive
                   non-overlapping 2048-token windows; the first 8; each window a fresh forward

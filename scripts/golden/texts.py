@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent builders of the canonical evaluation texts (shared assets.md, "Canonical texts").
+"""Independent builders of the canonical evaluation texts (as defined below; docs/method.md §7).
 
 - wiki: entries of summaries_en-us.json sorted by JSON key in Unicode code point order, each
   entry's `extract` stripped of surrounding whitespace (Python str.strip()), joined with "\n\n",

@@ -151,7 +151,7 @@ impl QuantSpec {
     }
 }
 
-/// How the MLP's refinement is stored (method.md §2: neither wins everywhere).
+/// How the MLP's refinement is stored (docs/method.md §2: neither wins everywhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlpScheme {
     /// Channel-wise columns for gate/up and down.
@@ -244,7 +244,7 @@ pub struct ConvertOptions {
 
 impl ConvertOptions {
     /// Neurons per 1024 selected by bundles: k_n = round(3·k_d / 4), the method's pairing of
-    /// bundle and channel budgets (method.md §6).
+    /// bundle and channel budgets (docs/method.md §6).
     pub fn bundle_k(&self) -> usize {
         (3 * self.k[ProjectionSet::Down.index()] + 2) / 4
     }

@@ -1,5 +1,5 @@
-//! AWQ: activation-aware weight quantization (llm-awq `auto_scale.py` / `auto_clip.py`,
-//! reference: quant_formats.md §4), on top of the RTN group quantizer.
+//! AWQ: activation-aware weight quantization (Lin et al. 2024; llm-awq's `auto_scale.py` /
+//! `auto_clip.py`), on top of the RTN group quantizer.
 //!
 //! Per projection set (linears sharing one input, e.g. q, k, v):
 //! 1. Scale search: for α ∈ {0, 1/n, …, (n−1)/n} (n = 20: 0, 0.05, …, 0.95),

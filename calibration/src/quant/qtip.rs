@@ -1,8 +1,7 @@
 //! QTIP (Tseng et al. 2024): random Hadamard incoherence processing, then LDLQ rounding with
 //! the layer-input Hessian `H = E[x xᵀ]`, each 16-column block of 16×16 tiles quantized by a
-//! tail-biting bitshift-trellis Viterbi. Written from the formulas in
-//! `shared/reference/quant_formats.md` §3 and the LDLQ derivation below; QTIP's GPL code is
-//! not used.
+//! tail-biting bitshift-trellis Viterbi. Written from the paper's formulas and the LDLQ
+//! derivation below; QTIP's GPL code is not used.
 //!
 //! Incoherence: `W̃ = H_out · diag(σ_out) · W · diag(σ_in) · H_inᵀ` with random signs σ and the
 //! orthonormal Hadamard transforms of `sfx_runtime::resident::hadamard`; the Hessian moves to

@@ -1,7 +1,7 @@
 //! YAQA rounding (Tseng, Sun, De Sa 2025): QTIP's format and incoherence processing, with LDLQ
 //! against *both* Kronecker factors of the full-model KL Hessian, `tr(E H_in Eᵀ H_out)`, from
-//! [`crate::yaqa`] (Sketch B). Written from the formulas in `shared/reference/quant_formats.md`
-//! §3 and the derivation below; YAQA's GPL code is not used.
+//! [`crate::yaqa`] (Sketch B). Written from the paper's formulas and the derivation below;
+//! YAQA's GPL code is not used.
 //!
 //! Two-sided LDLQ: with `H_in = U_in D_in U_inᵀ` and `H_out = U_out D_out U_outᵀ` (unit upper
 //! block-triangular `U`, 16×16 blocks), define `F = U_outᵀ E U_in`. Then

@@ -1,5 +1,5 @@
-//! Neuron bundles (method.md §2, eq. 5–6): the MLP refinement read one intermediate neuron at
-//! a time. Bundle j packs four `hidden`-long 4-bit vectors — gate refinement row j, up
+//! Neuron bundles (docs/method.md §2, eq. 5–6): the MLP refinement read one intermediate
+//! neuron at a time. Bundle j packs four `hidden`-long 4-bit vectors — gate refinement row j, up
 //! refinement row j, down refinement column j, and a 4-bit copy of the float down column j —
 //! so one selected neuron is one contiguous read (`docs/format.md`, layout `neuron_bundles`).
 //!

@@ -1,4 +1,4 @@
-//! Weight refinement (method.md §2): the fitted refinement solve and DecDEC's 4-bit
+//! Weight refinement (docs/method.md §2): the fitted refinement solve and DecDEC's 4-bit
 //! column-major storage.
 //!
 //! - [`fit_refinement`]: C minimising E‖Rx − C z_k(x)‖² + λ‖C − R‖²_F, i.e.

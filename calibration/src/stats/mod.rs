@@ -1,4 +1,4 @@
-//! Calibration statistics for the fitted refinement (method.md §2):
+//! Calibration statistics for the fitted refinement (docs/method.md §2):
 //! M = E[z zᵀ] and G = E[x zᵀ], where z = z_k(x) is x with everything but the top-k |x_i| of
 //! each 1024-channel chunk zeroed.
 //!

@@ -1,5 +1,5 @@
 //! YAQA "Sketch B" Kronecker factors of the Hessian of the full-model KL (Tseng, Sun, De Sa
-//! 2025; shared reference quant_formats.md §3), implemented from the formulas only.
+//! 2025), implemented from the paper's formulas only.
 //!
 //! For a float model p and a quantized model q, the Hessian of KL(p‖q) with respect to a
 //! weight W, at q = p, is the Fisher information of the model's own predictive distribution.

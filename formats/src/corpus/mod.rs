@@ -477,7 +477,7 @@ mod tests {
         let assets = real_assets();
         let text = wiki_text(&assets).expect("wiki");
         stats("wiki", &text);
-        // Figures from assets.md.
+        // The pinned text's word count and first words, recorded when it was pinned.
         assert_eq!(text.split_whitespace().count(), 775_848);
         assert!(text.starts_with("0 is a number"), "{}", &text[..40]);
     }

@@ -1,7 +1,7 @@
 //! ggml tensor types and their dequantization to f32.
 //!
-//! Block layouts follow ggml's `ggml-common.h` (summarised in
-//! `shared/reference/quant_formats.md` §8). Each formula is evaluated in f32 in the same order
+//! Block layouts follow ggml's `ggml-common.h` (the block structs, one per type, each
+//! documented below). Each formula is evaluated in f32 in the same order
 //! as ggml's reference `dequantize_row_*` and the Python `gguf` package: the scale products
 //! (f16 scale × small integer) are exact in f32, so the only rounding is the final
 //! multiply/add, and results are bit-identical to both. No fused multiply-add is used (Rust

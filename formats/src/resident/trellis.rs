@@ -28,7 +28,8 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, ResidentError> {
     Err(ResidentError::Invalid(format!("trellis: {}", msg.into())))
 }
 
-/// Which function maps an `L`-bit state to weight values (quant_formats.md §3 "Codes").
+/// Which function maps an `L`-bit state to weight values (QTIP's codes; docs/format.md,
+/// "Trellis-coded projections").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TrellisCode {
     /// QTIP's HYB (`quantlut_sym`): V = 2 values from a `2^q`-row table of f16 pairs, the first
@@ -644,7 +645,7 @@ mod tests {
                 assert_eq!((r0, c0 + 1), (r, c));
             }
         }
-        // Spot values from the formula in quant_formats.md §3: p = 2s + v with
+        // Spot values worked out by hand from the formula: p = 2s + v with
         // d1 = p>>5, d3 = (p>>3)&3, d2 = (p>>2)&1, d0 = (p>>1)&1, d4 = p&1.
         for p in [0usize, 1, 2, 7, 37, 100, 255] {
             let (d1, d3, d2, d0, d4) = (p >> 5, (p >> 3) & 3, (p >> 2) & 1, (p >> 1) & 1, p & 1);

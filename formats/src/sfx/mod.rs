@@ -144,7 +144,7 @@ pub enum Layout {
     /// `[i * ceil(out/2), (i + 1) * ceil(out/2))`, element 2j in the low nibble of byte j.
     /// One selected input channel is one contiguous read. Scales live in their own section.
     ColumnNibbles { out: u64, inp: u64 },
-    /// MLP neuron bundles (method.md eq. 5–6) for `neurons` intermediate channels of a model
+    /// MLP neuron bundles (docs/method.md eq. 5–6) for `neurons` intermediate channels of a model
     /// with `hidden` channels: bundle j is `4 · ceil(hidden/2)` consecutive bytes at
     /// `j · 4 · ceil(hidden/2)` holding four nibble vectors of `hidden` values each, in order
     /// gate refinement row j, up refinement row j, down refinement column j, 4-bit copy of

@@ -591,7 +591,7 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         out: &mut [f32],
     ) -> Result<()>;
 
-    /// The refinement accumulate of method.md eq. 2 / 6:
+    /// The refinement accumulate of docs/method.md eq. 2 / 6:
     /// `y[row, e] += Σ_j weights[j] · level_j[e] · scales[e]` for `e < row_len`, where unit
     /// `j` is the `unit_bytes` bytes at `units[j · unit_bytes..]` holding 4-bit levels as
     /// `nibble − 8`, element `e` in byte `e / 2`, low nibble first (docs/format.md,
@@ -608,7 +608,7 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         scales: &[f32],
     ) -> Result<()>;
 
-    /// Channel selection S(x) (method.md §2) of every row of `x[rows, row_len]` — of
+    /// Channel selection S(x) (docs/method.md §2) of every row of `x[rows, row_len]` — of
     /// `rms_norm(x; w)` when `norm` gives `(w, eps)`, normalised as [`Backend::rms_norm`]
     /// does, so a projection whose norm is fused into its matvec need not write its input:
     /// the indices of the `chunk_budget(k, len)` largest |x_i| of each 1024-channel chunk
@@ -638,7 +638,7 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         0
     }
 
-    /// The refinement accumulate of method.md eq. 2 for up to three projections of one input
+    /// The refinement accumulate of docs/method.md eq. 2 for up to three projections of one input
     /// (q, k, v; gate, up): for every row `r < rows` and every target,
     /// `out[r, e] += scales[e] · Σ_j v_j · level(C[:, i_j])[e]` over the `selected` channels
     /// `i_j = sel[r · selected + j]` with values `v_j = values[r · selected + j]`

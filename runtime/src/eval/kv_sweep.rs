@@ -1,4 +1,4 @@
-//! Long-context evaluation of KV cache configurations side by side (method.md §5, App. A):
+//! Long-context evaluation of KV cache configurations side by side (docs/method.md §5 and §7):
 //! each part is prefilled once with exact attention (the float cache), then every
 //! configuration encodes that prefill into its own cache — exactly what a quantized cache
 //! does at prefill, "from the uncompressed K/V" — and scores the remaining tokens one at a

@@ -4,7 +4,7 @@
 //! Why a trait: the cache (sinks, FP16 tail, tiles, refinement tier, selection, eq. 8) is the
 //! same for every base; only the tile codec differs. KVarN is the first base; a KVQuant-style
 //! non-uniform base slots in as one more implementation whose bins are its own centroid
-//! intervals (method.md §5: "refinement levels must subdivide the base's own bins").
+//! intervals (docs/method.md §5: "refinement levels must subdivide the base's own bins").
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! [`QuantKvCache`]: the method's KV cache (method.md §5) behind [`KvCache`].
+//! [`QuantKvCache`]: the method's KV cache (docs/method.md §5) behind [`KvCache`].
 //!
 //! Per layer and KV head: the first `sinks` positions in FP16, then encoded tiles of the base
 //! (KVarN: 128 tokens each), then the current partial tile in FP16 (the *tail*). A tail that

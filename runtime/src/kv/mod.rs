@@ -1,4 +1,4 @@
-//! Quantized KV caches (method.md §5): a low-bit resident base (KVarN) with the first tokens
+//! Quantized KV caches (docs/method.md §5): a low-bit resident base (KVarN) with the first tokens
 //! and the current partial tile in FP16, nested refinement bits in a backing tier (RAM, or an
 //! SSD spill file behind a RAM cache), and per-step selection of the token groups that get
 //! refined (eq. 7) with the exact attention correction of eq. 8.

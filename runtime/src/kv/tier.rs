@@ -5,7 +5,7 @@
 //! - RAM: units kept in process memory; a fetch is a copy.
 //! - SSD: units appended to a per-session spill file (unlinked at creation, so it disappears
 //!   with the process) and read back through [`SsdStore`]'s bounded LRU cache with its skip /
-//!   wait miss policy. Units just written enter the cache directly (method.md §4: newly
+//!   wait miss policy. Units just written enter the cache directly (docs/method.md §4: newly
 //!   produced refinement bits serve later selections without read-back); the cache budget is
 //!   shared by all layers and heads.
 

@@ -338,7 +338,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::forward`] with selective refinement: `refiner` adds the fetched refinement
-    /// of each token's selected channels (method.md §2–3).
+    /// of each token's selected channels (docs/method.md §2–3).
     pub fn forward_refined(
         &self,
         tokens: &[u32],

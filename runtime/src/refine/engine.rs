@@ -1,6 +1,6 @@
 //! The refinement engine: per token, select the channels (or MLP neurons) whose extra
 //! precision matters, fetch their 4-bit refinement units from the store and add them to the
-//! resident projections' outputs (method.md §2, eq. 2 and eq. 5–6), optionally selecting
+//! resident projections' outputs (docs/method.md §2, eq. 2 and eq. 5–6), optionally selecting
 //! from an earlier point of the residual stream (fetch lead) or adding the result later
 //! (fetch lag, §3).
 //!

@@ -1,6 +1,6 @@
-//! Selective weight refinement at decode time (method.md §2–4): per-token channel selection,
-//! the tiers that hold the refinement (RAM map, SSD through a bounded cache) and the engine
-//! that adds the fetched refinement to the resident projections.
+//! Selective weight refinement at decode time (docs/method.md §2–4): per-token channel
+//! selection, the tiers that hold the refinement (RAM map, SSD through a bounded cache) and the
+//! engine that adds the fetched refinement to the resident projections.
 
 pub mod engine;
 pub mod open;

@@ -1,4 +1,4 @@
-//! Channel selection S(x) (method.md §2): the top-k |x_i| of every 1024-channel chunk.
+//! Channel selection S(x) (docs/method.md §2): the top-k |x_i| of every 1024-channel chunk.
 //!
 //! Chunks of [`CHUNK`] channels, the last one possibly shorter with a pro-rata budget
 //! ([`chunk_budget`]). Within a chunk the order is |x_i| descending, ties broken by the lower

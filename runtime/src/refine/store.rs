@@ -7,7 +7,7 @@
 //! an absolute file offset and a length ([`UnitRef`]) plus a stable identity ([`UnitKey`],
 //! assigned by the engine) to cache it.
 //!
-//! Two tiers (method.md §4):
+//! Two tiers (docs/method.md §4):
 //! - [`RamStore`]: the whole file memory-mapped; every fetch is a copy out of the map.
 //! - [`SsdStore`]: positioned reads through a bounded LRU cache, with background loader
 //!   threads and a miss policy ([`MissPolicy::Skip`] or [`MissPolicy::Wait`]).
@@ -69,7 +69,7 @@ impl UnitRef {
     }
 }
 
-/// What to do when a unit is not in the RAM cache (method.md §4).
+/// What to do when a unit is not in the RAM cache (docs/method.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum MissPolicy {
     /// Use the resident value this step; a loader thread fetches the unit for later steps.
@@ -630,7 +630,8 @@ impl Shared {
 /// Why one LRU over all units: the selected channels of all projection sets (q/k/v, o,
 /// gate/up bundles, down) compete for the same RAM, and their reuse rates differ per model and
 /// prompt; one shared budget lets the cache follow whichever set currently recurs most instead
-/// of stranding memory in fixed per-set partitions (method.md §4: "LRU over all four sets").
+/// of stranding memory in fixed per-set partitions (docs/method.md §4: one LRU over all four
+/// projection sets).
 ///
 /// Why [`MissPolicy::Skip`] never blocks: a decode step touches thousands of units and an SSD
 /// read costs ~100 µs; waiting on misses would make the step latency the sum of reads. Under

@@ -1,6 +1,6 @@
 //! Normalised orthogonal Hadamard transforms for the hidden / intermediate sizes of the
 //! Llama, Qwen and SmolLM families — the rotation used by QTIP-style incoherence processing
-//! (`shared/reference/quant_formats.md` §3). Built from the mathematics (Sylvester, Paley I/II,
+//! (docs/format.md, "Trellis-coded projections"). Built from the mathematics (Sylvester, Paley I/II,
 //! Kronecker products over GF(p^k)); QTIP's own code and tables are GPL and are not used.
 //!
 //! An order `n` is split as `n = m · 2^k` with `m` the smallest factor that has a construction

@@ -1,6 +1,6 @@
 //! Bitshift-trellis codes, tile streams and tail-biting Viterbi quantization (QTIP, Tseng et
-//! al. 2024), written from the formulas in `shared/reference/quant_formats.md` §3 only; QTIP's
-//! GPL code is not used.
+//! al. 2024), written from the paper's formulas only (the layout: docs/format.md,
+//! "Trellis-coded projections"); QTIP's GPL code is not used.
 //!
 //! A tile of `T` weights is stored as a stream of exactly `T·K` bits. Step `t` (there are
 //! `T/V`) reads the `L`-bit window starting at bit `K·V·t`, wrapping around the end of the

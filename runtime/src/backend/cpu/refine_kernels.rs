@@ -1,4 +1,4 @@
-//! CPU kernels of the refinement accumulate (method.md eq. 2 / 6).
+//! CPU kernels of the refinement accumulate (docs/method.md eq. 2 / 6).
 
 /// `out[e] += scales[e] · Σ_j weights[j] · level_j[e]` over nibble-packed units (levels
 /// `nibble − 8`, element `e` in byte `e / 2`, low nibble first), `units` holding them back to

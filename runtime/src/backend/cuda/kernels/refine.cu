@@ -1,4 +1,4 @@
-// Selective weight refinement on the device (method.md §2, eq. 2): the channel selection S(x)
+// Selective weight refinement on the device (docs/method.md §2, eq. 2): the channel selection S(x)
 // and the gather-accumulate of the selected refinement columns, read where they lie — host
 // memory mapped into the device — each warp reading 512 contiguous bytes of a column.
 #include "common.cuh"
