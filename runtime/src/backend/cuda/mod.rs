@@ -223,12 +223,12 @@ impl Arg {
     }
 }
 
-/// Which kernels launch with programmatic dependent launch. Measured on the H200 (tg128, Llama-3.1-8B
-/// shape, one call each): the trellis chain (matvec, transforms) gains — qtip2 HYB 298.3 → 321.7
-/// tok/s, since each matvec block copies its 128 KB table and loads its first codes while the
-/// previous transform finishes — while group-coded and float projections do not (rtn2 518 → 515;
-/// earlier 220 → 201 and 240 → 224: early blocks wait on SMs the running kernel needs).
-/// `SFX_PDL=1` turns it on for every projection, `SFX_PDL=0` off for all.
+/// Which kernels launch with programmatic dependent launch. Measured on the H200 (tg128,
+/// Llama-3.1-8B shape, one call each): the trellis chain (matvec, transforms) gains — qtip2 HYB
+/// 298.3 → 321.7 tok/s, since each matvec block copies its 128 KB table and loads its first
+/// codes while the previous transform finishes — while group-coded and float projections do not
+/// (rtn2 518 → 515; earlier 220 → 201 and 240 → 224: early blocks wait on SMs the running
+/// kernel needs). `SFX_PDL=1` turns it on for every projection, `SFX_PDL=0` off for all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PdlPolicy {
     trellis: bool,
@@ -1850,7 +1850,7 @@ impl Backend for CudaBackend {
         selected: usize,
         out_dims: &[usize],
     ) -> usize {
-        self.selected_columns_scratch(rows, selected, out_dims)
+        refine::scratch_len(rows, selected, out_dims)
     }
 
     fn add_selected_columns(

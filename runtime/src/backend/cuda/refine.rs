@@ -69,7 +69,7 @@ fn column_splits(rows: usize, selected: usize) -> (usize, usize) {
 
 /// Scratch of a gather launch: tickets (one per slab, as u32 in f32 slots), then the split
 /// partials, `[slabs, splits, COLUMN_SLAB]`.
-fn scratch_len(rows: usize, selected: usize, out_dims: &[usize]) -> usize {
+pub(super) fn scratch_len(rows: usize, selected: usize, out_dims: &[usize]) -> usize {
     let (splits, _) = column_splits(rows, selected);
     if splits == 1 {
         return 0;
@@ -79,15 +79,6 @@ fn scratch_len(rows: usize, selected: usize, out_dims: &[usize]) -> usize {
 }
 
 impl CudaBackend {
-    pub(super) fn selected_columns_scratch(
-        &self,
-        rows: usize,
-        selected: usize,
-        out_dims: &[usize],
-    ) -> usize {
-        scratch_len(rows, selected, out_dims)
-    }
-
     pub(super) fn select_channels_kernel(
         &self,
         x: &CudaBuffer,

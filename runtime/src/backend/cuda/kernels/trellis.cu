@@ -412,20 +412,22 @@ __device__ void tr_prepare_body(const TrPrep& pr, const float* __restrict__ x,
     if (s.valid) store_plane_value<MMA>(hi, hi + pcols, o, val[0] * (scale * sigma));
 }
 
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols,
-                                         float inv_sqrt_n) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_prepare_rm(const TrPrep p, const float* x, int n, int pcols, float inv_sqrt_n) {
     tr_prepare_body<false, false>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_mma(const TrPrep p, const float* x, int n, int pcols,
-                                          float inv_sqrt_n) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_prepare_mma(const TrPrep p, const float* x, int n, int pcols, float inv_sqrt_n) {
     tr_prepare_body<false, true>(p, x, nullptr, 0.0f, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_norm_rm(const TrPrep p, const float* x, const float* nw,
-                                              float eps, int n, int pcols, float inv_sqrt_n) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_prepare_norm_rm(const TrPrep p, const float* x, const float* nw, float eps, int n,
+                       int pcols, float inv_sqrt_n) {
     tr_prepare_body<true, false>(p, x, nw, eps, n, pcols, inv_sqrt_n);
 }
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_prepare_norm_mma(const TrPrep p, const float* x, const float* nw,
-                                               float eps, int n, int pcols, float inv_sqrt_n) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_prepare_norm_mma(const TrPrep p, const float* x, const float* nw, float eps, int n,
+                        int pcols, float inv_sqrt_n) {
     tr_prepare_body<true, true>(p, x, nw, eps, n, pcols, inv_sqrt_n);
 }
 
@@ -448,7 +450,8 @@ struct TrFinish {
 
 // grid (row blocks, items, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's
 // rows. sv and the bias are weights: read before waiting for the matvec's outputs.
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish(const TrFinish f, int accumulate) {
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_finish(const TrFinish f, int accumulate) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
     __shared__ float coef[TR_COEF_MAX];
