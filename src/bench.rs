@@ -45,8 +45,28 @@ pub struct BenchArgs {
     pub refine_k: Vec<usize>,
     /// A synthetic model gets refinement columns (`--fit`).
     pub fit: bool,
+    /// Fetch lead (q/k/v, gate/up) or lag (o, down) per set of the `--k` rows, in blocks.
+    pub refine_s: [f32; 4],
     pub seed: u64,
     pub json: bool,
+}
+
+/// A per-set setting (`--k`, `--s`): one value for every projection set, or four in the
+/// order q/k/v, o, gate/up, down.
+pub fn per_set<T: std::str::FromStr + Copy>(what: &str, s: &str) -> Result<[T; 4]> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<T>()
+                .map_err(|_| anyhow::anyhow!("--{what} {s:?}: {p:?} is not a number"))
+        })
+        .collect::<Result<_>>()?;
+    match v[..] {
+        [a] => Ok([a; 4]),
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => bail!("--{what} {s:?}: give one value or four (qkv,o,gu,d)"),
+    }
 }
 
 /// How `--kv` entries with refinement (`2/2+4/4`) refine: tokens per group and the fraction
@@ -354,7 +374,7 @@ fn bench_refiner<B: ResidentKernels>(
 ) -> Result<Refiner<B>> {
     let settings = RefineSettings {
         k: [k; 4],
-        s: [0.0; 4],
+        s: a.refine_s,
         mlp: MlpMode::Channels,
         bundle_k: (3 * k + 2) / 4,
     };

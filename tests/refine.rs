@@ -77,10 +77,23 @@ fn refiner(
     mlp: MlpMode,
     options: &RefineOpenOptions,
 ) -> Refiner<CpuBackend> {
+    refiner_with_shift(file, path, k, [0.0; 4], mlp, options)
+}
+
+/// [`refiner`] with fetch lead/lag `s` per set.
+fn refiner_with_shift(
+    file: &SfxFile,
+    path: &Path,
+    k: usize,
+    s: [f32; 4],
+    mlp: MlpMode,
+    options: &RefineOpenOptions,
+) -> Refiner<CpuBackend> {
     let config = file.metadata().config.clone().unwrap();
     let plan = plan_from_sfx(file, &config).unwrap();
     let mut settings = file_settings(file, &plan);
     settings.k = [k; 4];
+    settings.s = s;
     settings.bundle_k = (3 * k + 2) / 4;
     settings.mlp = mlp;
     let warn = |m: &str| panic!("unexpected warning: {m}");
@@ -170,7 +183,9 @@ fn ram_and_ssd_wait_tiers_give_identical_logits() {
 /// The engine in the backend (the columns copied into a backend byte store, selection and
 /// accumulate as backend ops — the CUDA path's structure) gives the host-driven engine's
 /// logits bit for bit on the CPU backend, prefill rows and decode steps alike, and counts the
-/// same units and bytes; settings it does not cover stay host-driven with one note.
+/// same units and bytes — at s = 0 and under fetch lead and lag (selection from an earlier
+/// stream, staged columns, contributions added later), which the host-driven engine
+/// implements independently; settings it does not cover stay host-driven with one note.
 #[test]
 fn engine_in_the_backend_matches_the_host_driven_engine() {
     let (_, path) = containers();
@@ -185,9 +200,15 @@ fn engine_in_the_backend_matches_the_host_driven_engine() {
         in_backend: Some(true),
         ..RefineOpenOptions::default()
     };
-    for k in [4, 16] {
-        let mut a = refiner(&file, path, k, MlpMode::Channels, &host);
-        let mut b = refiner(&file, path, k, MlpMode::Channels, &placed);
+    let shifts = [
+        (4, [0.0; 4]),
+        (16, [0.0; 4]),
+        (16, [0.5, 1.0, 1.0, 0.5]),
+        (8, [1.5, 0.5, 0.5, 2.0]),
+    ];
+    for (k, s) in shifts {
+        let mut a = refiner_with_shift(&file, path, k, s, MlpMode::Channels, &host);
+        let mut b = refiner_with_shift(&file, path, k, s, MlpMode::Channels, &placed);
         assert!(!a.in_backend() && b.in_backend() && b.backend_bytes() > 0);
         assert!(b.graph_id().is_some() && a.graph_id().is_none());
         // Prefill rows, then decode steps one token at a time.
@@ -211,23 +232,31 @@ fn engine_in_the_backend_matches_the_host_driven_engine() {
         let (la, lb) = (run(&mut a), run(&mut b));
         assert!(
             la == lb,
-            "k={k}: in-backend logits differ from host-driven ones"
+            "k={k} s={s:?}: in-backend logits differ from host-driven ones"
         );
         let (ca, cb) = (a.counters(), b.counters());
-        assert_eq!(ca, cb, "k={k}: counters");
+        assert_eq!(ca, cb, "k={k} s={s:?}: counters");
         assert!(cb.bytes_applied > 0);
+        // Lead and lag change what is refined: the shifted run is not the s = 0 one.
+        if s != [0.0; 4] {
+            let mut z = refiner(&file, path, k, MlpMode::Channels, &placed);
+            assert!(run(&mut z) != lb, "k={k} s={s:?}: same logits as s = 0");
+        }
     }
-    // Lead/lag is host-driven: the placed request falls back with one note.
-    let config = file.metadata().config.clone().unwrap();
-    let plan = plan_from_sfx(&file, &config).unwrap();
-    let mut settings = file_settings(&file, &plan);
-    settings.s = [0.5, 0.0, 0.0, 0.0];
+    // Neuron bundles are host-driven: the placed request falls back with one note.
+    let (plain_path, _) = containers();
+    let plain = SfxFile::open(plain_path).unwrap();
+    let config = plain.metadata().config.clone().unwrap();
+    let plan = plan_from_sfx(&plain, &config).unwrap();
+    let mut settings = file_settings(&plain, &plan);
+    settings.mlp = MlpMode::Bundles;
+    settings.bundle_k = 12;
     let notes = Mutex::new(Vec::<String>::new());
     let warn = |m: &str| notes.lock().unwrap().push(m.to_string());
     let r = open_refinement(
         &CpuBackend::new(),
-        &file,
-        path,
+        &plain,
+        plain_path,
         plan,
         Some(settings),
         &placed,
@@ -238,7 +267,7 @@ fn engine_in_the_backend_matches_the_host_driven_engine() {
     assert!(!r.in_backend());
     let notes = notes.lock().unwrap();
     assert!(
-        notes.len() == 1 && notes[0].contains("lead/lag"),
+        notes.len() == 1 && notes[0].contains("bundles"),
         "{notes:?}"
     );
 }

@@ -76,6 +76,17 @@ pub struct BenchResult {
     pub refine_read_per_token: f64,
 }
 
+/// ` s0.5` (one lead/lag for every set), ` s0.5,1,1,0.5` (per set), or nothing at s = 0.
+fn shift_label(s: [f32; 4]) -> String {
+    if s == [0.0; 4] {
+        String::new()
+    } else if s.iter().all(|&v| v == s[0]) {
+        format!(" s{}", s[0])
+    } else {
+        format!(" s{},{},{},{}", s[0], s[1], s[2], s[3])
+    }
+}
+
 /// Weight-refinement rows of a run: `refiner` measured at every budget of `ks` (k per 1024
 /// channels, every projection set), each beside the base row (no refinement) of the same
 /// test, depth and cache.
@@ -285,7 +296,8 @@ pub fn run<B: Backend>(
                 };
                 let refine_label = match &refiner {
                     Some(r) => format!(
-                        "k{k} {tier}{}",
+                        "k{k}{} {tier}{}",
+                        shift_label(r.settings().s),
                         if r.in_backend() { "" } else { " (host-driven)" }
                     ),
                     None => String::new(),

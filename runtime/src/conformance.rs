@@ -166,6 +166,18 @@ pub enum Op {
         offset: usize,
         norm: bool,
     },
+    /// Fetch lead's path (docs/method.md §3): channels selected from an earlier stream (its
+    /// RMSNorm with `norm`), each projection's selected columns staged from a host-memory
+    /// store into backend memory, the real input's values gathered at those channels, and the
+    /// staged columns added through the identity index.
+    LeadColumns {
+        rows: usize,
+        row_len: usize,
+        k: usize,
+        outs: [usize; 3],
+        offset: usize,
+        norm: bool,
+    },
     Random {
         dtype: DType,
         rows: usize,
@@ -217,7 +229,16 @@ pub enum Op {
         steps: usize,
         graphs: bool,
         weights: SyntheticWeights,
+        /// Selective weight refinement from synthetic columns, in the backend.
+        refine: Option<DecodeRefine>,
     },
+}
+
+/// A refined decode case: budget `k` per 1024 on every set, fetch lead/lag `s` per set.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeRefine {
+    k: usize,
+    s: [f32; 4],
 }
 
 /// The resident format of a coded case.
@@ -861,6 +882,31 @@ pub fn cases() -> Vec<Case> {
             2e-6,
         );
     }
+    for (rows, row_len, k, outs, offset, norm) in [
+        (1, 4096, 16, [4096, 1024, 1024], 0, true),
+        (1, 4096, 32, [14336, 14336, 0], 0, true),
+        (1, 14336, 64, [4096, 0, 0], 0, false),
+        (3, 1536, 64, [576, 0, 0], 4, true),
+        (1, 1000, 1024, [100, 37, 0], 5, false),
+    ] {
+        add(
+            "lead_columns",
+            format!(
+                "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
+                if norm { " norm" } else { "" }
+            ),
+            Op::LeadColumns {
+                rows,
+                row_len,
+                k,
+                outs,
+                offset,
+                norm,
+            },
+            2e-6,
+            2e-6,
+        );
+    }
     // Group-quantized projections at every code width: decode (matvec, m ≤ 4) on the Llama
     // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
     // prefill (m > 4; bounds at `add_coded_linear`).
@@ -965,6 +1011,7 @@ pub fn cases() -> Vec<Case> {
                 steps: 12,
                 graphs,
                 weights: SyntheticWeights::Float,
+                refine: None,
             },
             1e-4,
             1e-5,
@@ -984,12 +1031,60 @@ pub fn cases() -> Vec<Case> {
                 steps: 12,
                 graphs: true,
                 weights: SyntheticWeights::Trellis { code, k },
+                refine: None,
             },
             3e-3,
             1e-5,
         );
     }
+    // Refined decode steps in the backend (selection, gathers from host memory, branches in
+    // the step graph), at s = 0 and under fetch lead and lag: the CPU reference is the same
+    // tokens in one refined prefill (chunk rows select per row, from the same stream
+    // positions).
+    for (k, s) in [
+        (64, [0.0; 4]),
+        (64, [0.5, 1.0, 1.0, 0.5]),
+        (128, [1.5, 0.5, 0.5, 2.0]),
+    ] {
+        add(
+            "model_decode",
+            format!("tiny f32 refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
+            Op::Decode {
+                preset: "tiny",
+                steps: 12,
+                graphs: true,
+                weights: SyntheticWeights::Float,
+                refine: Some(DecodeRefine { k, s }),
+            },
+            1e-4,
+            1e-5,
+        );
+    }
     v
+}
+
+/// The refinement engine of a refined decode case, in `b`, from synthetic columns.
+fn decode_refiner<B: Backend>(
+    b: &B,
+    config: &sfx_formats::ModelConfig,
+    refine: Option<DecodeRefine>,
+) -> Result<Option<crate::refine::Refiner<B>>> {
+    let Some(r) = refine else {
+        return Ok(None);
+    };
+    let settings = crate::refine::RefineSettings {
+        k: [r.k; 4],
+        s: r.s,
+        mlp: crate::refine::MlpMode::Channels,
+        bundle_k: 0,
+    };
+    let plan = crate::synthetic::refinement_plan(config);
+    crate::refine::Refiner::new_in_backend(plan, settings, b, |src| {
+        Ok(std::borrow::Cow::Owned(
+            crate::synthetic::refinement_columns(src, 7),
+        ))
+    })
+    .map(Some)
 }
 
 /// SplitMix64 stream of test inputs.
@@ -1522,8 +1617,21 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             outs,
             offset,
             ..
+        }
+        | Op::LeadColumns {
+            rows,
+            row_len,
+            outs,
+            offset,
+            ..
         } => {
-            i.a = rng.vec(rows * row_len, 2.0);
+            // Lead cases: the earlier stream follows the real input in `a`.
+            let streams = if matches!(spec, Op::LeadColumns { .. }) {
+                2
+            } else {
+                1
+            };
+            i.a = rng.vec(streams * rows * row_len, 2.0);
             i.d = rng.norm_weights(row_len);
             let mut units = 0;
             for &o in outs.iter().filter(|&&o| o > 0) {
@@ -2228,6 +2336,72 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             }
             Ok(out)
         }
+        Op::LeadColumns {
+            rows,
+            row_len,
+            k,
+            outs,
+            offset,
+            norm,
+        } => {
+            let per_row = crate::refine::select::selected_count(k, row_len);
+            let (real, earlier) = x.a.split_at(rows * row_len);
+            let w = b.upload(&x.d)?;
+            let norm = norm.then_some((&w, CONFORMANCE_EPS));
+            let mut sel = b.alloc_index(rows * per_row)?;
+            let mut values = b.alloc(rows * per_row)?;
+            b.select_channels(&b.upload(earlier)?, row_len, norm, k, &mut sel, &mut values)?;
+            b.gather_selected_values(&b.upload(real)?, row_len, norm, &sel, per_row, &mut values)?;
+            let mut store = b.alloc_host_byte_store(x.bytes.len())?;
+            b.write_byte_store(&mut store, 0, &x.bytes)?;
+            let identity: Vec<u32> = (0..(rows * per_row) as u32).collect();
+            let mut id = b.alloc_index(identity.len())?;
+            b.write_index(&mut id, &identity)?;
+            let dims: Vec<usize> = outs.iter().copied().filter(|&o| o > 0).collect();
+            let (mut s0, mut y0, mut at) = (0, 0, offset);
+            let mut out = Vec::new();
+            for &o in &dims {
+                let unit_bytes = o.div_ceil(2);
+                let mut staged = b.alloc_byte_store(rows * per_row * unit_bytes)?;
+                b.stage_selected_units(
+                    rows,
+                    row_len,
+                    &sel,
+                    per_row,
+                    &store,
+                    at,
+                    unit_bytes,
+                    &mut staged,
+                )?;
+                let scales = b.upload(&x.b[s0..s0 + o])?;
+                let mut y = b.upload(&x.c[y0..y0 + rows * o])?;
+                let mut scratch =
+                    b.alloc(b.selected_columns_scratch_len(rows, per_row, &[o]).max(1))?;
+                // Row r's staged columns are units r·per_row.. of `staged`: read through the
+                // identity index, as rows of `rows · per_row` columns.
+                b.add_selected_columns(
+                    rows,
+                    rows * per_row,
+                    &id,
+                    &values,
+                    per_row,
+                    &mut [crate::backend::refine::ColumnTarget {
+                        store: &staged,
+                        offset: 0,
+                        unit_bytes,
+                        scales: &scales,
+                        out: &mut y,
+                        accumulate: true,
+                    }],
+                    &mut scratch,
+                )?;
+                out.extend(download(b, &y)?);
+                s0 += o;
+                y0 += rows * o;
+                at += unit_bytes * row_len;
+            }
+            Ok(out)
+        }
         Op::Random { dtype, rows, cols } => {
             let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);
             let m = b.random_matrix(rows, cols, dtype, seed, 0.37)?;
@@ -2243,6 +2417,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             steps,
             graphs,
             weights,
+            refine,
         } => {
             let config = crate::synthetic::preset(preset)?;
             let options = ModelOptions {
@@ -2251,19 +2426,18 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             };
             // One backend value per model: models own theirs.
             let model = synthetic_model(b.clone(), &config, weights, &options)?;
+            let mut refiner = decode_refiner(b, &config, refine)?;
             let vocab = config.vocab_size as u32;
             let mut cache = model.new_cache(7 + steps)?;
+            let mut forward = |tokens: &[u32], mode| match refiner.as_mut() {
+                Some(r) => model.forward_refined(tokens, &mut cache, mode, r),
+                None => model.forward(tokens, &mut cache, mode),
+            };
             let prompt: Vec<u32> = x.ids[..7].iter().map(|t| t % vocab).collect();
-            let mut out = model
-                .forward(&prompt, &mut cache, crate::LogitsMode::All)?
-                .into_vec();
+            let mut out = forward(&prompt, crate::LogitsMode::All)?.into_vec();
             for s in 0..steps {
                 let t = x.ids[7 + s] % vocab;
-                out.extend(
-                    model
-                        .forward(&[t], &mut cache, crate::LogitsMode::Last)?
-                        .into_vec(),
-                );
+                out.extend(forward(&[t], crate::LogitsMode::Last)?.into_vec());
             }
             Ok(out)
         }
@@ -2566,6 +2740,43 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                         }
                         // Twice, as the case applies it.
                         y[y0 + r * o + e] += 2.0 * acc * x.b[s0 + e] as f64;
+                    }
+                }
+                s0 += o;
+                y0 += rows * o;
+                at += unit_bytes * row_len;
+            }
+            y
+        }
+        Op::LeadColumns {
+            rows,
+            row_len,
+            k,
+            outs,
+            offset,
+            norm,
+        } => {
+            let (real, earlier) = x.a.split_at(rows * row_len);
+            let sel = naive_select(
+                &naive_select_input(earlier, &x.d, row_len, norm),
+                row_len,
+                k,
+            );
+            let xs = naive_select_input(real, &x.d, row_len, norm);
+            let per_row = sel.len() / rows;
+            let mut y = f(&x.c);
+            let (mut s0, mut y0, mut at) = (0, 0, offset);
+            for &o in outs.iter().filter(|&&o| o > 0) {
+                let unit_bytes = o.div_ceil(2);
+                for r in 0..rows {
+                    for e in 0..o {
+                        let mut acc = 0.0f64;
+                        for &i in &sel[r * per_row..(r + 1) * per_row] {
+                            let byte = x.bytes[at + i * unit_bytes + e / 2];
+                            let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
+                            acc += xs[r * row_len + i] * (nib as i32 - 8) as f64;
+                        }
+                        y[y0 + r * o + e] += acc * x.b[s0 + e] as f64;
                     }
                 }
                 s0 += o;
@@ -3134,6 +3345,7 @@ fn decode_as_prefill(spec: &Op, x: &Inputs) -> Result<Vec<f64>> {
         preset,
         steps,
         weights,
+        refine,
         ..
     } = *spec
     else {
@@ -3149,9 +3361,11 @@ fn decode_as_prefill(spec: &Op, x: &Inputs) -> Result<Vec<f64>> {
     let vocab = config.vocab_size as u32;
     let all: Vec<u32> = x.ids[..7 + steps].iter().map(|t| t % vocab).collect();
     let mut cache = model.new_cache(all.len())?;
-    let logits = model
-        .forward(&all, &mut cache, crate::LogitsMode::All)?
-        .into_vec();
+    let logits = match decode_refiner(model.backend(), &config, refine)? {
+        Some(mut r) => model.forward_refined(&all, &mut cache, crate::LogitsMode::All, &mut r),
+        None => model.forward(&all, &mut cache, crate::LogitsMode::All),
+    }?
+    .into_vec();
     Ok(logits.iter().map(|&v| v as f64).collect())
 }
 

@@ -27,6 +27,7 @@ use sfx_runtime::sfx_model::{is_sfx_file, load_sfx_model_on, sfx_tokenizer_json}
 use sfx_runtime::{Backend, KvCache, KvShape, LogitsMode, Model, ModelOptions, WeightPrecision};
 use std::io::Write;
 use std::time::Instant;
+use strataflux::bench::per_set;
 use strataflux::device::{with_backend, DeviceChoice, OnBackend};
 use tokenizers::Tokenizer;
 
@@ -200,22 +201,6 @@ struct Cli {
 }
 
 /// Parses "1", "0.5,0,0.5,0" etc. into four per-set values.
-fn four<T: std::str::FromStr + Copy>(what: &str, s: &str) -> Result<[T; 4]> {
-    let v: Vec<T> = s
-        .split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<T>()
-                .map_err(|_| anyhow!("--{what} {s:?}: {p:?} is not a number"))
-        })
-        .collect::<Result<_>>()?;
-    match v[..] {
-        [a] => Ok([a; 4]),
-        [a, b, c, d] => Ok([a, b, c, d]),
-        _ => bail!("--{what} {s:?}: give one value or four (qkv,o,gu,d)"),
-    }
-}
-
 /// "128MiB", "4 MiB", "1GiB", "512KiB", "1000000" → bytes.
 fn parse_bytes(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();
@@ -249,10 +234,10 @@ fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Ref
     let plan = plan_from_sfx(file, &loaded.info.config)?;
     let mut settings = file_settings(file, &plan);
     if let Some(k) = &cli.k {
-        settings.k = four("k", k)?;
+        settings.k = per_set("k", k)?;
         settings.bundle_k = (3 * settings.k[3] + 2) / 4;
     }
-    settings.s = four("s", &cli.s)?;
+    settings.s = per_set("s", &cli.s)?;
     if let Some(m) = &cli.mlp {
         settings.mlp = match m.as_str() {
             "channels" => MlpMode::Channels,

@@ -157,6 +157,12 @@ enum Command {
         /// levels in host memory, as a converted file's ram tier holds them) for --k.
         #[arg(long)]
         fit: bool,
+        /// Fetch lead/lag of the --k rows, in blocks (multiples of 0.5): one value, or four
+        /// (qkv,o,gu,d). q/k/v and gate/up select their channels from the residual stream s
+        /// blocks earlier and stage the columns then; o and down add their refinement s
+        /// blocks later. 0: each set's fetch starts when its input exists.
+        #[arg(long, default_value = "0")]
+        s: String,
         /// Seed of synthetic weights and token ids.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -216,6 +222,7 @@ fn main() -> Result<()> {
             kv_fraction,
             k,
             fit,
+            s,
             seed,
             json,
         } => {
@@ -266,6 +273,7 @@ fn main() -> Result<()> {
                     None => Vec::new(),
                 },
                 fit,
+                refine_s: strataflux::bench::per_set("s", &s)?,
                 seed,
                 json,
             })

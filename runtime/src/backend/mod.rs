@@ -660,6 +660,38 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         scratch: &mut Self::Buffer,
     ) -> Result<()>;
 
+    /// Fetch lead's staging (docs/method.md §3): for every row `r < rows` and `j < selected`,
+    /// the `unit_bytes` bytes of column `i = sel[r · selected + j]` of `store` (at `offset +
+    /// i · unit_bytes`) copied to `(r · selected + j) · unit_bytes` of `dst`, zeros for an
+    /// index of `row_len` or more; [`Backend::add_selected_columns`] then reads them from
+    /// `dst` through the identity index. On a device, `store` is host memory and `dst` device
+    /// memory: the bus transfer happens here, early, and the gather reads device memory.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_selected_units(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &Self::Index,
+        selected: usize,
+        store: &Self::ByteStore,
+        offset: usize,
+        unit_bytes: usize,
+        dst: &mut Self::ByteStore,
+    ) -> Result<()>;
+
+    /// `values[r · selected + j] = x̂[r, sel[r · selected + j]]` (0 for an index of `row_len`
+    /// or more), x̂ the rows of `x`, or with `norm` their RMSNorm as [`Backend::rms_norm`]
+    /// computes it: fetch lead's real input at the channels chosen from an earlier stream.
+    fn gather_selected_values(
+        &self,
+        x: &Self::Buffer,
+        row_len: usize,
+        norm: Option<(&Self::Buffer, f32)>,
+        sel: &Self::Index,
+        selected: usize,
+        values: &mut Self::Buffer,
+    ) -> Result<()>;
+
     /// Copies rows `first..first + dst_rows` of `src[_, row_len]` into `dst`
     /// (selects the positions that need logits).
     fn copy_rows(
@@ -682,18 +714,30 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         0
     }
 
-    /// Starts a branch: the ops that follow, up to [`Backend::end_branch`], may run
-    /// concurrently with the ops queued after it (a device: a second stream, ordered after
-    /// everything queued so far; captured, a parallel path of the step graph), until
-    /// [`Backend::join_branch`] orders what follows after the branch. One branch at a time.
-    /// Backends that run ops in order keep the defaults, which do nothing.
-    fn begin_branch(&self) -> Result<()> {
+    /// Starts a branch on `lane`: the ops that follow, up to [`Backend::end_branch`], may run
+    /// concurrently with the ops queued after it (a device: a stream per lane, ordered after
+    /// everything queued so far and after the lane's earlier branches; captured, a parallel
+    /// path of the step graph), until [`Backend::join_branch`] of one of its marks orders
+    /// what follows after the branch's work up to that mark. One branch at a time; a branch
+    /// may be joined long after it ended (fetch lag), within 500 later marks. Backends that
+    /// run ops in order keep the defaults, which do nothing.
+    fn begin_branch(&self, _lane: BranchLane) -> Result<()> {
         Ok(())
     }
-    fn end_branch(&self) -> Result<()> {
+    /// Inside a branch: the ops that follow wait for another branch's work up to `mark`.
+    fn branch_wait(&self, _mark: BranchMark) -> Result<()> {
         Ok(())
     }
-    fn join_branch(&self) -> Result<()> {
+    /// The point the running branch has reached (its ops so far).
+    fn mark_branch(&self) -> Result<BranchMark> {
+        Ok(BranchMark(0))
+    }
+    /// Ends the running branch; returns the mark of its end.
+    fn end_branch(&self) -> Result<BranchMark> {
+        Ok(BranchMark(0))
+    }
+    /// What follows waits for the branch's ops up to `mark`.
+    fn join_branch(&self, _mark: BranchMark) -> Result<()> {
         Ok(())
     }
 
@@ -775,6 +819,20 @@ pub(crate) fn check_nibble_units(
     }
     Ok(())
 }
+
+/// Where a branch runs: branches of one lane run in order, the two lanes independently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchLane {
+    /// Short work the main stream joins soon (a projection's refinement beside it).
+    Near,
+    /// Long fetches joined later (fetch lead's staging, fetch lag): they never hold up a
+    /// near branch.
+    Far,
+}
+
+/// A point a branch reached ([`Backend::mark_branch`], [`Backend::end_branch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BranchMark(pub usize);
 
 /// 64 synthetic random bits for element `index` of a stream drawn with `seed`: the
 /// SplitMix64 hash of (seed, index). Synthetic weights ([`synthetic_value`]) and synthetic

@@ -76,6 +76,81 @@ pub fn select_check(
 }
 
 /// What [`Backend::add_selected_columns`] checked: per target its output size.
+/// Checks [`Backend::stage_selected_units`]'s shapes (`sel_len` indices, a store of
+/// `store_len` bytes, a destination of `dst_len`).
+#[allow(clippy::too_many_arguments)]
+pub fn stage_check(
+    rows: usize,
+    row_len: usize,
+    sel_len: usize,
+    selected: usize,
+    store_len: usize,
+    offset: usize,
+    unit_bytes: usize,
+    dst_len: usize,
+) -> Result<()> {
+    let op = "stage_selected_units";
+    let units = rows.saturating_mul(selected);
+    if units > sel_len {
+        return Err(shape_err(
+            op,
+            format!("{rows} rows of {selected} selected channels from an index of {sel_len}"),
+        ));
+    }
+    let end = row_len
+        .checked_mul(unit_bytes)
+        .and_then(|b| b.checked_add(offset));
+    if end.is_none_or(|e| e > store_len) {
+        return Err(shape_err(
+            op,
+            format!(
+                "{row_len} columns of {unit_bytes} bytes from byte {offset} of a store of {store_len}"
+            ),
+        ));
+    }
+    if units.checked_mul(unit_bytes).is_none_or(|n| n > dst_len) {
+        return Err(shape_err(
+            op,
+            format!("{units} units of {unit_bytes} bytes into a destination of {dst_len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks [`Backend::gather_selected_values`]'s shapes; returns the rows.
+pub fn gather_check(
+    x_len: usize,
+    row_len: usize,
+    norm_len: Option<usize>,
+    sel_len: usize,
+    selected: usize,
+    values_len: usize,
+) -> Result<usize> {
+    let op = "gather_selected_values";
+    if row_len == 0 || !x_len.is_multiple_of(row_len) {
+        return Err(shape_err(
+            op,
+            format!("rows of {row_len} over an input of {x_len}"),
+        ));
+    }
+    if let Some(n) = norm_len.filter(|&n| n != row_len) {
+        return Err(shape_err(
+            op,
+            format!("a norm weight of {n} for rows of {row_len}"),
+        ));
+    }
+    let rows = x_len / row_len;
+    if rows * selected > sel_len.min(values_len) {
+        return Err(shape_err(
+            op,
+            format!(
+                "{rows} rows of {selected} channels from an index of {sel_len} into values of {values_len}"
+            ),
+        ));
+    }
+    Ok(rows)
+}
+
 pub struct ColumnCheck {
     pub out_dims: Vec<usize>,
 }
@@ -163,6 +238,27 @@ mod tests {
         assert!(msg(select_check(4096, 4096, Some(576), 16, 64, 64)).contains("norm weight of 576"));
         assert!(msg(select_check(4096, 4096, None, 2048, 4096, 4096)).contains("k = 2048"));
         assert!(msg(select_check(4096, 4096, None, 16, 64, 63)).contains("values of 63"));
+    }
+
+    #[test]
+    fn lead_checks_name_the_bad_field() {
+        assert!(stage_check(1, 4096, 64, 64, 4096 * 2048, 0, 2048, 64 * 2048).is_ok());
+        let msg = |r: Result<()>| r.unwrap_err().to_string();
+        assert!(msg(stage_check(2, 4096, 64, 64, 1 << 30, 0, 16, 1 << 30)).contains("index of 64"));
+        assert!(
+            msg(stage_check(1, 4096, 64, 64, 4096 * 16, 1, 16, 1 << 20)).contains("from byte 1")
+        );
+        assert!(
+            msg(stage_check(1, 4096, 64, 64, 1 << 20, 0, 16, 1023)).contains("destination of 1023")
+        );
+        assert_eq!(
+            gather_check(8192, 4096, Some(4096), 128, 64, 128).unwrap(),
+            2
+        );
+        let msg = |r: Result<usize>| r.unwrap_err().to_string();
+        assert!(msg(gather_check(4000, 4096, None, 64, 64, 64)).contains("rows of 4096"));
+        assert!(msg(gather_check(4096, 4096, Some(576), 64, 64, 64)).contains("norm weight of 576"));
+        assert!(msg(gather_check(8192, 4096, None, 128, 64, 127)).contains("values of 127"));
     }
 
     #[test]

@@ -14,12 +14,15 @@
 //! The engine runs in one of two places:
 //! - **host-driven** (every tier, lead/lag, bundles): the selection and the fetch on the
 //!   host, through three backend ops (`read_rows`, `add_nibble_units`, `add_assign`);
-//! - **in the backend** ([`Refiner::place_in_backend`]; ram tier, channels, s = 0): see
-//!   [`super::placed`].
+//! - **in the backend** ([`Refiner::place_in_backend`]; ram tier, channels, lead/lag too):
+//!   see [`super::placed`].
 
 use super::placed::Placed;
 use super::select::select_top_k;
 use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
+// Fetch lead's host-side selection normalises with the CPU backend's arithmetic, so the engine
+// in the backend selects the same channels from the same stream.
+use crate::backend::cpu::rms_norm_row;
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
@@ -211,14 +214,6 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// Host RMSNorm of one row (fetch lead's selection source).
-fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
-    let r = 1.0 / (ms + eps).sqrt();
-    out.clear();
-    out.extend(x.iter().zip(w).map(|(v, w)| v * r * w));
-}
-
 fn level(bytes: &[u8], e: usize) -> f32 {
     let b = bytes[e / 2];
     let nib = if e.is_multiple_of(2) {
@@ -315,12 +310,6 @@ impl<B: Backend> Refiner<B> {
 
     /// Why the engine cannot run in the backend with these settings, if it cannot.
     pub fn backend_blocker(&self) -> Option<String> {
-        if self.settings.s.iter().any(|&s| s != 0.0) {
-            return Some(format!(
-                "fetch lead/lag (s = {:?}) runs host-driven",
-                self.settings.s
-            ));
-        }
         if self.settings.mlp == MlpMode::Bundles {
             return Some("neuron bundles run host-driven".into());
         }
@@ -342,7 +331,14 @@ impl<B: Backend> Refiner<B> {
                 "refinement cannot run in the backend: {why}"
             )));
         }
-        self.placed = Some(Placed::new(b, &self.plan, self.settings.k, column_bytes)?);
+        let shift = [0, 1, 2, 3].map(|i| half_blocks(self.settings.s[i]).unwrap_or(0));
+        self.placed = Some(Placed::new(
+            b,
+            &self.plan,
+            self.settings.k,
+            shift,
+            column_bytes,
+        )?);
         Ok(())
     }
 
@@ -392,6 +388,9 @@ impl<B: Backend> Refiner<B> {
     /// select its channels from this stream (normalised by that layer's own RMSNorm) and start
     /// fetching them.
     pub fn at_stream(&mut self, b: &B, pos: usize, h: &mut B::Buffer) -> Result<()> {
+        if let Some(p) = self.placed.as_mut() {
+            return p.at_stream(b, pos, self.rows, self.settings.k, h);
+        }
         let mut i = 0;
         while i < self.lagged.len() {
             if self.lagged[i].0 <= pos {
@@ -461,6 +460,9 @@ impl<B: Backend> Refiner<B> {
     /// End of the forward chunk: lagged contributions due past the last block are added
     /// before the final norm.
     pub fn finish_chunk(&mut self, b: &B, h: &mut B::Buffer) -> Result<()> {
+        if let Some(p) = self.placed.as_mut() {
+            return p.finish_chunk(b, h);
+        }
         for (_, delta) in self.lagged.drain(..) {
             b.add_assign(h, &delta)?;
         }
@@ -523,6 +525,11 @@ impl<B: Backend> Refiner<B> {
         let Some(p) = self.placed.as_mut() else {
             return Ok(());
         };
+        // o and down add into the residual stream next: fetch lead's selections from it must
+        // have read it by then.
+        if matches!(set, ProjectionSet::O | ProjectionSet::Down) {
+            p.settle_stream_reads(b)?;
+        }
         match self.plan.layers.get(layer).map(|l| &l.sets[set.index()]) {
             Some(sources) if k > 0 && !sources.is_empty() => {
                 p.start(b, layer, set, k, sources[0].inp, self.rows, &input)
@@ -568,7 +575,10 @@ impl<B: Backend> Refiner<B> {
         let mut xrows = vec![0.0f32; rows * inp];
         b.read_rows(x, inp, 0, &mut xrows)?;
         // Under fetch lead the selection was made (and prefetched) earlier, from the stream.
-        let own_pos = 2 * layer + usize::from(set == ProjectionSet::GateUp);
+        // The stream position of the set's input: q/k/v and o read 2l, gate/up and down
+        // 2l + 1 (so o's contribution lands at 2l + 1, down's at 2l + 2).
+        let own_pos =
+            2 * layer + usize::from(matches!(set, ProjectionSet::GateUp | ProjectionSet::Down));
         let led = match set {
             ProjectionSet::Qkv | ProjectionSet::GateUp => {
                 self.pending.remove(&(layer, set.index()))

@@ -1,18 +1,33 @@
 //! The refinement engine in the backend ([`super::Refiner::place_in_backend`]): every
 //! projection's columns copied once into a byte store the backend's kernels read (page-locked
-//! host memory mapped into the device on CUDA), each set refined by two backend ops —
+//! host memory mapped into the device on CUDA), each set refined by backend ops —
 //! [`Backend::select_channels`] and [`Backend::add_selected_columns`] — and, for a decode row,
-//! run as a branch beside the set's resident projection into a per-set delta that the finish
-//! adds after the join. Nothing waits on the host, so a step with refinement is captured into
-//! the step graph like one without.
+//! run as a branch beside the set's resident projection. Nothing waits on the host, so a step
+//! with refinement is captured into the step graph like one without.
+//!
+//! Fetch lead and lag (docs/method.md §3) run here too:
+//! - **lead** (q/k/v, gate/up): when the residual stream `s` blocks before the set's input is
+//!   complete, a branch selects the set's channels from it (normalised by the set's own
+//!   RMSNorm) and, for a decode row, stages the selected columns in backend memory
+//!   ([`Backend::stage_selected_units`]: on CUDA the bus transfer, early); when the real
+//!   input exists, its values at those channels ([`Backend::gather_selected_values`]) weight
+//!   the staged columns beside the projection;
+//! - **lag** (o, down): the branch beside the projection refines into the layer's own delta,
+//!   and the delta is joined and added to the residual stream `s` blocks later.
+//!
+//! Selections read buffers the main stream overwrites later (the residual stream, a
+//! projection's input), so they run on the near lane, which has no backlog when they fork,
+//! and the main stream joins them before that write: lead's before the next residual add
+//! (o's or down's), lag's one position later. Only the bus transfers run on the far lane.
 
 use super::engine::{ColumnSource, RefineCounters, RefinementPlan, SetInput};
 use super::select::selected_count;
 use crate::backend::refine::ColumnTarget;
-use crate::backend::Backend;
+use crate::backend::{Backend, BranchLane, BranchMark};
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One projection's columns in a backend byte store, with its scales.
@@ -43,23 +58,102 @@ impl<B: Backend> Selection<B> {
     }
 }
 
+/// A decode row's fetch lead of one (layer, set): the channels selected from the earlier
+/// stream, each projection's selected columns staged in backend memory, and the identity
+/// index the gather reads them through.
+struct LeadStage<B: Backend> {
+    sel: B::Index,
+    staged: Vec<B::ByteStore>,
+    identity: B::Index,
+}
+
+/// A selection made ahead of its set's input (fetch lead), for the current chunk.
+enum Led<B: Backend> {
+    /// A decode row: in the (layer, set)'s [`LeadStage`], staged by the far branch ending at
+    /// the mark.
+    Staged(BranchMark),
+    /// A chunk of rows: the selection only (the columns are read at the real input).
+    Rows(B::Index),
+}
+
+/// A lagged contribution waiting for its position in the residual stream.
+struct Lagged<B: Backend> {
+    due: usize,
+    /// The position the set writes (its contribution's normal place).
+    own: usize,
+    /// The far branch's end, and the near branch's selection that read the set's input
+    /// (None: the work ran in order).
+    end: Option<BranchMark>,
+    consumed: Option<BranchMark>,
+    delta: LagDelta<B>,
+}
+
+enum LagDelta<B: Backend> {
+    /// A decode row's: the (layer, set)'s buffer in `lag_deltas`.
+    Layer(usize, usize),
+    /// A chunk's.
+    Owned(B::Buffer),
+}
+
+/// The gather's target for projection `c` reading its columns from `store`.
+fn column_target<'a, B: Backend>(
+    c: &'a PlacedColumns<B>,
+    store: &'a B::ByteStore,
+    out: &'a mut B::Buffer,
+    accumulate: bool,
+) -> ColumnTarget<'a, B> {
+    ColumnTarget {
+        store,
+        offset: 0,
+        unit_bytes: c.unit_bytes,
+        scales: &c.scales,
+        out,
+        accumulate,
+    }
+}
+
 /// Source of [`Placed::graph_id`]s.
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Position in the residual stream a set reads (q/k/v, gate/up) or its input sits at (o,
+/// down): stream `2l` is layer l's attention input, `2l + 1` its MLP input.
+fn own_position(layer: usize, set: ProjectionSet) -> usize {
+    2 * layer + usize::from(matches!(set, ProjectionSet::GateUp | ProjectionSet::Down))
+}
 
 /// The refinement the backend reads itself.
 pub(super) struct Placed<B: Backend> {
     /// `[layer][set]`: the set's projections in graph order.
     layers: Vec<[Vec<PlacedColumns<B>>; 4]>,
-    /// A decode step's selection: reallocated only by [`Placed::set_budgets`] (a captured
-    /// step graph points into it, and a new budget gets a new graph).
+    /// `[layer]`: the RMSNorm weights of q/k/v and gate/up (fetch lead's selection source).
+    norms: Vec<[B::Buffer; 2]>,
+    eps: f32,
+    hidden: usize,
+    /// Lead (q/k/v, gate/up) or lag (o, down) per set, in half blocks.
+    shift: [usize; 4],
+    /// A decode step's selection (the near lane's): reallocated only by
+    /// [`Placed::set_budgets`] (a captured step graph points into it, and a new budget gets a
+    /// new graph).
     step: Selection<B>,
+    /// `[layer][o, down]`: a decode row's lagged selection, read by the far lane's fetch.
+    lag_selections: Vec<[Option<Selection<B>>; 2]>,
+    /// Lead selections from the residual stream not yet joined: the main stream waits for
+    /// them before its next residual add.
+    stream_reads: Vec<BranchMark>,
     /// Those of a chunk of rows, grown as chunks need.
     chunk: Option<Selection<B>>,
     /// Per set, a decode row's refinement of each projection, computed by a branch beside
     /// the projection ([`Placed::start`]) and added to its output after the join.
     deltas: [Vec<B::Buffer>; 4],
-    /// The `(layer, set)` whose branch is running.
-    started: Option<(usize, ProjectionSet)>,
+    /// `[layer][o, down]`: a decode row's lagged refinement (fetch lag).
+    lag_deltas: Vec<[Option<B::Buffer>; 2]>,
+    /// `[layer][q/k/v, gate/up]`: a decode row's fetch lead.
+    lead_stages: Vec<[Option<LeadStage<B>>; 2]>,
+    /// This chunk's selections made ahead, by (layer, set index).
+    led: BTreeMap<(usize, usize), Led<B>>,
+    lagged: Vec<Lagged<B>>,
+    /// The `(layer, set)` whose branch is running, and the mark of its end.
+    started: Option<(usize, ProjectionSet, BranchMark, Option<BranchMark>)>,
     /// Most channels one row of any set selects.
     max_selected: usize,
     /// Units and bytes one token's refinement reads: the selection's size is fixed by k.
@@ -73,14 +167,17 @@ pub(super) struct Placed<B: Backend> {
 
 impl<B: Backend> Placed<B> {
     /// Copies every source's columns (`column_bytes` gives a source's `inp · unit_bytes`
-    /// bytes) into host byte stores and sizes the selection for budgets `k`.
+    /// bytes) into host byte stores and sizes the selection for budgets `k` and the lead/lag
+    /// `shift` (half blocks per set).
     pub(super) fn new<'s>(
         b: &B,
         plan: &RefinementPlan,
         k: [usize; 4],
+        shift: [usize; 4],
         mut column_bytes: impl FnMut(&ColumnSource) -> Result<Cow<'s, [u8]>>,
     ) -> Result<Self> {
         let mut layers = Vec::with_capacity(plan.layers.len());
+        let mut norms = Vec::with_capacity(plan.layers.len());
         let mut stored = 0u64;
         for l in &plan.layers {
             let mut sets: [Vec<PlacedColumns<B>>; 4] = Default::default();
@@ -112,6 +209,7 @@ impl<B: Backend> Placed<B> {
                 }
             }
             layers.push(sets);
+            norms.push([b.upload(&l.attn_norm)?, b.upload(&l.mlp_norm)?]);
         }
         let mut deltas: [Vec<B::Buffer>; 4] = Default::default();
         if let Some(l) = plan.layers.first() {
@@ -121,11 +219,32 @@ impl<B: Backend> Placed<B> {
                 }
             }
         }
+        let mut lag_deltas = Vec::with_capacity(plan.layers.len());
+        for l in &plan.layers {
+            let mut d: [Option<B::Buffer>; 2] = [None, None];
+            for (slot, set) in d.iter_mut().zip([ProjectionSet::O, ProjectionSet::Down]) {
+                let sources = &l.sets[set.index()];
+                if shift[set.index()] > 0 && sources.len() == 1 {
+                    *slot = Some(b.alloc(sources[0].out)?);
+                }
+            }
+            lag_deltas.push(d);
+        }
         let mut placed = Placed {
             layers,
+            norms,
+            eps: plan.eps,
+            hidden: plan.hidden,
+            shift,
             step: Selection::new(b, 1, 1, 0)?,
+            lag_selections: Vec::new(),
+            stream_reads: Vec::new(),
             chunk: None,
             deltas,
+            lag_deltas,
+            lead_stages: Vec::new(),
+            led: BTreeMap::new(),
+            lagged: Vec::new(),
             started: None,
             max_selected: 0,
             units_per_token: 0,
@@ -137,7 +256,8 @@ impl<B: Backend> Placed<B> {
         Ok(placed)
     }
 
-    /// Sizes the selection for budgets `k` and takes a new step-graph id.
+    /// Sizes the selection (and fetch lead's staging) for budgets `k` and takes a new
+    /// step-graph id.
     pub(super) fn set_budgets(
         &mut self,
         b: &B,
@@ -145,7 +265,11 @@ impl<B: Backend> Placed<B> {
         k: [usize; 4],
     ) -> Result<()> {
         let (mut units, mut bytes, mut max_selected, mut scratch) = (0u64, 0u64, 0usize, 0);
-        for l in &plan.layers {
+        let mut lead_stages = Vec::with_capacity(plan.layers.len());
+        let mut lag_selections = Vec::with_capacity(plan.layers.len());
+        for (li, l) in plan.layers.iter().enumerate() {
+            let mut stages: [Option<LeadStage<B>>; 2] = [None, None];
+            let mut lag_sel: [Option<Selection<B>>; 2] = [None, None];
             for set in ProjectionSet::ALL {
                 let sources = &l.sets[set.index()];
                 let Some(inp) = sources.first().map(|s| s.inp) else {
@@ -159,10 +283,41 @@ impl<B: Backend> Placed<B> {
                     units += selected as u64;
                     bytes += (selected * src.unit_bytes) as u64;
                 }
+                let lag_slot = match set {
+                    ProjectionSet::O => Some(0),
+                    ProjectionSet::Down => Some(1),
+                    _ => None,
+                };
+                if let Some(ls) = lag_slot {
+                    if self.lag_deltas.get(li).is_some_and(|d| d[ls].is_some()) {
+                        let scr = b.selected_columns_scratch_len(1, selected, &outs);
+                        lag_sel[ls] = Some(Selection::new(b, 1, selected, scr)?);
+                    }
+                    continue;
+                }
+                let slot = usize::from(set == ProjectionSet::GateUp);
+                if self.shift[set.index()] == 0 || k[set.index()] == 0 {
+                    continue;
+                }
+                let identity: Vec<u32> = (0..selected as u32).collect();
+                let mut id = b.alloc_index(selected.max(1))?;
+                b.write_index(&mut id, &identity)?;
+                stages[slot] = Some(LeadStage {
+                    sel: b.alloc_index(selected.max(1))?,
+                    staged: sources
+                        .iter()
+                        .map(|s| b.alloc_byte_store((selected * s.unit_bytes).max(1)))
+                        .collect::<Result<_>>()?,
+                    identity: id,
+                });
             }
+            lead_stages.push(stages);
+            lag_selections.push(lag_sel);
         }
         self.step = Selection::new(b, 1, max_selected, scratch)?;
+        self.lag_selections = lag_selections;
         self.chunk = None;
+        self.lead_stages = lead_stages;
         self.max_selected = max_selected;
         self.units_per_token = units;
         self.bytes_per_token = bytes;
@@ -183,14 +338,161 @@ impl<B: Backend> Placed<B> {
         }
     }
 
-    /// A new forward chunk: no branch is running.
+    /// A new forward chunk: no branch is running, nothing is selected ahead or lagged.
     pub(super) fn begin_chunk(&mut self) {
         self.started = None;
+        self.led.clear();
+        self.lagged.clear();
+        self.stream_reads.clear();
+    }
+
+    /// The main stream is about to add into the residual stream: lead selections still
+    /// reading it are joined first (they forked onto an idle lane, so by now they are done).
+    pub(super) fn settle_stream_reads(&mut self, b: &B) -> Result<()> {
+        for m in self.stream_reads.drain(..) {
+            b.join_branch(m)?;
+        }
+        Ok(())
+    }
+
+    /// The residual stream `h` (`rows` rows) is complete at position `pos`: lagged
+    /// contributions due here are joined and added, branches whose selection read an input
+    /// the main stream may overwrite next are waited for, and every q/k/v and gate/up set
+    /// whose fetch lead points here selects its channels (decode: and stages their columns)
+    /// with `k` the budgets per set.
+    pub(super) fn at_stream(
+        &mut self,
+        b: &B,
+        pos: usize,
+        rows: usize,
+        k: [usize; 4],
+        h: &mut B::Buffer,
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < self.lagged.len() {
+            if self.lagged[i].due > pos {
+                i += 1;
+                continue;
+            }
+            let done = self.lagged.swap_remove(i);
+            self.add_lagged(b, done, h)?;
+        }
+        // A branch's selection read its set's input; the main stream overwrites that input one
+        // layer later, so it waits from the second position after (by then the selection
+        // has long run).
+        for l in &mut self.lagged {
+            if l.own + 1 < pos {
+                if let Some(m) = l.consumed.take() {
+                    b.join_branch(m)?;
+                }
+            }
+        }
+        for set in [ProjectionSet::Qkv, ProjectionSet::GateUp] {
+            let lead = self.shift[set.index()];
+            let budget = k[set.index()];
+            if lead == 0 || budget == 0 {
+                continue;
+            }
+            for layer in 0..self.layers.len() {
+                let own = own_position(layer, set);
+                let sources = &self.layers[layer][set.index()];
+                if own.saturating_sub(lead) != pos || own <= pos || sources.is_empty() {
+                    continue;
+                }
+                self.select_ahead(b, layer, set, budget, rows, h)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetch lead of (layer, set) from the stream `h`: the selection (normalised by the set's
+    /// own RMSNorm), and for a decode row the columns staged, on a branch.
+    fn select_ahead(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        k: usize,
+        rows: usize,
+        h: &B::Buffer,
+    ) -> Result<()> {
+        let slot = usize::from(set == ProjectionSet::GateUp);
+        let norm = Some((&self.norms[layer][slot], self.eps));
+        let cols = &self.layers[layer][set.index()];
+        let inp = self.hidden;
+        let selected = selected_count(k, inp);
+        if rows != 1 {
+            let mut sel = b.alloc_index((rows * selected).max(1))?;
+            let mut values = b.alloc((rows * selected).max(1))?;
+            b.select_channels(h, inp, norm, k, &mut sel, &mut values)?;
+            self.led.insert((layer, set.index()), Led::Rows(sel));
+            return Ok(());
+        }
+        let Some(stage) = self.lead_stages[layer][slot].as_mut() else {
+            return Err(RuntimeError::Config(format!(
+                "layer {layer} {}: fetch lead without its staging",
+                set.name()
+            )));
+        };
+        // The selection reads the stream: near lane. The transfer: far lane, after it.
+        b.begin_branch(BranchLane::Near)?;
+        let ran = b.select_channels(h, inp, norm, k, &mut stage.sel, &mut self.step.values);
+        let selected_at = b.end_branch();
+        ran?;
+        let selected_at = selected_at?;
+        self.stream_reads.push(selected_at);
+        b.begin_branch(BranchLane::Far)?;
+        let ran = (|| -> Result<()> {
+            b.branch_wait(selected_at)?;
+            for (c, dst) in cols.iter().zip(stage.staged.iter_mut()) {
+                b.stage_selected_units(
+                    1,
+                    inp,
+                    &stage.sel,
+                    selected,
+                    &c.store,
+                    0,
+                    c.unit_bytes,
+                    dst,
+                )?;
+            }
+            Ok(())
+        })();
+        let ended = b.end_branch();
+        ran?;
+        self.led.insert((layer, set.index()), Led::Staged(ended?));
+        Ok(())
+    }
+
+    /// Joins a lagged contribution's branch and adds it to the stream.
+    fn add_lagged(&mut self, b: &B, done: Lagged<B>, h: &mut B::Buffer) -> Result<()> {
+        if let Some(m) = done.end {
+            b.join_branch(m)?;
+        }
+        match done.delta {
+            LagDelta::Owned(d) => b.add_assign(h, &d),
+            LagDelta::Layer(layer, slot) => match &self.lag_deltas[layer][slot] {
+                Some(d) => b.add_assign(h, d),
+                None => Err(RuntimeError::EmptyInput),
+            },
+        }
+    }
+
+    /// End of the forward chunk: lagged contributions due past the last block are added
+    /// before the final norm.
+    pub(super) fn finish_chunk(&mut self, b: &B, h: &mut B::Buffer) -> Result<()> {
+        self.settle_stream_reads(b)?;
+        for done in std::mem::take(&mut self.lagged) {
+            self.add_lagged(b, done, h)?;
+        }
+        self.led.clear();
+        Ok(())
     }
 
     /// Starts set `set` of layer `layer` (budget `k`, `inp` input channels) for a decode
-    /// row as a branch into the set's deltas. Chunks of rows and a second start before the
-    /// finish do nothing: the finish then refines in order.
+    /// row as a branch into the set's deltas; under fetch lag, a near branch selecting and a
+    /// far branch fetching into the layer's lag delta. Chunks of rows and a second start
+    /// before the finish do nothing: the finish then refines in order.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         &mut self,
@@ -205,22 +507,100 @@ impl<B: Backend> Placed<B> {
         if rows != 1 || self.started.is_some() {
             return Ok(());
         }
+        if let Some(slot) = self.lag_slot(layer, set) {
+            return self.start_lagged(b, layer, set, slot, k, inp, input);
+        }
         let mut deltas = std::mem::take(&mut self.deltas[set.index()]);
-        b.begin_branch()?;
-        let ran = {
+        // Under fetch lead the branch first waits for its staging (far lane).
+        let staged = match self.led.get(&(layer, set.index())) {
+            Some(Led::Staged(m)) => Some(*m),
+            _ => None,
+        };
+        b.begin_branch(BranchLane::Near)?;
+        let ran = (|| -> Result<()> {
+            if let Some(m) = staged {
+                b.branch_wait(m)?;
+            }
             let mut outs: Vec<&mut B::Buffer> = deltas.iter_mut().collect();
             self.refine(b, layer, set, k, inp, rows, input, &mut outs, false)
-        };
+        })();
         let ended = b.end_branch();
         self.deltas[set.index()] = deltas;
         ran?;
-        ended?;
-        self.started = Some((layer, set));
+        self.started = Some((layer, set, ended?, None));
         Ok(())
     }
 
+    /// [`Placed::start`] of a lagged set: the selection (which reads the set's input) on the
+    /// near lane, the fetch into the layer's lag delta on the far lane after it.
+    #[allow(clippy::too_many_arguments)]
+    fn start_lagged(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        slot: usize,
+        k: usize,
+        inp: usize,
+        input: &SetInput<'_, B>,
+    ) -> Result<()> {
+        let (raw, norm) = match *input {
+            SetInput::Plain(x) => (x, None),
+            SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
+        };
+        let selected = selected_count(k, inp);
+        let (Some(sel), Some(delta)) = (
+            self.lag_selections[layer][slot].as_mut(),
+            self.lag_deltas[layer][slot].as_mut(),
+        ) else {
+            return Err(RuntimeError::Config(format!(
+                "layer {layer} {}: fetch lag without its buffers",
+                set.name()
+            )));
+        };
+        b.begin_branch(BranchLane::Near)?;
+        let ran = b.select_channels(raw, inp, norm, k, &mut sel.sel, &mut sel.values);
+        let consumed = b.end_branch();
+        ran?;
+        let consumed = consumed?;
+        let cols = &self.layers[layer][set.index()];
+        b.begin_branch(BranchLane::Far)?;
+        let ran = (|| -> Result<()> {
+            b.branch_wait(consumed)?;
+            let c = cols.first().ok_or(RuntimeError::EmptyInput)?;
+            let mut targets = [column_target(c, &c.store, &mut *delta, false)];
+            b.add_selected_columns(
+                1,
+                inp,
+                &sel.sel,
+                &sel.values,
+                selected,
+                &mut targets,
+                &mut sel.scratch,
+            )
+        })();
+        let ended = b.end_branch();
+        ran?;
+        self.started = Some((layer, set, ended?, Some(consumed)));
+        Ok(())
+    }
+
+    /// The lag delta slot of a decode row's (layer, set) under fetch lag.
+    fn lag_slot(&self, layer: usize, set: ProjectionSet) -> Option<usize> {
+        let slot = match set {
+            ProjectionSet::O => 0,
+            ProjectionSet::Down => 1,
+            _ => return None,
+        };
+        self.lag_deltas
+            .get(layer)
+            .and_then(|d| d[slot].as_ref())
+            .map(|_| slot)
+    }
+
     /// Finishes set `set` of layer `layer`: joins its branch and adds the deltas to
-    /// `outputs`, or, when no branch ran, refines `outputs` in order.
+    /// `outputs` (under fetch lag: queues them for their position), or, when no branch ran,
+    /// refines `outputs` in order (under fetch lag: into a buffer queued likewise).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish(
         &mut self,
@@ -233,19 +613,54 @@ impl<B: Backend> Placed<B> {
         input: &SetInput<'_, B>,
         outputs: &mut [&mut B::Buffer],
     ) -> Result<()> {
-        if self.started == Some((layer, set)) {
-            self.started = None;
-            b.join_branch()?;
-            for (y, d) in outputs.iter_mut().zip(&self.deltas[set.index()]) {
-                b.add_assign(y, d)?;
+        let own = own_position(layer, set);
+        let lag = match set {
+            ProjectionSet::O | ProjectionSet::Down => self.shift[set.index()],
+            _ => 0,
+        };
+        if let Some((l, s, end, consumed)) = self.started {
+            if (l, s) == (layer, set) {
+                self.started = None;
+                if lag > 0 {
+                    let slot = self.lag_slot(layer, set).ok_or(RuntimeError::EmptyInput)?;
+                    self.lagged.push(Lagged {
+                        due: own + 1 + lag,
+                        own,
+                        end: Some(end),
+                        consumed,
+                        delta: LagDelta::Layer(layer, slot),
+                    });
+                    return Ok(());
+                }
+                b.join_branch(end)?;
+                for (y, d) in outputs.iter_mut().zip(&self.deltas[set.index()]) {
+                    b.add_assign(y, d)?;
+                }
+                return Ok(());
             }
+        }
+        if lag > 0 {
+            let out_len = b.buffer_len(outputs.first().ok_or(RuntimeError::EmptyInput)?);
+            let mut delta = b.alloc(out_len)?;
+            self.refine(b, layer, set, k, inp, rows, input, &mut [&mut delta], false)?;
+            self.lagged.push(Lagged {
+                due: own + 1 + lag,
+                own,
+                end: None,
+                consumed: None,
+                delta: LagDelta::Owned(delta),
+            });
             return Ok(());
+        }
+        if let Some(Led::Staged(m)) = self.led.get(&(layer, set.index())) {
+            b.join_branch(*m)?;
         }
         self.refine(b, layer, set, k, inp, rows, input, outputs, true)
     }
 
-    /// The selection (with the set's norm applied by the selection itself), then the
-    /// selected columns of every projection of the set in one launch, added to `outputs` or
+    /// The selection (with the set's norm applied by the selection itself; under fetch lead
+    /// the one made ahead, with the real input's values gathered at it), then the selected
+    /// columns of every projection of the set in one launch, added to `outputs` or
     /// (`accumulate` false) written over them.
     #[allow(clippy::too_many_arguments)]
     fn refine(
@@ -276,28 +691,71 @@ impl<B: Backend> Placed<B> {
             SetInput::Plain(x) => (x, None),
             SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
         };
-        b.select_channels(raw, inp, norm, k, &mut buffers.sel, &mut buffers.values)?;
         let cols = &self.layers[layer][set.index()];
-        let mut targets: Vec<ColumnTarget<'_, B>> = cols
-            .iter()
-            .zip(outputs.iter_mut())
-            .map(|(c, y)| ColumnTarget {
-                store: &c.store,
-                offset: 0,
-                unit_bytes: c.unit_bytes,
-                scales: &c.scales,
-                out: &mut **y,
-                accumulate,
-            })
-            .collect();
-        b.add_selected_columns(
-            rows,
-            inp,
-            &buffers.sel,
-            &buffers.values,
-            selected,
-            &mut targets,
-            &mut buffers.scratch,
-        )
+        let slot = usize::from(set == ProjectionSet::GateUp);
+        match self.led.remove(&(layer, set.index())) {
+            Some(Led::Staged(_)) => {
+                let stage = self.lead_stages[layer][slot]
+                    .as_ref()
+                    .ok_or(RuntimeError::EmptyInput)?;
+                b.gather_selected_values(
+                    raw,
+                    inp,
+                    norm,
+                    &stage.sel,
+                    selected,
+                    &mut buffers.values,
+                )?;
+                let mut targets: Vec<ColumnTarget<'_, B>> = cols
+                    .iter()
+                    .zip(&stage.staged)
+                    .zip(outputs.iter_mut())
+                    .map(|((c, s), y)| column_target(c, s, &mut **y, accumulate))
+                    .collect();
+                b.add_selected_columns(
+                    rows,
+                    selected,
+                    &stage.identity,
+                    &buffers.values,
+                    selected,
+                    &mut targets,
+                    &mut buffers.scratch,
+                )
+            }
+            Some(Led::Rows(sel)) => {
+                b.gather_selected_values(raw, inp, norm, &sel, selected, &mut buffers.values)?;
+                let mut targets: Vec<ColumnTarget<'_, B>> = cols
+                    .iter()
+                    .zip(outputs.iter_mut())
+                    .map(|(c, y)| column_target(c, &c.store, &mut **y, accumulate))
+                    .collect();
+                b.add_selected_columns(
+                    rows,
+                    inp,
+                    &sel,
+                    &buffers.values,
+                    selected,
+                    &mut targets,
+                    &mut buffers.scratch,
+                )
+            }
+            None => {
+                b.select_channels(raw, inp, norm, k, &mut buffers.sel, &mut buffers.values)?;
+                let mut targets: Vec<ColumnTarget<'_, B>> = cols
+                    .iter()
+                    .zip(outputs.iter_mut())
+                    .map(|(c, y)| column_target(c, &c.store, &mut **y, accumulate))
+                    .collect();
+                b.add_selected_columns(
+                    rows,
+                    inp,
+                    &buffers.sel,
+                    &buffers.values,
+                    selected,
+                    &mut targets,
+                    &mut buffers.scratch,
+                )
+            }
+        }
     }
 }

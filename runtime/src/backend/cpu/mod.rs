@@ -139,6 +139,14 @@ impl Default for CpuBackend {
 /// the GEMM's packing costs more than re-reading the weights.
 const MATVEC_MAX_ROWS: usize = 2;
 
+/// RMSNorm of one row on the host as the CPU backend's `rms_norm` computes it (its SIMD tier,
+/// so the same sums): a host-side engine selecting from it picks what the backend would.
+pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(x.len(), 0.0);
+    elementwise::rms_norm(CpuBackend::new().simd, x, w, eps, out);
+}
+
 impl CpuBackend {
     /// The best SIMD tier of this CPU, lowered by `SFX_CPU_SIMD=scalar|avx2|avx512` if set
     /// (to test the fallbacks on a machine that has more; an unsupported value is ignored).
@@ -755,6 +763,74 @@ impl Backend for CpuBackend {
                     out.fill(0.0);
                 }
                 refine_kernels::add_nibble_columns(out, units, &t.scales.0);
+            }
+        }
+        Ok(())
+    }
+
+    fn stage_selected_units(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &CpuIndex,
+        selected: usize,
+        store: &Vec<u8>,
+        offset: usize,
+        unit_bytes: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<()> {
+        crate::backend::refine::stage_check(
+            rows,
+            row_len,
+            sel.0.len(),
+            selected,
+            store.len(),
+            offset,
+            unit_bytes,
+            dst.len(),
+        )?;
+        for (u, &i) in sel.0[..rows * selected].iter().enumerate() {
+            let out = &mut dst[u * unit_bytes..(u + 1) * unit_bytes];
+            if (i as usize) < row_len {
+                let start = offset + i as usize * unit_bytes;
+                out.copy_from_slice(&store[start..start + unit_bytes]);
+            } else {
+                out.fill(0);
+            }
+        }
+        Ok(())
+    }
+
+    fn gather_selected_values(
+        &self,
+        x: &CpuBuffer,
+        row_len: usize,
+        norm: Option<(&CpuBuffer, f32)>,
+        sel: &CpuIndex,
+        selected: usize,
+        values: &mut CpuBuffer,
+    ) -> Result<()> {
+        crate::backend::refine::gather_check(
+            x.len(),
+            row_len,
+            norm.map(|(w, _)| w.len()),
+            sel.0.len(),
+            selected,
+            values.len(),
+        )?;
+        let mut normed = vec![0.0f32; row_len];
+        for (r, row) in x.0.chunks_exact(row_len).enumerate() {
+            // Normalised as `select_channels` and `rms_norm` do it.
+            let row: &[f32] = match norm {
+                Some((w, eps)) => {
+                    elementwise::rms_norm(self.simd, row, &w.0, eps, &mut normed);
+                    &normed
+                }
+                None => row,
+            };
+            let at = r * selected..(r + 1) * selected;
+            for (v, &i) in values.0[at.clone()].iter_mut().zip(&sel.0[at]) {
+                *v = row.get(i as usize).copied().unwrap_or(0.0);
             }
         }
         Ok(())

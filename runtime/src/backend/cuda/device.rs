@@ -59,16 +59,22 @@ pub(crate) struct Device {
     /// events (a tuning aid: it adds a few µs per launch, so use it with step graphs off).
     profile: Option<Mutex<Vec<TimedLaunch>>>,
     capturing: AtomicBool,
-    /// A second stream for branches ([`Device::begin_branch`]): launches go there while
-    /// `on_side` is set, ordered after the main stream's work at the fork, and the main
-    /// stream waits for them at the join. Captured, the branch becomes a parallel path of the
-    /// step graph.
-    side_owner: Arc<CudaStream>,
-    side: sys::CUstream,
-    on_side: AtomicBool,
+    /// Two more streams for branches ([`Device::begin_branch`]), one per lane: launches go to
+    /// lane `on_side − 1` while `on_side` is set, ordered after the main stream's work at the
+    /// fork, and the main stream waits for them at the join. Captured, a branch becomes a
+    /// parallel path of the step graph.
+    side_owners: [Arc<CudaStream>; 2],
+    sides: [sys::CUstream; 2],
+    on_side: std::sync::atomic::AtomicUsize,
     fork_event: sys::CUevent,
-    join_event: sys::CUevent,
+    /// Points branches reached ([`Device::mark_branch`]), used in turn: a mark is joined
+    /// within the next `BRANCH_MARKS − 1` marks (fetch lag keeps at most 2 × 66 waiting).
+    marks: Vec<sys::CUevent>,
+    next_mark: std::sync::atomic::AtomicUsize,
 }
+
+/// Branch marks in the pool.
+const BRANCH_MARKS: usize = 512;
 
 /// One profiled launch: its kernel, grid and the events around it.
 struct TimedLaunch {
@@ -90,7 +96,9 @@ impl Drop for Device {
         let _ = self.ctx.bind_to_thread();
         unsafe {
             let _ = result::event::destroy(self.fork_event);
-            let _ = result::event::destroy(self.join_event);
+            for &e in &self.marks {
+                let _ = result::event::destroy(e);
+            }
         }
     }
 }
@@ -101,13 +109,19 @@ impl Device {
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("opening the device"))?;
         let stream_owner = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
         let stream = stream_owner.cu_stream();
-        let side_owner = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
-        let side = side_owner.cu_stream();
+        let side_owners = [
+            ctx.new_stream().map_err(cuda_err("creating a stream"))?,
+            ctx.new_stream().map_err(cuda_err("creating a stream"))?,
+        ];
+        let sides = [side_owners[0].cu_stream(), side_owners[1].cu_stream()];
         let event = || {
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(cuda_err("creating a branch event"))
         };
-        let (fork_event, join_event) = (event()?, event()?);
+        let fork_event = event()?;
+        let marks = (0..BRANCH_MARKS)
+            .map(|_| event())
+            .collect::<Result<Vec<_>>>()?;
         let attr = |a| {
             ctx.attribute(a)
                 .map_err(cuda_err("reading device attributes"))
@@ -136,35 +150,41 @@ impl Device {
                 .is_ok_and(|v| v == "1")
                 .then(|| Mutex::new(Vec::new())),
             capturing: AtomicBool::new(false),
-            side_owner,
-            side,
-            on_side: AtomicBool::new(false),
+            side_owners,
+            sides,
+            on_side: std::sync::atomic::AtomicUsize::new(0),
             fork_event,
-            join_event,
+            marks,
+            next_mark: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
     /// The stream launches go to: the side stream inside a branch.
     fn launch_stream(&self) -> sys::CUstream {
-        if self.on_side.load(Ordering::Acquire) {
-            self.side
-        } else {
-            self.stream
+        match self.on_side.load(Ordering::Acquire) {
+            0 => self.stream,
+            lane => self.sides[lane - 1],
         }
     }
 
-    /// Starts a branch: launches that follow go to the side stream, after everything queued
-    /// on the main stream so far, until [`Device::end_branch`].
-    pub fn begin_branch(&self) -> Result<()> {
-        if self.on_side.swap(true, Ordering::AcqRel) {
+    /// Starts a branch on `lane` (0 or 1): launches that follow go to that lane's stream,
+    /// after everything queued on the main stream so far and on the lane before, until
+    /// [`Device::end_branch`].
+    pub fn begin_branch(&self, lane: usize) -> Result<()> {
+        let Some(&side) = self.sides.get(lane) else {
+            return Err(RuntimeError::Unsupported(format!(
+                "branch lane {lane} of 2"
+            )));
+        };
+        if self.on_side.swap(lane + 1, Ordering::AcqRel) != 0 {
             return Err(RuntimeError::Unsupported("a branch inside a branch".into()));
         }
-        // SAFETY: both streams and the event live as long as `self`.
+        // SAFETY: the streams and the event live as long as `self`.
         unsafe {
             result::event::record(self.fork_event, self.stream)
                 .and_then(|()| {
                     result::stream::wait_event(
-                        self.side,
+                        side,
                         self.fork_event,
                         sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                     )
@@ -173,29 +193,59 @@ impl Device {
         }
     }
 
-    /// Ends the branch's launches; the main stream goes on beside them.
-    pub fn end_branch(&self) -> Result<()> {
-        if !self.on_side.swap(false, Ordering::AcqRel) {
-            return Err(RuntimeError::Unsupported(
-                "end of a branch never begun".into(),
-            ));
+    /// The running branch's stream.
+    fn branch_stream(&self) -> Result<sys::CUstream> {
+        match self.on_side.load(Ordering::Acquire) {
+            0 => Err(RuntimeError::Unsupported(
+                "a branch mark outside a branch".into(),
+            )),
+            lane => Ok(self.sides[lane - 1]),
         }
-        // SAFETY: as in begin_branch.
-        unsafe { result::event::record(self.join_event, self.side) }
-            .map_err(cuda_err("ending a branch"))
     }
 
-    /// The main stream waits for the last ended branch.
-    pub fn join_branch(&self) -> Result<()> {
+    /// The point the running branch has reached: [`Device::join_branch`] of it waits for the
+    /// branch's launches so far, not for later ones.
+    pub fn mark_branch(&self) -> Result<usize> {
+        let side = self.branch_stream()?;
+        let id = self.next_mark.fetch_add(1, Ordering::AcqRel) % BRANCH_MARKS;
+        // SAFETY: as in begin_branch.
+        unsafe { result::event::record(self.marks[id], side) }
+            .map_err(cuda_err("marking a branch"))?;
+        Ok(id)
+    }
+
+    /// Ends the branch's launches (the main stream goes on beside them) and returns the mark
+    /// of its end.
+    pub fn end_branch(&self) -> Result<usize> {
+        let mark = self.mark_branch()?;
+        self.on_side.store(0, Ordering::Release);
+        Ok(mark)
+    }
+
+    /// The running branch's launches that follow wait for another branch's up to `mark`.
+    pub fn branch_wait(&self, mark: usize) -> Result<()> {
+        let side = self.branch_stream()?;
+        self.wait_mark(side, mark)
+    }
+
+    fn wait_mark(&self, stream: sys::CUstream, mark: usize) -> Result<()> {
+        let event = self.marks.get(mark).copied().ok_or_else(|| {
+            RuntimeError::Unsupported(format!("branch mark {mark} of {BRANCH_MARKS}"))
+        })?;
         // SAFETY: as in begin_branch.
         unsafe {
             result::stream::wait_event(
-                self.stream,
-                self.join_event,
+                stream,
+                event,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
         }
         .map_err(cuda_err("joining a branch"))
+    }
+
+    /// The main stream waits for a branch's launches up to `mark`.
+    pub fn join_branch(&self, mark: usize) -> Result<()> {
+        self.wait_mark(self.stream, mark)
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -207,8 +257,9 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         self.staging_in_flight.store(false, Ordering::Release);
-        self.side_owner
+        self.side_owners[0]
             .synchronize()
+            .and_then(|()| self.side_owners[1].synchronize())
             .and_then(|()| self.stream_owner.synchronize())
             .map_err(cuda_err("synchronizing"))
     }

@@ -127,6 +127,9 @@ pub(crate) struct Kernels {
     /// Weight refinement (refine.cu): the channel selection and the column gather.
     pub refine_select: Kernel,
     pub refine_columns: Kernel,
+    /// Fetch lead: selected columns staged in device memory, and the real input's values.
+    pub refine_stage_units: Kernel,
+    pub refine_gather_values: Kernel,
 }
 
 impl Kernels {
@@ -396,6 +399,8 @@ impl Kernels {
             kvarn_hadamard_rows: kv.function("kvarn_hadamard_rows")?,
             refine_select: rf.function("refine_select")?,
             refine_columns: rf.function("refine_columns")?,
+            refine_stage_units: rf.function("refine_stage_units")?,
+            refine_gather_values: rf.function("refine_gather_values")?,
         };
         // The KV scoring blocks keep their query heads' split weights in shared memory (past
         // 48 KB with eight query heads and many splits).

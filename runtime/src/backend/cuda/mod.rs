@@ -17,8 +17,9 @@ mod trellis;
 mod trellis_layout;
 
 use crate::backend::{
-    rope_write_kv_attention_unfused, AttentionShape, Backend, GroupItem, KvDtype, KvLayout,
-    KvarnLayer, KvarnLayerMut, KvarnShape, MatmulOut, RopeTable, WeightPrecision,
+    rope_write_kv_attention_unfused, AttentionShape, Backend, BranchLane, BranchMark, GroupItem,
+    KvDtype, KvLayout, KvarnLayer, KvarnLayerMut, KvarnShape, MatmulOut, RopeTable,
+    WeightPrecision,
 };
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
@@ -1811,25 +1812,70 @@ impl Backend for CudaBackend {
         true
     }
 
-    fn begin_branch(&self) -> Result<()> {
+    fn begin_branch(&self, lane: BranchLane) -> Result<()> {
         if self.inner.branches {
-            self.dev().begin_branch()?;
+            self.dev().begin_branch(match lane {
+                BranchLane::Near => 0,
+                BranchLane::Far => 1,
+            })?;
         }
         Ok(())
     }
 
-    fn end_branch(&self) -> Result<()> {
+    fn branch_wait(&self, mark: BranchMark) -> Result<()> {
         if self.inner.branches {
-            self.dev().end_branch()?;
+            self.dev().branch_wait(mark.0)?;
         }
         Ok(())
     }
 
-    fn join_branch(&self) -> Result<()> {
+    fn mark_branch(&self) -> Result<BranchMark> {
         if self.inner.branches {
-            self.dev().join_branch()?;
+            return self.dev().mark_branch().map(BranchMark);
+        }
+        Ok(BranchMark(0))
+    }
+
+    fn end_branch(&self) -> Result<BranchMark> {
+        if self.inner.branches {
+            return self.dev().end_branch().map(BranchMark);
+        }
+        Ok(BranchMark(0))
+    }
+
+    fn join_branch(&self, mark: BranchMark) -> Result<()> {
+        if self.inner.branches {
+            self.dev().join_branch(mark.0)?;
         }
         Ok(())
+    }
+
+    fn stage_selected_units(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &CudaIndex,
+        selected: usize,
+        store: &CudaByteStore,
+        offset: usize,
+        unit_bytes: usize,
+        dst: &mut CudaByteStore,
+    ) -> Result<()> {
+        self.stage_selected_units_kernel(
+            rows, row_len, sel, selected, store, offset, unit_bytes, dst,
+        )
+    }
+
+    fn gather_selected_values(
+        &self,
+        x: &CudaBuffer,
+        row_len: usize,
+        norm: Option<(&CudaBuffer, f32)>,
+        sel: &CudaIndex,
+        selected: usize,
+        values: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.gather_selected_values_kernel(x, row_len, norm, sel, selected, values)
     }
 
     fn select_channels(

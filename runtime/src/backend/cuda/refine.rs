@@ -2,8 +2,11 @@
 //! gather-accumulate of the selected columns, read from wherever the byte store lies —
 //! host memory mapped into the device (the ram tier) or device memory.
 
+use super::kvarn::CudaByteStore;
 use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaIndex, MAX_GRID_YZ};
-use crate::backend::refine::{columns_check, select_check, ColumnTarget, MAX_COLUMN_TARGETS};
+use crate::backend::refine::{
+    columns_check, gather_check, select_check, stage_check, ColumnTarget, MAX_COLUMN_TARGETS,
+};
 use crate::error::{Result, RuntimeError};
 
 /// Channels a selection block takes (`RS_CHUNK`); output rows of a gather block (`RC_SLAB`)
@@ -14,6 +17,9 @@ const COLUMN_SLAB: usize = 1024;
 const COLUMN_THREADS: usize = 256;
 const COLUMNS_PER_SPLIT: usize = 32;
 const MAX_SPLITS: usize = 32;
+/// Threads of a staging block (one selected column each) and of a value gather (one row).
+const STAGE_THREADS: u32 = 128;
+const GATHER_THREADS: u32 = 256;
 
 /// The kernel's `ColumnTarget`, field for field.
 #[repr(C)]
@@ -79,6 +85,87 @@ pub(super) fn scratch_len(rows: usize, selected: usize, out_dims: &[usize]) -> u
 }
 
 impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_selected_units_kernel(
+        &self,
+        rows: usize,
+        row_len: usize,
+        sel: &CudaIndex,
+        selected: usize,
+        store: &CudaByteStore,
+        offset: usize,
+        unit_bytes: usize,
+        dst: &mut CudaByteStore,
+    ) -> Result<()> {
+        let op = "stage_selected_units";
+        stage_check(
+            rows, row_len, sel.len, selected, store.len, offset, unit_bytes, dst.len,
+        )?;
+        if rows == 0 || selected == 0 || unit_bytes == 0 {
+            return Ok(());
+        }
+        self.launch(
+            &self.k().refine_stage_units,
+            (
+                u32::try_from(selected).map_err(|_| RuntimeError::Shape {
+                    op,
+                    msg: format!("{selected} selected channels in one launch"),
+                })?,
+                rows_check(op, rows)?,
+                1,
+            ),
+            (STAGE_THREADS, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(store.device_ptr() + offset as u64),
+                Arg::Ptr(sel.mem.ptr),
+                Arg::I32(i32_of(op, row_len)?),
+                Arg::I32(i32_of(op, selected)?),
+                Arg::I32(i32_of(op, unit_bytes)?),
+                Arg::Ptr(dst.device_ptr()),
+            ],
+        )
+    }
+
+    pub(super) fn gather_selected_values_kernel(
+        &self,
+        x: &CudaBuffer,
+        row_len: usize,
+        norm: Option<(&CudaBuffer, f32)>,
+        sel: &CudaIndex,
+        selected: usize,
+        values: &mut CudaBuffer,
+    ) -> Result<()> {
+        let op = "gather_selected_values";
+        let rows = gather_check(
+            x.len,
+            row_len,
+            norm.map(|(w, _)| w.len),
+            sel.len,
+            selected,
+            values.len,
+        )?;
+        if rows == 0 || selected == 0 {
+            return Ok(());
+        }
+        let (w, eps) = norm.map_or((0, 0.0), |(w, eps)| (w.mem.ptr, eps));
+        self.launch(
+            &self.k().refine_gather_values,
+            (rows_check(op, rows)?, 1, 1),
+            (GATHER_THREADS, 1, 1),
+            0,
+            &mut [
+                Arg::Ptr(x.mem.ptr),
+                Arg::Ptr(w),
+                Arg::F32(eps),
+                Arg::I32(i32_of(op, row_len)?),
+                Arg::Ptr(sel.mem.ptr),
+                Arg::I32(i32_of(op, selected)?),
+                Arg::Ptr(values.mem.ptr),
+            ],
+        )
+    }
+
     pub(super) fn select_channels_kernel(
         &self,
         x: &CudaBuffer,

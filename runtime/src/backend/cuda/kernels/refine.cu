@@ -270,3 +270,62 @@ extern "C" __global__ void __launch_bounds__(RC_THREADS) refine_columns(const Co
         }
     }
 }
+
+// Fetch lead's staging (docs/method.md §3): block (j, r) copies the `unit_bytes` bytes of column
+// sel[r·selected + j] of `store` (page-locked host memory mapped into the device) to unit
+// r·selected + j of `dst` in device memory, where the real input's gather reads them later;
+// an index of `row_len` or more stages zeros. 16-byte pieces where source, destination and
+// unit size allow, 4-byte words or bytes otherwise.
+extern "C" __global__ void refine_stage_units(const unsigned char* __restrict__ store,
+                                              const uint32_t* __restrict__ sel, int row_len,
+                                              int selected, int unit_bytes,
+                                              unsigned char* __restrict__ dst) {
+    const size_t u = (size_t)blockIdx.y * selected + blockIdx.x;
+    const uint32_t i = sel[u];
+    unsigned char* out = dst + u * unit_bytes;
+    const unsigned char* src = store + (size_t)i * unit_bytes;
+    const bool take = i < (uint32_t)row_len;
+    const uintptr_t align = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(out) |
+                            (uintptr_t)unit_bytes;
+    if ((align & 15) == 0) {
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        for (int c = threadIdx.x; c < unit_bytes / 16; c += blockDim.x)
+            reinterpret_cast<uint4*>(out)[c] = take ? reinterpret_cast<const uint4*>(src)[c] : zero;
+    } else if ((align & 3) == 0) {
+        for (int c = threadIdx.x; c < unit_bytes / 4; c += blockDim.x)
+            reinterpret_cast<uint32_t*>(out)[c] = take ? reinterpret_cast<const uint32_t*>(src)[c] : 0u;
+    } else {
+        for (int c = threadIdx.x; c < unit_bytes; c += blockDim.x) out[c] = take ? src[c] : 0;
+    }
+}
+
+// Fetch lead's values: values[r·selected + j] = x̂[r][sel[r·selected + j]], x̂ the row of x, or
+// with `norm_w` its RMSNorm as the rms_norm kernel computes it. Block r takes row r; an index
+// of `row_len` or more gives 0.
+extern "C" __global__ void refine_gather_values(const float* __restrict__ x,
+                                                const float* __restrict__ norm_w, float eps,
+                                                int row_len, const uint32_t* __restrict__ sel,
+                                                int selected, float* __restrict__ values) {
+    __shared__ float red[32];
+    const float* row = x + (size_t)blockIdx.x * row_len;
+    float inv = 1.0f;
+    if (norm_w != nullptr) {
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < row_len; c += blockDim.x) {
+            const float v = row[c];
+            ss = fmaf(v, v, ss);
+        }
+        ss = block_sum(ss, red);
+        inv = 1.0f / sqrtf(ss / (float)row_len + eps);
+    }
+    const size_t base = (size_t)blockIdx.x * selected;
+    for (int j = threadIdx.x; j < selected; j += blockDim.x) {
+        const uint32_t i = sel[base + j];
+        float v = 0.0f;
+        if (i < (uint32_t)row_len) {
+            v = row[i];
+            if (norm_w != nullptr) v = (v * inv) * norm_w[i];
+        }
+        values[base + j] = v;
+    }
+}
