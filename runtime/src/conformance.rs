@@ -853,59 +853,46 @@ pub fn cases() -> Vec<Case> {
             0.0,
         );
     }
-    for (rows, row_len, k, outs, offset, norm) in [
-        (1, 4096, 16, [4096, 1024, 1024], 0, true),
-        (1, 14336, 16, [4096, 0, 0], 0, false),
-        (1, 14336, 64, [4096, 0, 0], 0, false),
-        (1, 4096, 32, [14336, 14336, 0], 0, true),
-        (1, 576, 16, [576, 192, 192], 0, true),
-        (3, 1536, 64, [576, 0, 0], 0, false),
-        (2, 1000, 1024, [100, 37, 0], 5, false),
-        (1, 1000, 1024, [1100, 37, 0], 3, false),
-        (1, 2049, 3, [300, 0, 0], 0, false),
+    // Each shape through the device's own selection, and (`lead`) through fetch lead's path:
+    // selected from an earlier stream, staged, the real input's values gathered.
+    for (rows, row_len, k, outs, offset, norm, lead) in [
+        (1, 4096, 16, [4096, 1024, 1024], 0, true, true),
+        (1, 14336, 16, [4096, 0, 0], 0, false, false),
+        (1, 14336, 64, [4096, 0, 0], 0, false, true),
+        (1, 4096, 32, [14336, 14336, 0], 0, true, true),
+        (1, 576, 16, [576, 192, 192], 0, true, false),
+        (3, 1536, 64, [576, 0, 0], 0, false, false),
+        (3, 1536, 64, [576, 0, 0], 4, true, true),
+        (2, 1000, 1024, [100, 37, 0], 5, false, true),
+        (1, 1000, 1024, [1100, 37, 0], 3, false, false),
+        (1, 2049, 3, [300, 0, 0], 0, false, false),
     ] {
-        add(
-            "add_selected_columns",
-            format!(
-                "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
-                if norm { " norm" } else { "" }
-            ),
-            Op::SelectedColumns {
+        let name = format!(
+            "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
+            if norm { " norm" } else { "" }
+        );
+        if !lead || offset != 4 {
+            let spec = Op::SelectedColumns {
                 rows,
                 row_len,
                 k,
                 outs,
                 offset,
                 norm,
-            },
-            2e-6,
-            2e-6,
-        );
-    }
-    for (rows, row_len, k, outs, offset, norm) in [
-        (1, 4096, 16, [4096, 1024, 1024], 0, true),
-        (1, 4096, 32, [14336, 14336, 0], 0, true),
-        (1, 14336, 64, [4096, 0, 0], 0, false),
-        (3, 1536, 64, [576, 0, 0], 4, true),
-        (1, 1000, 1024, [100, 37, 0], 5, false),
-    ] {
-        add(
-            "lead_columns",
-            format!(
-                "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
-                if norm { " norm" } else { "" }
-            ),
-            Op::LeadColumns {
+            };
+            add("add_selected_columns", name.clone(), spec, 2e-6, 2e-6);
+        }
+        if lead {
+            let spec = Op::LeadColumns {
                 rows,
                 row_len,
                 k,
                 outs,
                 offset,
                 norm,
-            },
-            2e-6,
-            2e-6,
-        );
+            };
+            add("lead_columns", name, spec, 2e-6, 2e-6);
+        }
     }
     // Group-quantized projections at every code width: decode (matvec, m ≤ 4) on the Llama
     // and SmolLM shapes (576 columns end in a half group), accumulate and bias variants, and
@@ -2724,29 +2711,8 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
         } => {
             let xs = naive_select_input(&x.a, &x.d, row_len, norm);
             let sel = naive_select(&xs, row_len, k);
-            let rows = x.a.len() / row_len;
-            let per_row = sel.len() / rows;
-            let mut y = f(&x.c);
-            let (mut s0, mut y0, mut at) = (0, 0, offset);
-            for &o in outs.iter().filter(|&&o| o > 0) {
-                let unit_bytes = o.div_ceil(2);
-                for r in 0..rows {
-                    for e in 0..o {
-                        let mut acc = 0.0f64;
-                        for &i in &sel[r * per_row..(r + 1) * per_row] {
-                            let byte = x.bytes[at + i * unit_bytes + e / 2];
-                            let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
-                            acc += xs[r * row_len + i] * (nib as i32 - 8) as f64;
-                        }
-                        // Twice, as the case applies it.
-                        y[y0 + r * o + e] += 2.0 * acc * x.b[s0 + e] as f64;
-                    }
-                }
-                s0 += o;
-                y0 += rows * o;
-                at += unit_bytes * row_len;
-            }
-            y
+            // Twice, as the case applies it.
+            naive_columns(x, &xs, &sel, row_len, &outs, offset, 2.0)
         }
         Op::LeadColumns {
             rows,
@@ -2763,27 +2729,7 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
                 k,
             );
             let xs = naive_select_input(real, &x.d, row_len, norm);
-            let per_row = sel.len() / rows;
-            let mut y = f(&x.c);
-            let (mut s0, mut y0, mut at) = (0, 0, offset);
-            for &o in outs.iter().filter(|&&o| o > 0) {
-                let unit_bytes = o.div_ceil(2);
-                for r in 0..rows {
-                    for e in 0..o {
-                        let mut acc = 0.0f64;
-                        for &i in &sel[r * per_row..(r + 1) * per_row] {
-                            let byte = x.bytes[at + i * unit_bytes + e / 2];
-                            let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
-                            acc += xs[r * row_len + i] * (nib as i32 - 8) as f64;
-                        }
-                        y[y0 + r * o + e] += acc * x.b[s0 + e] as f64;
-                    }
-                }
-                s0 += o;
-                y0 += rows * o;
-                at += unit_bytes * row_len;
-            }
-            y
+            naive_columns(x, &xs, &sel, row_len, &outs, offset, 1.0)
         }
         Op::GroupEmbedding { vocab, cols, .. } => {
             let w = group_codes(spec, x, 0, vocab).ok()?.dequantize();
@@ -2834,6 +2780,43 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
         // The model's reference is the CPU backend.
         Op::Decode { .. } => return None,
     })
+}
+
+/// `x.c + times · Σ_{i ∈ sel} xs_i · level(C[:, i]) ⊙ scales` in f64 for each projection of
+/// `outs` (0 = absent) and row of `xs`: the columns of `ceil(o/2)` bytes lie in `x.bytes` from
+/// `offset` on, projection after projection, their scales in `x.b` and the outputs' start
+/// values in `x.c`.
+fn naive_columns(
+    x: &Inputs,
+    xs: &[f64],
+    sel: &[usize],
+    row_len: usize,
+    outs: &[usize],
+    offset: usize,
+    times: f64,
+) -> Vec<f64> {
+    let rows = xs.len() / row_len;
+    let per_row = sel.len() / rows.max(1);
+    let mut y: Vec<f64> = x.c.iter().map(|&v| v as f64).collect();
+    let (mut s0, mut y0, mut at) = (0, 0, offset);
+    for &o in outs.iter().filter(|&&o| o > 0) {
+        let unit_bytes = o.div_ceil(2);
+        for r in 0..rows {
+            for e in 0..o {
+                let mut acc = 0.0f64;
+                for &i in &sel[r * per_row..(r + 1) * per_row] {
+                    let byte = x.bytes[at + i * unit_bytes + e / 2];
+                    let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
+                    acc += xs[r * row_len + i] * (nib as i32 - 8) as f64;
+                }
+                y[y0 + r * o + e] += times * acc * x.b[s0 + e] as f64;
+            }
+        }
+        s0 += o;
+        y0 += rows * o;
+        at += unit_bytes * row_len;
+    }
+    y
 }
 
 /// `y = x.a · wᵀ (+ x.c) (+ x.d)` in f64: the reference of every projection case.

@@ -34,15 +34,13 @@ fn shape_err(op: &'static str, msg: String) -> RuntimeError {
 }
 
 /// Checks a [`Backend::select_channels`] call; returns `(rows, selected per row)`.
-pub fn select_check(
+/// Rows of `row_len` in an input of `x_len`, with a norm weight of `norm_len` if any.
+fn input_rows(
+    op: &'static str,
     x_len: usize,
     row_len: usize,
     norm_len: Option<usize>,
-    k_per_1024: usize,
-    sel_len: usize,
-    values_len: usize,
-) -> Result<(usize, usize)> {
-    let op = "select_channels";
+) -> Result<usize> {
     if row_len == 0 || !x_len.is_multiple_of(row_len) {
         return Err(shape_err(
             op,
@@ -55,13 +53,25 @@ pub fn select_check(
             format!("a norm weight of {n} for rows of {row_len}"),
         ));
     }
+    Ok(x_len / row_len)
+}
+
+pub fn select_check(
+    x_len: usize,
+    row_len: usize,
+    norm_len: Option<usize>,
+    k_per_1024: usize,
+    sel_len: usize,
+    values_len: usize,
+) -> Result<(usize, usize)> {
+    let op = "select_channels";
+    let rows = input_rows(op, x_len, row_len, norm_len)?;
     if k_per_1024 > CHUNK {
         return Err(shape_err(
             op,
             format!("k = {k_per_1024} per {CHUNK} channels: at most {CHUNK}"),
         ));
     }
-    let rows = x_len / row_len;
     let per_row = selected_count(k_per_1024, row_len);
     if rows * per_row > sel_len.min(values_len) {
         return Err(shape_err(
@@ -127,19 +137,7 @@ pub fn gather_check(
     values_len: usize,
 ) -> Result<usize> {
     let op = "gather_selected_values";
-    if row_len == 0 || !x_len.is_multiple_of(row_len) {
-        return Err(shape_err(
-            op,
-            format!("rows of {row_len} over an input of {x_len}"),
-        ));
-    }
-    if let Some(n) = norm_len.filter(|&n| n != row_len) {
-        return Err(shape_err(
-            op,
-            format!("a norm weight of {n} for rows of {row_len}"),
-        ));
-    }
-    let rows = x_len / row_len;
+    let rows = input_rows(op, x_len, row_len, norm_len)?;
     if rows * selected > sel_len.min(values_len) {
         return Err(shape_err(
             op,

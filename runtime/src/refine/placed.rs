@@ -722,8 +722,37 @@ impl<B: Backend> Placed<B> {
                     &mut buffers.scratch,
                 )
             }
-            Some(Led::Rows(sel)) => {
-                b.gather_selected_values(raw, inp, norm, &sel, selected, &mut buffers.values)?;
+            led => {
+                // A chunk's selection made ahead (the real input's values at it), or the
+                // selection from the real input itself.
+                let ahead = match led {
+                    Some(Led::Rows(sel)) => Some(sel),
+                    _ => None,
+                };
+                let sel = match ahead.as_ref() {
+                    Some(sel) => {
+                        b.gather_selected_values(
+                            raw,
+                            inp,
+                            norm,
+                            sel,
+                            selected,
+                            &mut buffers.values,
+                        )?;
+                        sel
+                    }
+                    None => {
+                        b.select_channels(
+                            raw,
+                            inp,
+                            norm,
+                            k,
+                            &mut buffers.sel,
+                            &mut buffers.values,
+                        )?;
+                        &buffers.sel
+                    }
+                };
                 let mut targets: Vec<ColumnTarget<'_, B>> = cols
                     .iter()
                     .zip(outputs.iter_mut())
@@ -732,24 +761,7 @@ impl<B: Backend> Placed<B> {
                 b.add_selected_columns(
                     rows,
                     inp,
-                    &sel,
-                    &buffers.values,
-                    selected,
-                    &mut targets,
-                    &mut buffers.scratch,
-                )
-            }
-            None => {
-                b.select_channels(raw, inp, norm, k, &mut buffers.sel, &mut buffers.values)?;
-                let mut targets: Vec<ColumnTarget<'_, B>> = cols
-                    .iter()
-                    .zip(outputs.iter_mut())
-                    .map(|(c, y)| column_target(c, &c.store, &mut **y, accumulate))
-                    .collect();
-                b.add_selected_columns(
-                    rows,
-                    inp,
-                    &buffers.sel,
+                    sel,
                     &buffers.values,
                     selected,
                     &mut targets,

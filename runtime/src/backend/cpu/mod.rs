@@ -174,6 +174,27 @@ impl CpuBackend {
     pub fn simd(&self) -> SimdLevel {
         self.simd
     }
+
+    /// `f(r, row)` for every row of `x`, or of its RMSNorm by `norm` as `rms_norm` computes
+    /// it.
+    fn each_normed_row(
+        &self,
+        x: &CpuBuffer,
+        row_len: usize,
+        norm: Option<(&CpuBuffer, f32)>,
+        mut f: impl FnMut(usize, &[f32]),
+    ) {
+        let mut normed = vec![0.0f32; row_len];
+        for (r, row) in x.0.chunks_exact(row_len).enumerate() {
+            match norm {
+                Some((w, eps)) => {
+                    elementwise::rms_norm(self.simd, row, &w.0, eps, &mut normed);
+                    f(r, &normed);
+                }
+                None => f(r, row),
+            }
+        }
+    }
 }
 
 /// Positions as the CPU kernels take them: `first..first + n`, consecutive. The graph only
@@ -701,17 +722,9 @@ impl Backend for CpuBackend {
             values.len(),
         )?;
         let mut picked = Vec::with_capacity(per_row);
-        let mut normed = vec![0.0f32; row_len];
-        for (r, row) in x.0.chunks_exact(row_len).enumerate() {
-            // The norm as `rms_norm` computes it, so the host-driven engine (which selects
-            // from rms_norm's output) and this op select the same channels.
-            let row: &[f32] = match norm {
-                Some((w, eps)) => {
-                    elementwise::rms_norm(self.simd, row, &w.0, eps, &mut normed);
-                    &normed
-                }
-                None => row,
-            };
+        // The norm as `rms_norm` computes it, so the host-driven engine (which selects from
+        // rms_norm's output) and this op select the same channels.
+        self.each_normed_row(x, row_len, norm, |r, row| {
             crate::refine::select::select_top_k(row, k_per_1024, &mut picked);
             let at = r * per_row..(r + 1) * per_row;
             for ((slot, value), &i) in sel.0[at.clone()]
@@ -722,7 +735,7 @@ impl Backend for CpuBackend {
                 *slot = i as u32;
                 *value = row[i];
             }
-        }
+        });
         Ok(())
     }
 
@@ -818,21 +831,13 @@ impl Backend for CpuBackend {
             selected,
             values.len(),
         )?;
-        let mut normed = vec![0.0f32; row_len];
-        for (r, row) in x.0.chunks_exact(row_len).enumerate() {
-            // Normalised as `select_channels` and `rms_norm` do it.
-            let row: &[f32] = match norm {
-                Some((w, eps)) => {
-                    elementwise::rms_norm(self.simd, row, &w.0, eps, &mut normed);
-                    &normed
-                }
-                None => row,
-            };
+        // Normalised as `select_channels` and `rms_norm` do it.
+        self.each_normed_row(x, row_len, norm, |r, row| {
             let at = r * selected..(r + 1) * selected;
             for (v, &i) in values.0[at.clone()].iter_mut().zip(&sel.0[at]) {
                 *v = row.get(i as usize).copied().unwrap_or(0.0);
             }
-        }
+        });
         Ok(())
     }
 
