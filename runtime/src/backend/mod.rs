@@ -728,10 +728,6 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn branch_wait(&self, _mark: BranchMark) -> Result<()> {
         Ok(())
     }
-    /// The point the running branch has reached (its ops so far).
-    fn mark_branch(&self) -> Result<BranchMark> {
-        Ok(BranchMark(0))
-    }
     /// Ends the running branch; returns the mark of its end.
     fn end_branch(&self) -> Result<BranchMark> {
         Ok(BranchMark(0))
@@ -830,7 +826,7 @@ pub enum BranchLane {
     Far,
 }
 
-/// A point a branch reached ([`Backend::mark_branch`], [`Backend::end_branch`]).
+/// A point a branch reached ([`Backend::end_branch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BranchMark(pub usize);
 

@@ -205,7 +205,7 @@ impl Device {
 
     /// The point the running branch has reached: [`Device::join_branch`] of it waits for the
     /// branch's launches so far, not for later ones.
-    pub fn mark_branch(&self) -> Result<usize> {
+    fn mark_branch(&self) -> Result<usize> {
         let side = self.branch_stream()?;
         let id = self.next_mark.fetch_add(1, Ordering::AcqRel) % BRANCH_MARKS;
         // SAFETY: as in begin_branch.

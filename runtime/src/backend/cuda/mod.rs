@@ -1829,13 +1829,6 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn mark_branch(&self) -> Result<BranchMark> {
-        if self.inner.branches {
-            return self.dev().mark_branch().map(BranchMark);
-        }
-        Ok(BranchMark(0))
-    }
-
     fn end_branch(&self) -> Result<BranchMark> {
         if self.inner.branches {
             return self.dev().end_branch().map(BranchMark);
