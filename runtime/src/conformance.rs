@@ -853,25 +853,25 @@ pub fn cases() -> Vec<Case> {
             0.0,
         );
     }
-    // Each shape through the device's own selection, and (`lead`) through fetch lead's path:
-    // selected from an earlier stream, staged, the real input's values gathered.
-    for (rows, row_len, k, outs, offset, norm, lead) in [
-        (1, 4096, 16, [4096, 1024, 1024], 0, true, true),
-        (1, 14336, 16, [4096, 0, 0], 0, false, false),
-        (1, 14336, 64, [4096, 0, 0], 0, false, true),
-        (1, 4096, 32, [14336, 14336, 0], 0, true, true),
-        (1, 576, 16, [576, 192, 192], 0, true, false),
-        (3, 1536, 64, [576, 0, 0], 0, false, false),
-        (3, 1536, 64, [576, 0, 0], 4, true, true),
-        (2, 1000, 1024, [100, 37, 0], 5, false, true),
-        (1, 1000, 1024, [1100, 37, 0], 3, false, false),
-        (1, 2049, 3, [300, 0, 0], 0, false, false),
+    // Each shape through the device's own selection (`own`) and/or fetch lead's path (`lead`:
+    // selected from an earlier stream, staged, the real input's values gathered).
+    for (rows, row_len, k, outs, offset, norm, own, lead) in [
+        (1, 4096, 16, [4096, 1024, 1024], 0, true, true, true),
+        (1, 14336, 16, [4096, 0, 0], 0, false, true, false),
+        (1, 14336, 64, [4096, 0, 0], 0, false, true, true),
+        (1, 4096, 32, [14336, 14336, 0], 0, true, true, true),
+        (1, 576, 16, [576, 192, 192], 0, true, true, false),
+        (3, 1536, 64, [576, 0, 0], 0, false, true, false),
+        (3, 1536, 64, [576, 0, 0], 4, true, false, true),
+        (2, 1000, 1024, [100, 37, 0], 5, false, true, true),
+        (1, 1000, 1024, [1100, 37, 0], 3, false, true, false),
+        (1, 2049, 3, [300, 0, 0], 0, false, true, false),
     ] {
         let name = format!(
             "{rows}×{row_len} k{k} → {outs:?} @{offset}{}",
             if norm { " norm" } else { "" }
         );
-        if !lead || offset != 4 {
+        if own {
             let spec = Op::SelectedColumns {
                 rows,
                 row_len,

@@ -200,7 +200,6 @@ struct Cli {
     kv_spill_dir: Option<std::path::PathBuf>,
 }
 
-/// Parses "1", "0.5,0,0.5,0" etc. into four per-set values.
 /// "128MiB", "4 MiB", "1GiB", "512KiB", "1000000" → bytes.
 fn parse_bytes(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();

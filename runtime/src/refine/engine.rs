@@ -190,6 +190,13 @@ pub struct Refiner<B: Backend> {
     sel: Vec<usize>,
 }
 
+/// The stream position of set `set`'s input in layer `layer` (module docs): q/k/v and o read
+/// `2l`, gate/up and down `2l + 1`, so o's contribution lands at `2l + 1` and down's at
+/// `2l + 2`.
+pub(super) fn stream_position(layer: usize, set: ProjectionSet) -> usize {
+    2 * layer + usize::from(matches!(set, ProjectionSet::GateUp | ProjectionSet::Down))
+}
+
 fn half_blocks(s: f32) -> Result<usize> {
     let h = s * 2.0;
     if !(0.0..=64.0).contains(&h) || h.fract() != 0.0 {
@@ -331,7 +338,7 @@ impl<B: Backend> Refiner<B> {
                 "refinement cannot run in the backend: {why}"
             )));
         }
-        let shift = [0, 1, 2, 3].map(|i| half_blocks(self.settings.s[i]).unwrap_or(0));
+        let shift = ProjectionSet::ALL.map(|set| self.lead(set));
         self.placed = Some(Placed::new(
             b,
             &self.plan,
@@ -407,9 +414,8 @@ impl<B: Backend> Refiner<B> {
             if lead == 0 || k == 0 {
                 continue;
             }
-            let offset = usize::from(set == ProjectionSet::GateUp);
             for layer in 0..self.plan.layers.len() {
-                let own = 2 * layer + offset;
+                let own = stream_position(layer, set);
                 if own.saturating_sub(lead) != pos || own <= pos {
                     continue;
                 }
@@ -575,10 +581,7 @@ impl<B: Backend> Refiner<B> {
         let mut xrows = vec![0.0f32; rows * inp];
         b.read_rows(x, inp, 0, &mut xrows)?;
         // Under fetch lead the selection was made (and prefetched) earlier, from the stream.
-        // The stream position of the set's input: q/k/v and o read 2l, gate/up and down
-        // 2l + 1 (so o's contribution lands at 2l + 1, down's at 2l + 2).
-        let own_pos =
-            2 * layer + usize::from(matches!(set, ProjectionSet::GateUp | ProjectionSet::Down));
+        let own_pos = stream_position(layer, set);
         let led = match set {
             ProjectionSet::Qkv | ProjectionSet::GateUp => {
                 self.pending.remove(&(layer, set.index()))

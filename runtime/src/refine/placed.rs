@@ -20,7 +20,7 @@
 //! and the main stream joins them before that write: lead's before the next residual add
 //! (o's or down's), lag's one position later. Only the bus transfers run on the far lane.
 
-use super::engine::{ColumnSource, RefineCounters, RefinementPlan, SetInput};
+use super::engine::{stream_position, ColumnSource, RefineCounters, RefinementPlan, SetInput};
 use super::select::selected_count;
 use crate::backend::refine::ColumnTarget;
 use crate::backend::{Backend, BranchLane, BranchMark};
@@ -59,12 +59,10 @@ impl<B: Backend> Selection<B> {
 }
 
 /// A decode row's fetch lead of one (layer, set): the channels selected from the earlier
-/// stream, each projection's selected columns staged in backend memory, and the identity
-/// index the gather reads them through.
+/// stream, and each projection's selected columns staged in backend memory.
 struct LeadStage<B: Backend> {
     sel: B::Index,
     staged: Vec<B::ByteStore>,
-    identity: B::Index,
 }
 
 /// A selection made ahead of its set's input (fetch lead), for the current chunk.
@@ -115,10 +113,23 @@ fn column_target<'a, B: Backend>(
 /// Source of [`Placed::graph_id`]s.
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Position in the residual stream a set reads (q/k/v, gate/up) or its input sits at (o,
-/// down): stream `2l` is layer l's attention input, `2l + 1` its MLP input.
-fn own_position(layer: usize, set: ProjectionSet) -> usize {
-    2 * layer + usize::from(matches!(set, ProjectionSet::GateUp | ProjectionSet::Down))
+/// The slot of a set that adds into the residual stream (o, down: fetch lag's) in the
+/// per-layer `[_; 2]` arrays.
+fn lag_index(set: ProjectionSet) -> Option<usize> {
+    match set {
+        ProjectionSet::O => Some(0),
+        ProjectionSet::Down => Some(1),
+        _ => None,
+    }
+}
+
+/// The slot of a set that reads the residual stream (q/k/v, gate/up: fetch lead's).
+fn lead_index(set: ProjectionSet) -> Option<usize> {
+    match set {
+        ProjectionSet::Qkv => Some(0),
+        ProjectionSet::GateUp => Some(1),
+        _ => None,
+    }
 }
 
 /// The refinement the backend reads itself.
@@ -149,6 +160,9 @@ pub(super) struct Placed<B: Backend> {
     lag_deltas: Vec<[Option<B::Buffer>; 2]>,
     /// `[layer][q/k/v, gate/up]`: a decode row's fetch lead.
     lead_stages: Vec<[Option<LeadStage<B>>; 2]>,
+    /// `0, 1, …` up to the most channels a row selects: the gather reads staged columns
+    /// through it.
+    identity: B::Index,
     /// This chunk's selections made ahead, by (layer, set index).
     led: BTreeMap<(usize, usize), Led<B>>,
     lagged: Vec<Lagged<B>>,
@@ -222,10 +236,12 @@ impl<B: Backend> Placed<B> {
         let mut lag_deltas = Vec::with_capacity(plan.layers.len());
         for l in &plan.layers {
             let mut d: [Option<B::Buffer>; 2] = [None, None];
-            for (slot, set) in d.iter_mut().zip([ProjectionSet::O, ProjectionSet::Down]) {
+            for set in [ProjectionSet::O, ProjectionSet::Down] {
                 let sources = &l.sets[set.index()];
-                if shift[set.index()] > 0 && sources.len() == 1 {
-                    *slot = Some(b.alloc(sources[0].out)?);
+                if let Some(slot) = lag_index(set).filter(|_| shift[set.index()] > 0) {
+                    if sources.len() == 1 {
+                        d[slot] = Some(b.alloc(sources[0].out)?);
+                    }
                 }
             }
             lag_deltas.push(d);
@@ -243,6 +259,7 @@ impl<B: Backend> Placed<B> {
             deltas,
             lag_deltas,
             lead_stages: Vec::new(),
+            identity: b.alloc_index(1)?,
             led: BTreeMap::new(),
             lagged: Vec::new(),
             started: None,
@@ -283,32 +300,24 @@ impl<B: Backend> Placed<B> {
                     units += selected as u64;
                     bytes += (selected * src.unit_bytes) as u64;
                 }
-                let lag_slot = match set {
-                    ProjectionSet::O => Some(0),
-                    ProjectionSet::Down => Some(1),
-                    _ => None,
-                };
-                if let Some(ls) = lag_slot {
+                if let Some(ls) = lag_index(set) {
                     if self.lag_deltas.get(li).is_some_and(|d| d[ls].is_some()) {
                         let scr = b.selected_columns_scratch_len(1, selected, &outs);
                         lag_sel[ls] = Some(Selection::new(b, 1, selected, scr)?);
                     }
-                    continue;
                 }
-                let slot = usize::from(set == ProjectionSet::GateUp);
+                let Some(slot) = lead_index(set) else {
+                    continue;
+                };
                 if self.shift[set.index()] == 0 || k[set.index()] == 0 {
                     continue;
                 }
-                let identity: Vec<u32> = (0..selected as u32).collect();
-                let mut id = b.alloc_index(selected.max(1))?;
-                b.write_index(&mut id, &identity)?;
                 stages[slot] = Some(LeadStage {
                     sel: b.alloc_index(selected.max(1))?,
                     staged: sources
                         .iter()
                         .map(|s| b.alloc_byte_store((selected * s.unit_bytes).max(1)))
                         .collect::<Result<_>>()?,
-                    identity: id,
                 });
             }
             lead_stages.push(stages);
@@ -318,6 +327,9 @@ impl<B: Backend> Placed<B> {
         self.lag_selections = lag_selections;
         self.chunk = None;
         self.lead_stages = lead_stages;
+        let identity: Vec<u32> = (0..max_selected.max(1) as u32).collect();
+        self.identity = b.alloc_index(identity.len())?;
+        b.write_index(&mut self.identity, &identity)?;
         self.max_selected = max_selected;
         self.units_per_token = units;
         self.bytes_per_token = bytes;
@@ -394,7 +406,7 @@ impl<B: Backend> Placed<B> {
                 continue;
             }
             for layer in 0..self.layers.len() {
-                let own = own_position(layer, set);
+                let own = stream_position(layer, set);
                 let sources = &self.layers[layer][set.index()];
                 if own.saturating_sub(lead) != pos || own <= pos || sources.is_empty() {
                     continue;
@@ -416,7 +428,7 @@ impl<B: Backend> Placed<B> {
         rows: usize,
         h: &B::Buffer,
     ) -> Result<()> {
-        let slot = usize::from(set == ProjectionSet::GateUp);
+        let slot = lead_index(set).ok_or(RuntimeError::EmptyInput)?;
         let norm = Some((&self.norms[layer][slot], self.eps));
         let cols = &self.layers[layer][set.index()];
         let inp = self.hidden;
@@ -587,11 +599,7 @@ impl<B: Backend> Placed<B> {
 
     /// The lag delta slot of a decode row's (layer, set) under fetch lag.
     fn lag_slot(&self, layer: usize, set: ProjectionSet) -> Option<usize> {
-        let slot = match set {
-            ProjectionSet::O => 0,
-            ProjectionSet::Down => 1,
-            _ => return None,
-        };
+        let slot = lag_index(set)?;
         self.lag_deltas
             .get(layer)
             .and_then(|d| d[slot].as_ref())
@@ -613,7 +621,7 @@ impl<B: Backend> Placed<B> {
         input: &SetInput<'_, B>,
         outputs: &mut [&mut B::Buffer],
     ) -> Result<()> {
-        let own = own_position(layer, set);
+        let own = stream_position(layer, set);
         let lag = match set {
             ProjectionSet::O | ProjectionSet::Down => self.shift[set.index()],
             _ => 0,
@@ -692,11 +700,10 @@ impl<B: Backend> Placed<B> {
             SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
         };
         let cols = &self.layers[layer][set.index()];
-        let slot = usize::from(set == ProjectionSet::GateUp);
         match self.led.remove(&(layer, set.index())) {
             Some(Led::Staged(_)) => {
-                let stage = self.lead_stages[layer][slot]
-                    .as_ref()
+                let stage = lead_index(set)
+                    .and_then(|slot| self.lead_stages[layer][slot].as_ref())
                     .ok_or(RuntimeError::EmptyInput)?;
                 b.gather_selected_values(
                     raw,
@@ -715,7 +722,7 @@ impl<B: Backend> Placed<B> {
                 b.add_selected_columns(
                     rows,
                     selected,
-                    &stage.identity,
+                    &self.identity,
                     &buffers.values,
                     selected,
                     &mut targets,

@@ -197,7 +197,7 @@ impl Device {
     fn branch_stream(&self) -> Result<sys::CUstream> {
         match self.on_side.load(Ordering::Acquire) {
             0 => Err(RuntimeError::Unsupported(
-                "a branch mark outside a branch".into(),
+                "a branch operation outside a branch".into(),
             )),
             lane => Ok(self.sides[lane - 1]),
         }
