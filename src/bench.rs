@@ -393,7 +393,14 @@ fn bench_refiner<B: ResidentKernels>(
         bail!("--k: {spec} is not a .sfx model (only .sfx files carry refinement)");
     }
     let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
-    let plan = plan_from_sfx(&file, model.config())?;
+    if a.refine_k.len() > 1 && !sfx_runtime::refine::file_ladder(&file).is_empty() {
+        bail!(
+            "--k {:?}: {spec} is fitted at a ladder of k, one refinement per rung; measure one \
+             --k per run (the rows of one run share one engine)",
+            a.refine_k
+        );
+    }
+    let plan = plan_from_sfx(&file, model.config(), Some(settings.k))?;
     let options = RefineOpenOptions {
         tier: TierChoice::Ram,
         ..RefineOpenOptions::default()

@@ -557,13 +557,84 @@ fn killed_conversion_leaves_the_output_path_untouched() {
     assert_eq!(std::fs::read(&out).unwrap(), b"previous contents");
 }
 
+/// `--k-ladder` fits every rung in one calibration pass: each rung's columns and bundles are
+/// byte for byte what a conversion fitted at that k alone writes, and a run at budget k reads
+/// the largest rung not above it.
+#[test]
+fn ladder_rungs_equal_one_conversion_per_k() {
+    let fit = ["--fit", "--mlp", "both"];
+    fn with<'a>(fit: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        fit.iter().chain(extra).copied().collect()
+    }
+    let ladder = quick_rtn4(
+        "rtn4-ladder.sfx",
+        &with(&fit, &["--k-ladder", "8,16", "--k", "16"]),
+    );
+    // Rung 8 is not the file's default (16): the ladder's other rungs are checked too.
+    let singles = [(8, quick_rtn4("rtn4-fit-k8.sfx", &with(&fit, &["--k", "8"])))];
+    assert_eq!(
+        ladder.metadata().params["refine"]["ladder"],
+        serde_json::json!([8, 16])
+    );
+    let bytes = |f: &SfxFile, name: &str| f.section(name).unwrap().decode().unwrap().to_vec();
+    for (k, single) in &singles {
+        for l in [0, 17, 29] {
+            let p = format!("model.layers.{l}");
+            for proj in [
+                "self_attn.q_proj",
+                "self_attn.o_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            ] {
+                for suffix in ["", ".scales"] {
+                    let a = format!("{p}.{proj}.refine.k{k}{suffix}");
+                    let b = format!("{p}.{proj}.refine{suffix}");
+                    assert_eq!(bytes(&ladder, &a), bytes(single, &b), "{a} vs {b}");
+                }
+            }
+            for suffix in ["", ".row_scales", ".col_scales"] {
+                let a = format!("{p}.mlp.bundles.k{k}{suffix}");
+                let b = format!("{p}.mlp.bundles{suffix}");
+                assert_eq!(bytes(&ladder, &a), bytes(single, &b), "{a} vs {b}");
+            }
+        }
+    }
+    // The resident codes do not depend on k.
+    let q = "model.layers.3.mlp.gate_proj.weight";
+    assert_eq!(bytes(&ladder, q), bytes(&singles[0].1, q));
+
+    let config = ladder.metadata().config.clone().unwrap();
+    let plan = sfx_runtime::refine::plan_from_sfx(&ladder, &config, Some([8, 31, 7, 100])).unwrap();
+    assert_eq!(plan.fitted_k, [Some(8), Some(16), Some(8), Some(16)]);
+    let down = &plan.layers[2].sets[3][0];
+    let want = ladder
+        .section("model.layers.2.mlp.down_proj.refine.k16")
+        .unwrap()
+        .offset;
+    assert_eq!(down.offset, want);
+    let default = sfx_runtime::refine::plan_from_sfx(&ladder, &config, None).unwrap();
+    assert_eq!(default.fitted_k, [Some(16); 4]);
+}
+
 #[test]
 fn bad_options_are_named() {
     let g = gguf();
     let g = g.to_str().unwrap();
     let o = out_dir().join("never.sfx");
     let o = o.to_str().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 10] = [
+        (
+            &["--quant", "rtn3", "--k-ladder", "8,16", g, "-o", o],
+            "--k-ladder needs --fit",
+        ),
+        (
+            &["--quant", "rtn3", "--fit", "--k-ladder", "16,8", g, "-o", o],
+            "must increase",
+        ),
+        (
+            &["--quant", "rtn3", "--fit", "--k-ladder", "8,32", g, "-o", o],
+            "--k 16",
+        ),
         (&["--quant", "awq5", g, "-o", o], "--quant"),
         (
             &["--quant", "rtn3", "--head", "q5", g, "-o", o],

@@ -494,7 +494,7 @@ fn sfx_refined_agreement(quant: &'static str) -> Result<(), Failed> {
     let (cpu, gpu) = on_both_backends(&file)?;
     let config = cpu.config().clone();
     let vocab = config.vocab_size;
-    let plan = plan_from_sfx(&file, &config).map_err(|e| e.to_string())?;
+    let plan = plan_from_sfx(&file, &config, None).map_err(|e| e.to_string())?;
     let ram = RefineOpenOptions {
         tier: TierChoice::Ram,
         ..RefineOpenOptions::default()

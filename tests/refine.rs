@@ -90,7 +90,7 @@ fn refiner_with_shift(
     options: &RefineOpenOptions,
 ) -> Refiner<CpuBackend> {
     let config = file.metadata().config.clone().unwrap();
-    let plan = plan_from_sfx(file, &config).unwrap();
+    let plan = plan_from_sfx(file, &config, Some([k; 4])).unwrap();
     let mut settings = file_settings(file, &plan);
     settings.k = [k; 4];
     settings.s = s;
@@ -247,7 +247,7 @@ fn engine_in_the_backend_matches_the_host_driven_engine() {
     let (plain_path, _) = containers();
     let plain = SfxFile::open(plain_path).unwrap();
     let config = plain.metadata().config.clone().unwrap();
-    let plan = plan_from_sfx(&plain, &config).unwrap();
+    let plan = plan_from_sfx(&plain, &config, None).unwrap();
     let mut settings = file_settings(&plain, &plan);
     settings.mlp = MlpMode::Bundles;
     settings.bundle_k = 12;
@@ -291,7 +291,7 @@ impl UnitReader for SlowReader {
 
 fn engine_with(file: &SfxFile, store: Arc<dyn RefinementStore>) -> Refiner<CpuBackend> {
     let config = file.metadata().config.clone().unwrap();
-    let plan = plan_from_sfx(file, &config).unwrap();
+    let plan = plan_from_sfx(file, &config, None).unwrap();
     let settings = file_settings(file, &plan);
     Refiner::new(plan, store, settings).unwrap()
 }
@@ -378,7 +378,7 @@ fn corrupt_refinement_is_refused_with_one_warning() {
     let config = bad_file.metadata().config.clone().unwrap();
     let warnings = Mutex::new(Vec::<String>::new());
     let warn = |m: &str| warnings.lock().unwrap().push(m.to_string());
-    let plan = plan_from_sfx(&bad_file, &config).unwrap();
+    let plan = plan_from_sfx(&bad_file, &config, None).unwrap();
     let r = open_refinement::<CpuBackend>(
         &CpuBackend::new(),
         &bad_file,

@@ -11,4 +11,5 @@ pub mod refine;
 pub mod stats;
 #[cfg(test)]
 mod test_util;
+pub mod tune;
 pub mod yaqa;

@@ -7,6 +7,7 @@
 //! - [`qtip`]: QTIP/YAQA prequantized checkpoints → trellis weights.
 //! - [`corpus`]: the canonical evaluation and calibration texts.
 //! - [`atomic`]: crash-safe file writes.
+//! - [`tune`]: `sfx tune`'s per-machine tuning profiles (a sidecar next to the model).
 
 pub mod atomic;
 pub mod checkpoint;
@@ -18,6 +19,7 @@ pub mod qtip;
 pub mod resident;
 pub mod sfx;
 pub mod tensor;
+pub mod tune;
 
 pub use config::ModelConfig;
 pub use error::FormatError;

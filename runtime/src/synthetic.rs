@@ -434,6 +434,7 @@ pub fn refinement_plan(c: &ModelConfig) -> crate::refine::RefinementPlan {
         layers,
         hidden: h,
         eps: c.rms_norm_eps as f32,
+        fitted_k: [None; 4],
     }
 }
 

@@ -77,6 +77,13 @@ struct ConvertArgs {
     /// (one number applies to all four). The statistics and the fit depend on k.
     #[arg(long, default_value = "16")]
     k: String,
+    /// Fit C at several budgets in one calibration pass, e.g. 4,8,16,32,64 (needs --fit):
+    /// every set gets one C per rung, and a run at budget k reads the largest rung not above
+    /// it. `sfx tune` searches the ladder; --k (which must be a rung) is the default run.
+    /// Costs one set of statistics per rung while a block converts, and ladder-length times
+    /// the refinement bytes on disk (a run maps only its rungs).
+    #[arg(long)]
+    k_ladder: Option<String>,
     /// Ridge lambda of the fit (default: mean of diag(M) per projection set).
     #[arg(long)]
     lambda: Option<f64>,
@@ -226,6 +233,18 @@ fn parse_k(s: &str) -> Result<[usize; 4]> {
     }
 }
 
+/// `--k-ladder 4,8,16`: budgets in increasing order (duplicates and order checked by the
+/// converter's options).
+fn parse_ladder(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<usize>()
+                .map_err(|_| anyhow!("--k-ladder {s:?}: {p:?} is not a whole number"))
+        })
+        .collect()
+}
+
 /// `count` windows of `len` tokens spread evenly over `text`: window i tokenizes the text
 /// from character offset ≈ i·|text|/count (snapped forward to a line start) and keeps its
 /// first `len` tokens. Deterministic, covers every part of the text (Brown is ordered by
@@ -356,6 +375,10 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         quant,
         fit: a.fit,
         k: parse_k(&a.k)?,
+        k_ladder: match &a.k_ladder {
+            None => Vec::new(),
+            Some(l) => parse_ladder(l)?,
+        },
         lambda: a.lambda,
         mlp: MlpScheme::parse(&a.mlp)?,
         refine_tier: match a.refine_tier.as_str() {

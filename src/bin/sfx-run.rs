@@ -127,15 +127,25 @@ struct Cli {
     /// .sfx: run the resident base only (no refinement).
     #[arg(long, help_heading = "Refinement (.sfx)")]
     no_refine: bool,
+    /// .sfx: apply the tuning profile (MODEL.tune.json, written by `sfx tune`) of this
+    /// slowdown budget, e.g. 5%. Without it the profile's default (5 %, else its smallest
+    /// budget) applies when one was measured on this kind of device; --k, --s, --mlp and
+    /// --bundle-k override single settings.
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    budget: Option<String>,
+    /// .sfx: ignore the tuning profile (run the file's own budgets, or --k/--s).
+    #[arg(long, help_heading = "Refinement (.sfx)", conflicts_with = "budget")]
+    no_tune: bool,
     /// .sfx: refinement budgets k per 1024 input channels, one value or qkv,o,gu,d
-    /// (default: the budgets the file was fitted for).
+    /// (default: the tuning profile's, else the budgets the file was fitted for). A file
+    /// fitted at a ladder of k reads, per set, the largest fitted k not above the budget.
     #[arg(long, help_heading = "Refinement (.sfx)")]
     k: Option<String>,
     /// .sfx: fetch lead (qkv, gu) / lag (o, d) in blocks, multiples of 0.5: one value or
     /// qkv,o,gu,d. Lead selects channels from the residual stream s blocks earlier; lag adds
-    /// the refinement s blocks later.
-    #[arg(long, default_value = "0", help_heading = "Refinement (.sfx)")]
-    s: String,
+    /// the refinement s blocks later. Default: the tuning profile's, else 0.
+    #[arg(long, help_heading = "Refinement (.sfx)")]
+    s: Option<String>,
     /// .sfx: MLP refinement, channels or bundles (default: channels when the file has them).
     #[arg(long, help_heading = "Refinement (.sfx)")]
     mlp: Option<String>,
@@ -230,19 +240,45 @@ fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Ref
     if cli.no_refine {
         return Ok(None);
     }
-    let plan = plan_from_sfx(file, &loaded.info.config)?;
-    let mut settings = file_settings(file, &plan);
-    if let Some(k) = &cli.k {
-        settings.k = per_set("k", k)?;
-        settings.bundle_k = (3 * settings.k[3] + 2) / 4;
+    let profile = tuning_profile(cli, path, file, &loaded.model.backend().name())?;
+    if let Some(p) = &profile {
+        if p.k == [0; 4] && cli.k.is_none() {
+            eprintln!(
+                "tuning profile: nothing fits the {:.1} % budget on this machine; running the \
+                 resident base",
+                100.0 * p.budget
+            );
+            return Ok(None);
+        }
     }
-    settings.s = per_set("s", &cli.s)?;
-    if let Some(m) = &cli.mlp {
+    let k = match &cli.k {
+        Some(k) => Some(per_set("k", k)?),
+        None => profile.as_ref().map(|p| p.k),
+    };
+    let plan = plan_from_sfx(file, &loaded.info.config, k)?;
+    let mut settings = file_settings(file, &plan);
+    if let Some(k) = k {
+        settings.k = k;
+        settings.bundle_k = (3 * k[3] + 2) / 4;
+    }
+    settings.s = match (&cli.s, &profile) {
+        (Some(s), _) => per_set("s", s)?,
+        (None, Some(p)) => p.s,
+        (None, None) => [0.0; 4],
+    };
+    let mlp = cli
+        .mlp
+        .clone()
+        .or_else(|| profile.as_ref().map(|p| p.mlp.clone()));
+    if let Some(m) = &mlp {
         settings.mlp = match m.as_str() {
             "channels" => MlpMode::Channels,
             "bundles" => MlpMode::Bundles,
             other => bail!("--mlp {other:?}: expected channels or bundles"),
         };
+    }
+    if let (None, Some(p)) = (cli.k.as_ref(), &profile) {
+        settings.bundle_k = p.bundle_k;
     }
     if let Some(n) = cli.bundle_k {
         settings.bundle_k = n;
@@ -273,6 +309,98 @@ fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Ref
         &options,
         &warn,
     )?)
+}
+
+/// The tuning profile this run applies (module docs of `strataflux::tune`): `--budget`'s, or
+/// the default of the profile measured on this machine (or another of the same device kind,
+/// with a note); `None` with `--no-tune`, without a sidecar, or without a profile for this
+/// kind of device. A `--budget` that cannot be honoured is an error.
+fn tuning_profile(
+    cli: &Cli,
+    path: &std::path::Path,
+    file: &SfxFile,
+    backend_name: &str,
+) -> Result<Option<sfx_formats::tune::BudgetProfile>> {
+    use sfx_formats::tune::{parse_budget, sidecar_path, TuneFile};
+    if cli.no_tune {
+        return Ok(None);
+    }
+    let budget = cli
+        .budget
+        .as_deref()
+        .map(|b| {
+            parse_budget(b).ok_or_else(|| anyhow!("--budget {b:?}: expected a percentage like 5%"))
+        })
+        .transpose()?;
+    let sidecar = sidecar_path(path);
+    let tune = match TuneFile::read(&sidecar, &file.content_digest()) {
+        Ok(t) => t,
+        Err(e) if budget.is_none() => {
+            eprintln!("warning: tuning profile ignored: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let Some(tune) = tune else {
+        if budget.is_some() {
+            bail!(
+                "--budget: {} has no tuning profile ({} does not exist): run `sfx tune {}` first",
+                path.display(),
+                sidecar.display(),
+                path.display()
+            );
+        }
+        return Ok(None);
+    };
+    let machine = strataflux::tune::machine_for(backend_name);
+    let Some((entry, exact)) = tune.for_machine(&machine, cli.refine_tier.as_deref()) else {
+        if budget.is_some() {
+            bail!(
+                "--budget: {} has no profile measured on a {} device: run `sfx tune --device {}` here",
+                sidecar.display(),
+                machine.device,
+                machine.device
+            );
+        }
+        return Ok(None);
+    };
+    let profile = match budget {
+        Some(b) => entry.budget(b).ok_or_else(|| {
+            let have: Vec<String> = entry
+                .profiles
+                .iter()
+                .map(|p| format!("{}%", 100.0 * p.budget))
+                .collect();
+            anyhow!(
+                "--budget {:.1}%: not tuned on this machine (tuned: {}); run sfx tune --budget",
+                100.0 * b,
+                have.join(", ")
+            )
+        })?,
+        None => match entry.default_profile() {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+    };
+    {
+        let (k, s) = profile.k_and_s();
+        eprintln!(
+            "tuning profile: {:.1} % budget: k {k} s {s} {}; measured {:+.1} % slower, KL {:.4}{}",
+            100.0 * profile.budget,
+            profile.mlp,
+            100.0 * profile.remeasured_slowdown,
+            profile.kl,
+            if exact {
+                String::new()
+            } else {
+                format!(
+                    " (measured on another machine: {})",
+                    entry.machine.description
+                )
+            }
+        );
+    }
+    Ok(Some(profile.clone()))
 }
 
 /// JSON record of a refinement run: settings, engine counters and tier statistics.

@@ -73,6 +73,60 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Choose refinement settings for slowdown budgets on this machine: measures the
+    /// resident base's decode speed and each candidate's (alternating, median of rounds),
+    /// and the KL to the float model on held-out text (not the calibration text); for each
+    /// budget searches, per lead/lag combination and MLP scheme, the largest common k of the
+    /// file's fitted ladder within the budget, keeps the lowest KL, then raises single sets'
+    /// k while the slowdown stays within it (docs/method.md §6). The profile goes to
+    /// MODEL.tune.json beside the model (one entry per machine and tier, written
+    /// atomically); sfx-run applies it by default, --budget picks one, --k/--s override.
+    Tune {
+        model: std::path::PathBuf,
+        /// Slowdown budgets against the resident base (comma list of percentages or
+        /// fractions).
+        #[arg(long, default_value = "2.5%,5%,10%,20%")]
+        budget: String,
+        /// The float model the KL is measured against: the Hugging Face folder, hub id or
+        /// .gguf the file was converted from. Required.
+        #[arg(long)]
+        kl_ref: Option<String>,
+        /// cpu, cuda, cuda:N or auto.
+        #[arg(long, default_value = "auto")]
+        device: strataflux::device::DeviceChoice,
+        /// Refinement tier to measure: ram or ssd (default: as stored).
+        #[arg(long)]
+        refine_tier: Option<String>,
+        /// Held-out text for the KL: wiki, brown, austen/<novel> or a file. Not the
+        /// calibration text (Brown by default) nor the evaluation text (wiki).
+        #[arg(long, default_value = "austen/persuasion")]
+        text: String,
+        /// Windows of the KL text.
+        #[arg(long, default_value_t = 4)]
+        windows: usize,
+        /// Tokens per KL window.
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        /// Lead/lag values searched, in blocks (comma list; lead sets share one value, lag
+        /// sets another).
+        #[arg(long, default_value = "0,1")]
+        s: String,
+        /// MLP schemes searched: channels, bundles or both (default: what the file stores).
+        #[arg(long)]
+        mlp: Option<String>,
+        /// Decode timing: context tokens before the timed tokens.
+        #[arg(long, default_value_t = 128)]
+        context: usize,
+        /// Decode timing: timed tokens per run.
+        #[arg(long, default_value_t = 32)]
+        tokens: usize,
+        /// Decode timing: alternating base/candidate rounds (the median ratio counts).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure speed as llama-bench does: pp (prompt tokens/s) and tg (generated tokens/s)
     /// rows with mean ± sd over repetitions, after a context of -d tokens. Any model file, or
     /// a synthetic model of a real architecture with random weights made on the device.
@@ -202,6 +256,67 @@ fn main() -> Result<()> {
             seed,
             json,
         }),
+        Command::Tune {
+            model,
+            budget,
+            kl_ref,
+            device,
+            refine_tier,
+            text,
+            windows,
+            ctx,
+            s,
+            mlp,
+            context,
+            tokens,
+            rounds,
+            json,
+        } => {
+            use sfx_calibration::tune::Scheme;
+            let budgets = budget
+                .split(',')
+                .map(|b| {
+                    sfx_formats::tune::parse_budget(b).ok_or_else(|| {
+                        anyhow::anyhow!("--budget {budget:?}: {b:?} is not a percentage like 5%")
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let shifts = s
+                .split(',')
+                .map(|v| {
+                    v.trim()
+                        .parse::<f32>()
+                        .map_err(|_| anyhow::anyhow!("--s {s:?}: {v:?} is not a number"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            strataflux::tune::run(strataflux::tune::TuneArgs {
+                model,
+                budgets,
+                device,
+                tier: match refine_tier.as_deref() {
+                    None => None,
+                    Some("ram") => Some(sfx_formats::sfx::Tier::Ram),
+                    Some("ssd") => Some(sfx_formats::sfx::Tier::Ssd),
+                    Some(o) => bail!("--refine-tier {o:?}: expected ram or ssd"),
+                },
+                kl_ref,
+                text,
+                windows,
+                window: ctx,
+                shifts,
+                schemes: match mlp.as_deref() {
+                    None => Vec::new(),
+                    Some("channels") => vec![Scheme::Channels],
+                    Some("bundles") => vec![Scheme::Bundles],
+                    Some("both") => vec![Scheme::Channels, Scheme::Bundles],
+                    Some(o) => bail!("--mlp {o:?}: expected channels, bundles or both"),
+                },
+                context,
+                tokens,
+                rounds,
+                json,
+            })
+        }
         Command::Bench {
             model,
             synthetic,
@@ -375,6 +490,20 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             "stored_bytes": s.bytes.len(), "decoded_bytes": s.decoded_len,
             "layout": format!("{:?}", s.layout), "codec": format!("{:?}", s.codec)}));
     }
+    // Refinement payload bytes per (fitted rung, tier): columns, bundles.
+    let mut rungs: BTreeMap<(Option<usize>, &'static str), (u64, u64)> = BTreeMap::new();
+    for s in f.sections() {
+        if let Some((bundles, rung)) = sfx_runtime::refine::refinement_payload(s.name) {
+            let e = rungs.entry((rung, s.tier.as_str())).or_default();
+            if bundles {
+                e.1 += s.decoded_len;
+            } else {
+                e.0 += s.decoded_len;
+            }
+        }
+    }
+    let sidecar = sfx_formats::tune::sidecar_path(path);
+    let tuning = sfx_formats::tune::TuneFile::read(&sidecar, &f.content_digest());
     let meta = f.metadata();
     let lin = ResidentLinears::of(&f);
     let quant = meta.params.get("quant");
@@ -387,6 +516,8 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
                 "codes_bytes": lin.codes_bytes, "scales_bytes": lin.scales_bytes,
                 "zeros_bytes": lin.zeros_bytes, "bits_per_weight": lin.bits_per_weight()},
             "refine": refine,
+            "refine_rungs": rungs.iter().map(|((k, tier), (c, b))| serde_json::json!({"k": k, "tier": tier, "columns_bytes": c, "bundles_bytes": b})).collect::<Vec<_>>(),
+            "tuning": match &tuning { Ok(t) => serde_json::to_value(t)?, Err(e) => serde_json::json!({"error": e.to_string()}) },
             "tiers": tiers.iter().map(|(k, v)| (k.to_string(), serde_json::json!({"sections": v.0, "bytes": v.1}))).collect::<BTreeMap<_, _>>(),
             "sections": sections});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -464,6 +595,27 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             "  tier {tier:8} {n:5} sections {:.1} MB",
             *bytes as f64 / 1e6
         );
+    }
+    if !rungs.is_empty() {
+        println!("  refinement by fitted k (a run maps only the rungs it reads):");
+        for ((k, tier), (columns, bundles)) in &rungs {
+            let k = k.map_or("file's k".to_string(), |k| format!("k {k:>4}"));
+            println!(
+                "    {k:>8}  {tier:4}  columns {:8.1} MB  bundles {:8.1} MB",
+                *columns as f64 / 1e6,
+                *bundles as f64 / 1e6
+            );
+        }
+    }
+    match &tuning {
+        Ok(Some(t)) => {
+            for m in &t.machines {
+                println!("tuning profile (sfx tune), {}:", sidecar.display());
+                strataflux::tune::print_profiles(m);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => println!("tuning profile: unusable: {e}"),
     }
     for (k, v) in &meta.params {
         // Per-layer records (AWQ's α per layer) are long; --json has them whole.

@@ -1,7 +1,7 @@
 //! One decoder block of the conversion: statistics, resident quantization with folding,
 //! refinement fitting, held-out error measurement and the block's sections.
 
-use super::{ConvertError, ConvertOptions, Sink};
+use super::{bundle_budget, ConvertError, ConvertOptions, Sink};
 use crate::quant::awq::{fold_into_norm, fold_into_rows, scale_columns};
 use crate::quant::{InputStats, Kron, ResidentQuantizer, ResidentWeight, SetContext, WeightView};
 use crate::refine::bundles::build_bundles;
@@ -11,6 +11,7 @@ use faer::{Accum, MatMut, MatRef, Par};
 use sfx_formats::sfx::Layout;
 use sfx_formats::{FormatError, TensorSource};
 use sfx_runtime::model::DecoderLayer;
+use sfx_runtime::refine::{bundles_section, columns_section};
 use sfx_runtime::{
     CpuBackend, FloatLinearFactory, LayerwiseRunner, ProjectionSet, WeightPrecision,
 };
@@ -68,7 +69,8 @@ struct Proj {
     cols: usize,
     bias: Option<Vec<f32>>,
     q: Option<ResidentWeight>,
-    refine: Option<RefinementColumns>,
+    /// The 4-bit refinement per rung: `(section rung, columns)` ([`ConvertOptions::rungs`]).
+    refine: Vec<(Option<usize>, RefinementColumns)>,
 }
 
 impl Proj {
@@ -127,7 +129,7 @@ fn load_proj(
         cols,
         bias,
         q: None,
-        refine: None,
+        refine: Vec::new(),
     })
 }
 
@@ -307,19 +309,35 @@ impl LayerContext<'_> {
 
         // 3. Refinement statistics on the inputs the quantized weights see; held-out inputs;
         //    advance the residual streams.
+        //    A ladder gathers every rung's statistics in this one pass.
         let o = self.options;
-        let mut stats: Vec<RefinementStats> = ProjectionSet::ALL
+        let mut stats: Vec<Vec<RefinementStats>> = ProjectionSet::ALL
             .iter()
-            .map(|&s| RefinementStats::new(self.set_in_dim(s), o.k[s.index()]))
+            .map(|&s| {
+                o.rungs(s)
+                    .iter()
+                    .map(|&k| RefinementStats::new(self.set_in_dim(s), k))
+                    .collect()
+            })
             .collect();
-        let mut bundle_stats = (o.fit && o.mlp.bundles())
-            .then(|| RefinementStats::new(c.intermediate_size, o.bundle_k()));
+        let mut bundle_stats: Vec<RefinementStats> = if o.fit && o.mlp.bundles() {
+            o.rungs(Down)
+                .iter()
+                .map(|&k| RefinementStats::new(c.intermediate_size, bundle_budget(k)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for h in calib_h.iter_mut() {
             let mut obs = |_l: usize, set: ProjectionSet, x: &[f32], rows: usize| {
                 let x = scaled(x, &inv_scales[set.index()]);
-                stats[set.index()].add_rows(&x, rows);
-                if let (Down, Some(b)) = (set, bundle_stats.as_mut()) {
-                    b.add_rows(&x, rows);
+                for st in &mut stats[set.index()] {
+                    st.add_rows(&x, rows);
+                }
+                if set == Down {
+                    for b in &mut bundle_stats {
+                        b.add_rows(&x, rows);
+                    }
                 }
             };
             self.runner.forward_layer(&block, l, h, Some(&mut obs))?;
@@ -333,7 +351,8 @@ impl LayerContext<'_> {
         }
         drop(block);
 
-        // 4. Refinement per set: R = W' − Ŵ, fitted C, 4-bit columns, held-out errors.
+        // 4. Refinement per set: R = W' − Ŵ, fitted C at every rung, 4-bit columns,
+        //    held-out errors at the file's default budget.
         let mut reports = Vec::new();
         for set in ProjectionSet::ALL {
             let i = set.index();
@@ -343,19 +362,17 @@ impl LayerContext<'_> {
                 .map(Proj::residual)
                 .collect::<Result<Vec<_>, _>>()?;
             let measure = !held_x[i].is_empty();
-            let fitted = if o.fit || measure {
-                let stacked: Vec<f32> = residuals.concat();
-                Some(
-                    fit_refinement(&stacked, &stats[i], o.lambda).map_err(|source| {
-                        ConvertError::Refine {
-                            layer: l,
-                            set: set.name(),
-                            source,
-                        }
-                    })?,
-                )
+            let stacked: Vec<f32> = if o.fit || measure {
+                residuals.concat()
             } else {
-                None
+                Vec::new()
+            };
+            let fit_at = |st: &RefinementStats| {
+                fit_refinement(&stacked, st, o.lambda).map_err(|source| ConvertError::Refine {
+                    layer: l,
+                    set: set.name(),
+                    source,
+                })
             };
             let in_dim = self.set_in_dim(set);
             let n_held = held_x[i].len() / in_dim;
@@ -372,28 +389,41 @@ impl LayerContext<'_> {
                 k,
                 ..Default::default()
             };
-            let mut row0 = 0;
-            for (proj, r) in sets[i].iter_mut().zip(&residuals) {
-                let (rows, cols) = (proj.rows, proj.cols);
-                let plain = quantize_columns_4bit(r, rows, cols);
-                let fit = fitted.as_ref().map(|f| {
-                    quantize_columns_4bit(&f[row0 * cols..(row0 + rows) * cols], rows, cols)
-                });
-                row0 += rows;
-                if measure {
-                    let x = &held_x[i];
-                    rep.signal += sum_sq(&x_wt(x, n_held, &proj.w, rows, cols));
-                    let e = x_wt(x, n_held, r, rows, cols);
-                    rep.base += sum_sq(&e);
-                    rep.plain += refined_error(&e, &z, n_held, &plain);
-                    if let Some(f) = &fit {
-                        rep.fitted += refined_error(&e, &z, n_held, f);
+            let plain: Vec<RefinementColumns> = sets[i]
+                .iter()
+                .zip(&residuals)
+                .map(|(proj, r)| quantize_columns_4bit(r, proj.rows, proj.cols))
+                .collect();
+            for (rung, st) in o.rungs(set).into_iter().zip(&stats[i]) {
+                let at_default = rung == k;
+                let fitted = if o.fit || (measure && at_default) {
+                    Some(fit_at(st)?)
+                } else {
+                    None
+                };
+                let mut row0 = 0;
+                for ((proj, r), plain) in sets[i].iter_mut().zip(&residuals).zip(&plain) {
+                    let (rows, cols) = (proj.rows, proj.cols);
+                    let fit = fitted.as_ref().map(|f| {
+                        quantize_columns_4bit(&f[row0 * cols..(row0 + rows) * cols], rows, cols)
+                    });
+                    row0 += rows;
+                    if measure && at_default {
+                        let x = &held_x[i];
+                        rep.signal += sum_sq(&x_wt(x, n_held, &proj.w, rows, cols));
+                        let e = x_wt(x, n_held, r, rows, cols);
+                        rep.base += sum_sq(&e);
+                        rep.plain += refined_error(&e, &z, n_held, plain);
+                        if let Some(f) = &fit {
+                            rep.fitted += refined_error(&e, &z, n_held, f);
+                        }
                     }
+                    let columns = match (o.fit, fit) {
+                        (true, Some(f)) => f,
+                        _ => plain.clone(),
+                    };
+                    proj.refine.push((o.section_rung(rung), columns));
                 }
-                proj.refine = Some(match (o.fit, fit) {
-                    (true, Some(f)) => f,
-                    _ => plain,
-                });
             }
             if measure {
                 reports.push(rep);
@@ -434,13 +464,14 @@ impl LayerContext<'_> {
                 if let Some(b) = &proj.bias {
                     sink.put_f32(format!("{name}.bias"), vec![rows], b)?;
                 }
-                if let (true, Some(r)) = (channels, &proj.refine) {
+                for (rung, r) in proj.refine.iter().filter(|_| channels) {
                     let layout = Layout::ColumnNibbles {
                         out: rows,
                         inp: cols,
                     };
-                    sink.put(format!("{name}.refine"), tier, layout, &r.packed)?;
-                    sink.put_f16(format!("{name}.refine.scales"), vec![rows], &r.row_scales)?;
+                    let section = columns_section(name, *rung);
+                    sink.put(section.clone(), tier, layout, &r.packed)?;
+                    sink.put_f16(format!("{section}.scales"), vec![rows], &r.row_scales)?;
                 }
             }
         }
@@ -448,40 +479,37 @@ impl LayerContext<'_> {
             let gu = &sets[GateUp.index()];
             let down = &sets[Down.index()][0];
             let d_res = down.residual()?;
-            let d_ref = match &bundle_stats {
-                Some(bs) => {
-                    fit_refinement(&d_res, bs, o.lambda).map_err(|source| ConvertError::Refine {
-                        layer: l,
-                        set: "bundles",
-                        source,
-                    })?
-                }
-                None => d_res,
-            };
+            let (gate_res, up_res) = (gu[0].residual()?, gu[1].residual()?);
             let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
-            let b = build_bundles(
-                &gu[0].residual()?,
-                &gu[1].residual()?,
-                &d_ref,
-                &down.w,
-                hidden,
-                ffn,
-            );
-            let layout = Layout::NeuronBundles {
-                neurons: ffn as u64,
-                hidden: hidden as u64,
-            };
-            sink.put(format!("{p}.mlp.bundles"), tier, layout, &b.packed)?;
-            sink.put_f16(
-                format!("{p}.mlp.bundles.row_scales"),
-                vec![2, ffn as u64],
-                &b.row_scales,
-            )?;
-            sink.put_f16(
-                format!("{p}.mlp.bundles.col_scales"),
-                vec![2, hidden as u64],
-                &b.col_scales,
-            )?;
+            for (ri, rung) in o.rungs(Down).into_iter().enumerate() {
+                let d_ref = match bundle_stats.get(ri) {
+                    Some(bs) => fit_refinement(&d_res, bs, o.lambda).map_err(|source| {
+                        ConvertError::Refine {
+                            layer: l,
+                            set: "bundles",
+                            source,
+                        }
+                    })?,
+                    None => d_res.clone(),
+                };
+                let b = build_bundles(&gate_res, &up_res, &d_ref, &down.w, hidden, ffn);
+                let layout = Layout::NeuronBundles {
+                    neurons: ffn as u64,
+                    hidden: hidden as u64,
+                };
+                let section = bundles_section(&p, o.section_rung(rung));
+                sink.put(section.clone(), tier, layout, &b.packed)?;
+                sink.put_f16(
+                    format!("{section}.row_scales"),
+                    vec![2, ffn as u64],
+                    &b.row_scales,
+                )?;
+                sink.put_f16(
+                    format!("{section}.col_scales"),
+                    vec![2, hidden as u64],
+                    &b.col_scales,
+                )?;
+            }
         }
 
         let report = LayerReport {

@@ -228,8 +228,12 @@ pub struct ConvertOptions {
     pub quant: QuantSpec,
     /// Fitted refinement C (true) or the plain residual R (false, DecDEC).
     pub fit: bool,
-    /// Refinement budgets k per 1024 input channels, indexed by [`ProjectionSet::index`].
+    /// Refinement budgets k per 1024 input channels, indexed by [`ProjectionSet::index`]:
+    /// what the file runs at by default (each on the ladder when there is one).
     pub k: [usize; 4],
+    /// Budgets to fit C at in the same calibration pass (`--k-ladder`), every set at every
+    /// rung; empty: one C per set at its `k`.
+    pub k_ladder: Vec<usize>,
     /// Ridge λ; `None`: mean of diag(M) per set.
     pub lambda: Option<f64>,
     pub mlp: MlpScheme,
@@ -246,7 +250,21 @@ impl ConvertOptions {
     /// Neurons per 1024 selected by bundles: k_n = round(3·k_d / 4), the method's pairing of
     /// bundle and channel budgets (docs/method.md §6).
     pub fn bundle_k(&self) -> usize {
-        (3 * self.k[ProjectionSet::Down.index()] + 2) / 4
+        bundle_budget(self.k[ProjectionSet::Down.index()])
+    }
+
+    /// The budgets `set` is fitted at: the ladder, or its one k.
+    pub fn rungs(&self, set: ProjectionSet) -> Vec<usize> {
+        if self.k_ladder.is_empty() {
+            vec![self.k[set.index()]]
+        } else {
+            self.k_ladder.clone()
+        }
+    }
+
+    /// The rung a section name carries (`None` without a ladder: the one-k names).
+    pub fn section_rung(&self, k: usize) -> Option<usize> {
+        (!self.k_ladder.is_empty()).then_some(k)
     }
 
     fn validate(&self) -> Result<(), ConvertError> {
@@ -259,6 +277,30 @@ impl ConvertOptions {
             return Err(ConvertError::Options(format!(
                 "--k {k}: a budget is per 1024 input channels, at most 1024"
             )));
+        }
+        if !self.k_ladder.is_empty() {
+            if !self.fit {
+                return Err(ConvertError::Options(
+                    "--k-ladder needs --fit: the plain residual R does not depend on k".into(),
+                ));
+            }
+            if let Some(&k) = self.k_ladder.iter().find(|&&k| k == 0 || k > 1024) {
+                return Err(ConvertError::Options(format!(
+                    "--k-ladder: rung {k} is not a budget between 1 and 1024 per 1024 channels"
+                )));
+            }
+            if !self.k_ladder.windows(2).all(|w| w[0] < w[1]) {
+                return Err(ConvertError::Options(format!(
+                    "--k-ladder {:?}: rungs must increase",
+                    self.k_ladder
+                )));
+            }
+            if let Some(&k) = self.k.iter().find(|k| !self.k_ladder.contains(k)) {
+                return Err(ConvertError::Options(format!(
+                    "--k {k}: the file's default budget must be a rung of --k-ladder {:?}",
+                    self.k_ladder
+                )));
+            }
         }
         if let Some(l) = self.lambda {
             if !(l.is_finite() && l > 0.0) {
@@ -274,6 +316,11 @@ impl ConvertOptions {
         }
         Ok(())
     }
+}
+
+/// Neurons per 1024 selected by bundles at channel budget `k_down`: round(3k/4).
+pub fn bundle_budget(k_down: usize) -> usize {
+    (3 * k_down + 2) / 4
 }
 
 /// What a conversion produced, for logs, `--json` and docs/results.md.
@@ -658,6 +705,11 @@ fn params(
             "levels": "signed4-rowscale-grid32",
         }),
     );
+    if !o.k_ladder.is_empty() {
+        if let Some(r) = p.get_mut("refine").and_then(|v| v.as_object_mut()) {
+            r.insert("ladder".into(), json!(o.k_ladder));
+        }
+    }
     // Only discrete choices go into the file (objective values are float sums that belong
     // in the report, not in bytes that must be reproducible).
     let alphas: Vec<BTreeMap<&str, f64>> = report

@@ -130,6 +130,20 @@ impl SfxFile {
         &self.metadata
     }
 
+    /// A digest naming this container's contents: SHA-256 over every section's name and
+    /// recorded SHA-256 in table order (hex). No section data is read, so it is instant; two
+    /// files with equal sections and names share it (e.g. a byte-identical re-conversion).
+    pub fn content_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for e in &self.entries {
+            h.update((e.name.len() as u64).to_le_bytes());
+            h.update(e.name.as_bytes());
+            h.update(e.sha256);
+        }
+        format!("{:x}", h.finalize())
+    }
+
     /// All sections in table (writer) order.
     pub fn sections(&self) -> impl Iterator<Item = SectionView<'_>> + '_ {
         self.entries.iter().map(|e| self.view(e))

@@ -17,38 +17,63 @@ fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&l| l as f64 - lse).collect()
 }
 
+/// The reference's side of [`lumped_kl`] for one position, computed once: its top-`k` tokens
+/// with their log-probabilities, the lumped rest and its argmax. A tuner scoring many
+/// configurations against one float model keeps these (12 bytes per category) instead of the
+/// reference's full logits or a second run of it.
+#[derive(Debug, Clone)]
+pub struct ReferenceRow {
+    top: Vec<(u32, f64)>,
+    rest: f64,
+    argmax: usize,
+}
+
+fn argmax(v: &[f64]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+impl ReferenceRow {
+    pub fn new(reference: &[f32], k: usize) -> Self {
+        let lr = log_softmax(reference);
+        let k = k.min(lr.len());
+        let mut order: Vec<usize> = (0..lr.len()).collect();
+        // Partial selection: only the top-k set matters, not its internal order.
+        order.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| lr[b].total_cmp(&lr[a]));
+        let top: Vec<(u32, f64)> = order[..k].iter().map(|&i| (i as u32, lr[i])).collect();
+        let pr_top: f64 = top.iter().map(|&(_, l)| l.exp()).sum();
+        Self {
+            top,
+            rest: (1.0 - pr_top).max(0.0),
+            argmax: argmax(&lr),
+        }
+    }
+
+    /// KL(p_ref ‖ p_test) over the reference's categories, and whether the argmaxes agree.
+    pub fn kl(&self, test: &[f32]) -> (f64, bool) {
+        let lt = log_softmax(test);
+        let mut kl = 0.0;
+        let mut pt_top = 0.0;
+        for &(i, lr) in &self.top {
+            let lt = lt[i as usize];
+            pt_top += lt.exp();
+            kl += lr.exp() * (lr - lt);
+        }
+        let pt_rest = (1.0 - pt_top).max(f64::MIN_POSITIVE);
+        if self.rest > 0.0 {
+            kl += self.rest * (self.rest.ln() - pt_rest.ln());
+        }
+        (kl.max(0.0), self.argmax == argmax(&lt))
+    }
+}
+
 /// KL(p_ref ‖ p_test) over the top-`k` categories of the reference plus one lumped rest
 /// category. Also returns whether both distributions share their argmax.
 pub fn lumped_kl(reference: &[f32], test: &[f32], k: usize) -> (f64, bool) {
     debug_assert_eq!(reference.len(), test.len());
-    let lr = log_softmax(reference);
-    let lt = log_softmax(test);
-    let k = k.min(lr.len());
-    let mut order: Vec<usize> = (0..lr.len()).collect();
-    // Partial selection: only the top-k set matters, not its internal order.
-    order.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| lr[b].total_cmp(&lr[a]));
-    let top = &order[..k];
-    let mut kl = 0.0;
-    let mut pr_top = 0.0;
-    let mut pt_top = 0.0;
-    for &i in top {
-        let pr = lr[i].exp();
-        pr_top += pr;
-        pt_top += lt[i].exp();
-        kl += pr * (lr[i] - lt[i]);
-    }
-    let pr_rest = (1.0 - pr_top).max(0.0);
-    let pt_rest = (1.0 - pt_top).max(f64::MIN_POSITIVE);
-    if pr_rest > 0.0 {
-        kl += pr_rest * (pr_rest.ln() - pt_rest.ln());
-    }
-    let argmax = |v: &[f64]| {
-        v.iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i)
-    };
-    (kl.max(0.0), argmax(&lr) == argmax(&lt))
+    ReferenceRow::new(reference, k).kl(test)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -69,8 +94,8 @@ pub struct KlSummary {
 }
 
 impl KlAccumulator {
-    pub fn push(&mut self, reference: &[f32], test: &[f32]) {
-        let (kl, same) = lumped_kl(reference, test, KL_TOP_K);
+    pub fn push(&mut self, reference: &ReferenceRow, test: &[f32]) {
+        let (kl, same) = reference.kl(test);
         self.values.push(kl);
         self.same_top1 += same as u64;
     }

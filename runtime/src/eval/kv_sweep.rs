@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::kl::{KlAccumulator, KlSummary};
+use super::kl::{KlAccumulator, KlSummary, ReferenceRow, KL_TOP_K};
 use super::ppl::{log_softmax_at, NllAccumulator, PplSummary};
 use super::runner::EvalPart;
 use crate::backend::Backend;
@@ -159,7 +159,7 @@ pub fn kv_sweep<'a, B: Backend>(
                     let j = pos - part.first_scored;
                     let l = &reference_logits[j * vocab..(j + 1) * vocab];
                     nll.push(-log_softmax_at(l, part.tokens[pos] as usize));
-                    kl.push(l, l);
+                    kl.push(&ReferenceRow::new(l, KL_TOP_K), l);
                 }
             } else {
                 let backend = model.model.backend();
@@ -168,7 +168,8 @@ pub fn kv_sweep<'a, B: Backend>(
                         l,
                         part.tokens[part.first_scored + j] as usize,
                     ));
-                    kl.push(&reference_logits[j * vocab..(j + 1) * vocab], l);
+                    let r = &reference_logits[j * vocab..(j + 1) * vocab];
+                    kl.push(&ReferenceRow::new(r, KL_TOP_K), l);
                 };
                 if runs_in_backend(config) {
                     let mut cache =

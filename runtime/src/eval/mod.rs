@@ -10,10 +10,11 @@ pub mod ppl;
 pub mod runner;
 pub mod spec;
 
-pub use kl::{KlAccumulator, KlSummary};
+pub use kl::{KlAccumulator, KlSummary, ReferenceRow};
 pub use model_scorer::ModelScorer;
 pub use ppl::{log_softmax_at, NllAccumulator, PplSummary};
 pub use runner::{
-    evaluate, long_context_part, window_parts, EvalPart, EvalResult, PartResult, Scorer,
+    evaluate, evaluate_against, long_context_part, reference_rows, window_parts, EvalPart,
+    EvalResult, PartResult, Scorer,
 };
 pub use spec::{EvalSpec, EvalSpecError};

@@ -2,9 +2,10 @@
 //! They see a model only through [`Scorer`], so any backend, resident format or refinement
 //! setting is evaluated by the same code.
 
-use super::kl::KlAccumulator;
+use super::kl::{KlAccumulator, ReferenceRow, KL_TOP_K};
 use super::ppl::{log_softmax_at, NllAccumulator, PplSummary};
 use super::KlSummary;
+use std::borrow::Cow;
 
 /// The two ways the protocol runs a model: a whole window at once (prefill, logits for every
 /// position) and token-by-token through the decode path after a prefill.
@@ -124,6 +125,32 @@ fn for_each_prediction<S: Scorer>(
     Ok(())
 }
 
+/// The reference's side of the KL for every scored position of `part`, in order.
+fn reference_part<R: Scorer>(r: &mut R, part: &EvalPart) -> Result<Vec<ReferenceRow>, RunError> {
+    let mut rows = Vec::with_capacity(part.tokens.len() - part.first_scored);
+    for_each_prediction(r, part, |_, l| rows.push(ReferenceRow::new(l, KL_TOP_K)))
+        .map_err(ref_err)?;
+    Ok(rows)
+}
+
+/// Runs `reference` over every part once, keeping only what the KL needs per position
+/// ([`ReferenceRow`]): for scoring many models against one reference
+/// ([`evaluate_against`]).
+pub fn reference_rows<R: Scorer>(
+    parts: &[EvalPart],
+    reference: &mut R,
+) -> Result<Vec<Vec<ReferenceRow>>, RunError> {
+    parts
+        .iter()
+        .map(|part| {
+            if part.first_scored >= part.tokens.len() {
+                return Err(RunError::Empty(part.name.clone()));
+            }
+            reference_part(reference, part)
+        })
+        .collect()
+}
+
 /// Runs every part through `model` (and `reference`, when given, on the same positions) and
 /// summarises NLL and KL per part and overall. `progress(done_parts, total_parts)` is called
 /// after each part.
@@ -131,14 +158,49 @@ pub fn evaluate<S: Scorer, R: Scorer>(
     parts: &[EvalPart],
     model: &mut S,
     mut reference: Option<&mut R>,
-    mut progress: impl FnMut(usize, usize, &PartResult),
+    progress: impl FnMut(usize, usize, &PartResult),
 ) -> Result<EvalResult, RunError> {
     if let Some(r) = reference.as_deref() {
         if r.vocab_size() != model.vocab_size() {
             return Err(RunError::Vocab(model.vocab_size(), r.vocab_size()));
         }
     }
-    let vocab = model.vocab_size();
+    // The reference's predictions of a part are reduced before the model runs it, so both
+    // models' full logit matrices are never held at once.
+    let mut rows = |_: usize, part: &EvalPart| -> PartReference<'static> {
+        Ok(match reference.as_deref_mut() {
+            Some(r) => Some(Cow::Owned(reference_part(r, part)?)),
+            None => None,
+        })
+    };
+    score_parts(parts, model, &mut rows, progress)
+}
+
+/// [`evaluate`] against reference rows made once by [`reference_rows`] for the same parts.
+pub fn evaluate_against<S: Scorer>(
+    parts: &[EvalPart],
+    model: &mut S,
+    reference: &[Vec<ReferenceRow>],
+    progress: impl FnMut(usize, usize, &PartResult),
+) -> Result<EvalResult, RunError> {
+    let mut rows = |i: usize, part: &EvalPart| -> PartReference<'_> {
+        match reference.get(i) {
+            Some(r) => Ok(Some(Cow::Borrowed(r.as_slice()))),
+            None => Err(RunError::Empty(part.name.clone())),
+        }
+    };
+    score_parts(parts, model, &mut rows, progress)
+}
+
+/// A part's reference rows (`None`: no reference), made for it or kept from before.
+type PartReference<'r> = Result<Option<Cow<'r, [ReferenceRow]>>, RunError>;
+
+fn score_parts<'r, S: Scorer>(
+    parts: &[EvalPart],
+    model: &mut S,
+    reference: &mut dyn FnMut(usize, &EvalPart) -> PartReference<'r>,
+    mut progress: impl FnMut(usize, usize, &PartResult),
+) -> Result<EvalResult, RunError> {
     let mut total_nll = NllAccumulator::default();
     let mut total_kl = KlAccumulator::default();
     let mut results = Vec::with_capacity(parts.len());
@@ -146,24 +208,17 @@ pub fn evaluate<S: Scorer, R: Scorer>(
         if part.first_scored >= part.tokens.len() {
             return Err(RunError::Empty(part.name.clone()));
         }
-        // The reference's predictions are collected first so the test model's logits can be
-        // compared as they are produced, without holding both full logit matrices at once.
-        let ref_logits: Option<Vec<f32>> = match reference.as_deref_mut() {
-            Some(r) => {
-                let mut buf = Vec::with_capacity((part.tokens.len() - part.first_scored) * vocab);
-                for_each_prediction(r, part, |_, l| buf.extend_from_slice(l)).map_err(ref_err)?;
-                Some(buf)
-            }
-            None => None,
-        };
+        let ref_rows = reference(i, part)?;
         let mut nll = NllAccumulator::default();
         let mut kl = KlAccumulator::default();
         for_each_prediction(model, part, |pos, logits| {
             let target = part.tokens[pos] as usize;
             nll.push(-log_softmax_at(logits, target));
-            if let Some(r) = &ref_logits {
-                let j = pos - part.first_scored;
-                kl.push(&r[j * vocab..(j + 1) * vocab], logits);
+            if let Some(r) = ref_rows
+                .as_ref()
+                .and_then(|r| r.get(pos - part.first_scored))
+            {
+                kl.push(r, logits);
             }
         })
         .map_err(model_err)?;
@@ -275,6 +330,47 @@ mod tests {
         let kl = res.kl.unwrap();
         assert_eq!(kl.tokens, 45);
         assert!(kl.mean.abs() < 1e-12 && kl.same_top1_pct == 100.0);
+    }
+
+    #[test]
+    fn kept_reference_rows_score_as_the_reference_model_does() {
+        let tokens: Vec<u32> = (0..64).map(|i| (i * 5 % 9) as u32).collect();
+        let parts = window_parts(&tokens, 16, 3);
+        let mut m = Bigram {
+            vocab: 9,
+            last: None,
+        };
+        // A reference that differs from the model: a shifted bigram table.
+        struct Shifted(Bigram);
+        impl Scorer for Shifted {
+            type Error = Never;
+            fn vocab_size(&self) -> usize {
+                self.0.vocab
+            }
+            fn score_window(&mut self, tokens: &[u32]) -> Result<Vec<f32>, Never> {
+                Ok(tokens.iter().flat_map(|&t| self.0.row(t + 1)).collect())
+            }
+            fn prefill_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, Never> {
+                self.0.prefill_last(tokens)
+            }
+            fn decode_step(&mut self, token: u32) -> Result<Vec<f32>, Never> {
+                self.0.decode_step(token)
+            }
+        }
+        let mut r = Shifted(Bigram {
+            vocab: 9,
+            last: None,
+        });
+        let direct = evaluate(&parts, &mut m, Some(&mut r), |_, _, _| {}).unwrap();
+        let rows = reference_rows(&parts, &mut r).unwrap();
+        let kept = evaluate_against(&parts, &mut m, &rows, |_, _, _| {}).unwrap();
+        let (a, b) = (direct.kl.unwrap(), kept.kl.unwrap());
+        assert!(a.mean > 0.01, "the reference differs from the model");
+        assert_eq!(
+            (a.mean, a.same_top1_pct, a.tokens),
+            (b.mean, b.same_top1_pct, b.tokens)
+        );
+        assert_eq!(direct.ppl.mean_nll, kept.ppl.mean_nll);
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct RefinementPlan {
     pub layers: Vec<LayerSources>,
     pub hidden: usize,
     pub eps: f32,
+    /// Per set, the ladder rung its columns were fitted at (`None`: a file fitted at one k).
+    pub fitted_k: [Option<usize>; 4],
 }
 
 /// MLP refinement scheme used at run time.

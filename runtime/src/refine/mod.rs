@@ -11,5 +11,8 @@ pub mod store;
 
 pub use engine::{MlpMode, RefineCounters, RefineSettings, RefinementPlan, Refiner};
 pub use open::{open_refinement, RefineOpenOptions, TierChoice};
-pub use plan::{file_settings, plan_from_sfx};
+pub use plan::{
+    bundles_section, columns_section, file_budgets, file_ladder, file_settings, ladder_rung,
+    plan_from_sfx, refinement_payload,
+};
 pub use store::MissPolicy;

@@ -71,10 +71,94 @@ fn check_payload(file: &SfxFile, name: &str, codec: Codec, tier: Tier) -> Result
     Ok(())
 }
 
-/// Reads every refinement section of `file`. Sets without sections are left empty (the
-/// engine skips them); shapes are checked against `config`.
-pub fn plan_from_sfx(file: &SfxFile, config: &ModelConfig) -> Result<RefinementPlan> {
+/// The budgets k a file's refinement was fitted at, one C per rung (`params.refine.ladder`,
+/// written by `sfx-convert --k-ladder`); empty for a file fitted at one k per set.
+pub fn file_ladder(file: &SfxFile) -> Vec<usize> {
+    file.metadata()
+        .params
+        .get("refine")
+        .and_then(|r| r.get("ladder"))
+        .and_then(|l| l.as_array())
+        .map(|l| {
+            l.iter()
+                .filter_map(|v| v.as_u64().map(|k| k as usize))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The ladder rung a set running at budget `k` reads: the largest fitted k not above it (C
+/// is fitted for the channels *not* selected, so a C fitted at a larger k than the run's
+/// over-trusts channels that are no longer fetched), or the smallest rung below the ladder.
+pub fn ladder_rung(ladder: &[usize], k: usize) -> Option<usize> {
+    ladder
+        .iter()
+        .copied()
+        .filter(|&r| r <= k)
+        .max()
+        .or_else(|| ladder.iter().copied().min())
+}
+
+/// Name of a projection's refinement columns (`{prefix}.refine`; `{prefix}.refine.k{K}` for
+/// rung K of a ladder), shared by the converter that writes them and the plan that reads them.
+pub fn columns_section(projection: &str, rung: Option<usize>) -> String {
+    match rung {
+        None => format!("{projection}.refine"),
+        Some(k) => format!("{projection}.refine.k{k}"),
+    }
+}
+
+/// Name of a layer's neuron bundles (`model.layers.{l}.mlp.bundles`, `….k{K}` for rung K).
+pub fn bundles_section(layer_prefix: &str, rung: Option<usize>) -> String {
+    match rung {
+        None => format!("{layer_prefix}.mlp.bundles"),
+        Some(k) => format!("{layer_prefix}.mlp.bundles.k{k}"),
+    }
+}
+
+/// What a refinement payload section holds, read back from its name ([`columns_section`],
+/// [`bundles_section`]): `Some((is_bundles, rung))`, `None` for any other section (scales
+/// included).
+pub fn refinement_payload(name: &str) -> Option<(bool, Option<usize>)> {
+    let rung = |tail: &str| -> Option<Option<usize>> {
+        match tail {
+            "" => Some(None),
+            t => t.strip_prefix(".k")?.parse().ok().map(Some),
+        }
+    };
+    if let Some((_, tail)) = name.rsplit_once(".mlp.bundles") {
+        return rung(tail).map(|r| (true, r));
+    }
+    let (_, tail) = name.rsplit_once(".refine")?;
+    rung(tail).map(|r| (false, r))
+}
+
+/// The budgets a file runs at by default (`params.refine.k`; 16 per set when unrecorded).
+pub fn file_budgets(file: &SfxFile) -> [usize; 4] {
+    let refine = file.metadata().params.get("refine");
+    let k_of = |set: &str| {
+        refine
+            .and_then(|r| r.get("k"))
+            .and_then(|k| k.get(set))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(16) as usize
+    };
+    [k_of("qkv"), k_of("o"), k_of("gu"), k_of("d")]
+}
+
+/// Reads the refinement sections of `file` a run at budgets `k` per set uses (`None`: the
+/// file's own budgets): for a ladder file, each set's rung ([`ladder_rung`]; bundles follow
+/// the down set's). Sets without sections are left empty (the engine skips them); shapes are
+/// checked against `config`.
+pub fn plan_from_sfx(
+    file: &SfxFile,
+    config: &ModelConfig,
+    k: Option<[usize; 4]>,
+) -> Result<RefinementPlan> {
     let c = config;
+    let ladder = file_ladder(file);
+    let k = k.unwrap_or_else(|| file_budgets(file));
+    let rungs: [Option<usize>; 4] = k.map(|k| ladder_rung(&ladder, k));
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     let mut next_key = 0u64;
     for l in 0..c.num_hidden_layers {
@@ -90,7 +174,7 @@ pub fn plan_from_sfx(file: &SfxFile, config: &ModelConfig) -> Result<RefinementP
         };
         for set in ProjectionSet::ALL {
             for proj in SET_PROJECTIONS[set.index()] {
-                let name = format!("{p}.{proj}.refine");
+                let name = columns_section(&format!("{p}.{proj}"), rungs[set.index()]);
                 let Ok(s) = file.section(&name) else {
                     continue;
                 };
@@ -122,7 +206,7 @@ pub fn plan_from_sfx(file: &SfxFile, config: &ModelConfig) -> Result<RefinementP
                 ));
             }
         }
-        let name = format!("{p}.mlp.bundles");
+        let name = bundles_section(&p, rungs[ProjectionSet::Down.index()]);
         if let Ok(s) = file.section(&name) {
             let Layout::NeuronBundles { neurons, hidden } = *s.layout else {
                 return Err(err(file, &name, "expected a neuron_bundles layout"));
@@ -152,6 +236,7 @@ pub fn plan_from_sfx(file: &SfxFile, config: &ModelConfig) -> Result<RefinementP
         layers,
         hidden: c.hidden_size,
         eps: c.rms_norm_eps as f32,
+        fitted_k: rungs,
     })
 }
 
@@ -159,14 +244,7 @@ pub fn plan_from_sfx(file: &SfxFile, config: &ModelConfig) -> Result<RefinementP
 /// the file has only bundles).
 pub fn file_settings(file: &SfxFile, plan: &RefinementPlan) -> RefineSettings {
     let refine = file.metadata().params.get("refine");
-    let k_of = |set: &str| {
-        refine
-            .and_then(|r| r.get("k"))
-            .and_then(|k| k.get(set))
-            .and_then(|v| v.as_u64())
-            .unwrap_or(16) as usize
-    };
-    let k = [k_of("qkv"), k_of("o"), k_of("gu"), k_of("d")];
+    let k = file_budgets(file);
     let has_channels = plan
         .layers
         .iter()
@@ -185,5 +263,40 @@ pub fn file_settings(file: &SfxFile, plan: &RefinementPlan) -> RefineSettings {
             MlpMode::Channels
         },
         bundle_k,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rungs_are_the_largest_fitted_k_not_above_the_budget() {
+        let ladder = [4, 8, 16, 32, 64];
+        assert_eq!(ladder_rung(&ladder, 16), Some(16));
+        assert_eq!(ladder_rung(&ladder, 31), Some(16));
+        assert_eq!(ladder_rung(&ladder, 1000), Some(64));
+        assert_eq!(ladder_rung(&ladder, 2), Some(4));
+        assert_eq!(ladder_rung(&[], 16), None);
+    }
+
+    #[test]
+    fn section_names_round_trip() {
+        let p = "model.layers.3.mlp.down_proj";
+        for rung in [None, Some(8), Some(64)] {
+            assert_eq!(
+                refinement_payload(&columns_section(p, rung)),
+                Some((false, rung))
+            );
+            let b = bundles_section("model.layers.3", rung);
+            assert_eq!(refinement_payload(&b), Some((true, rung)));
+            assert_eq!(refinement_payload(&format!("{b}.row_scales")), None);
+            let scales = format!("{}.scales", columns_section(p, rung));
+            assert_eq!(refinement_payload(&scales), None);
+        }
+        assert_eq!(
+            refinement_payload("model.layers.3.mlp.down_proj.weight"),
+            None
+        );
     }
 }

@@ -1,0 +1,221 @@
+//! `sfx tune` end to end on the real SmolLM2-135M: a k-ladder file is tuned on this machine,
+//! the profile lands in the sidecar, the KL and PPL it records equal an independent
+//! `sfx-run --ppl --kl-ref` evaluation of the chosen settings (which runs the float model
+//! alongside instead of from kept rows), `sfx-run --budget` applies it, and bad requests
+//! are named.
+
+mod common;
+
+use common::{assets, gguf};
+use sfx_formats::sfx::SfxFile;
+use sfx_formats::tune::{sidecar_path, TuneFile};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const SFX: &str = env!("CARGO_BIN_EXE_sfx");
+const RUN: &str = env!("CARGO_BIN_EXE_sfx-run");
+
+fn out_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tune_test");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("SFX_ASSETS", assets())
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap()
+}
+
+fn ok(bin: &str, args: &[&str]) -> (String, String) {
+    let out = run(bin, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{bin} {args:?} failed:\n{stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
+/// An rtn4 `--fit` conversion from a little calibration text, plus `extra` flags.
+fn convert(name: &str, extra: &[&str]) -> PathBuf {
+    let path = out_dir().join(name);
+    let g = gguf();
+    let mut args = vec!["--quant", "rtn4", "--fit", g.to_str().unwrap()];
+    args.extend_from_slice(&["-o", path.to_str().unwrap(), "--calib-seqs", "1"]);
+    args.extend_from_slice(&["--heldout", "none"]);
+    args.extend_from_slice(extra);
+    ok(env!("CARGO_BIN_EXE_sfx-convert"), &args);
+    path
+}
+
+/// An rtn4 file fitted at k = 8 and 16 (channels).
+fn ladder_file() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        convert(
+            "rtn4-ladder.sfx",
+            &["--k-ladder", "8,16", "--calib-len", "64"],
+        )
+    })
+}
+
+/// The KL text of these tests: one 128-token window of a novel the calibration never saw.
+const TEXT: [&str; 6] = [
+    "--text",
+    "austen/persuasion",
+    "--windows",
+    "1",
+    "--ctx",
+    "128",
+];
+
+/// Runs `sfx tune` once (short timings: this checks the plumbing, not the machine).
+fn tuned() -> &'static serde_json::Value {
+    static T: OnceLock<serde_json::Value> = OnceLock::new();
+    T.get_or_init(|| {
+        let model = ladder_file().to_str().unwrap();
+        let g = gguf();
+        let mut args = vec!["tune", model, "--kl-ref", g.to_str().unwrap()];
+        args.extend(TEXT);
+        args.extend([
+            "--budget",
+            "5%,1000%",
+            "--device",
+            "cpu",
+            "--s",
+            "0,0.5",
+            "--context",
+            "32",
+            "--tokens",
+            "4",
+            "--rounds",
+            "1",
+            "--json",
+        ]);
+        let (stdout, _) = ok(SFX, &args);
+        serde_json::from_str(&stdout).unwrap()
+    })
+}
+
+fn eval_json(extra: &[&str]) -> (serde_json::Value, String) {
+    let model = ladder_file().to_str().unwrap();
+    let g = gguf();
+    let mut args = vec![
+        model,
+        "--ppl",
+        "austen/persuasion:1",
+        "--ctx",
+        "128",
+        "--kl-ref",
+        g.to_str().unwrap(),
+        "--no-base",
+        "--json",
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    let (stdout, stderr) = ok(RUN, &args);
+    (serde_json::from_str(&stdout).unwrap(), stderr)
+}
+
+#[test]
+fn tuned_profiles_record_what_an_independent_evaluation_measures() {
+    let t = tuned();
+    let path = ladder_file();
+    let file = SfxFile::open(path).unwrap();
+    let sidecar = TuneFile::read(&sidecar_path(path), &file.content_digest())
+        .unwrap()
+        .expect("sidecar written");
+    assert_eq!(t["ladder"], serde_json::json!([8, 16]));
+    let entry = &sidecar.machines[0];
+    assert_eq!(entry.machine.device, "cpu");
+    assert_eq!(entry.profiles.len(), 2);
+    assert_eq!(entry.scored_tokens, 127);
+    // A budget of 1000 % admits the largest rung everywhere with no lead/lag (lead/lag only
+    // costs KL on the ram tier of a CPU).
+    let loose = entry.budget(10.0).unwrap();
+    assert_eq!(loose.k, [16; 4]);
+    for p in entry.profiles.iter().filter(|p| p.k != [0; 4]) {
+        let k = p.k.map(|k| k.to_string()).join(",");
+        let s = p.s.map(|s| s.to_string()).join(",");
+        let (v, _) = eval_json(&["--k", &k, "--s", &s, "--mlp", &p.mlp, "--no-tune"]);
+        let kl = v["kl"]["mean"].as_f64().unwrap();
+        let ppl = v["ppl"].as_f64().unwrap();
+        assert!(
+            (kl - p.kl).abs() < 1e-9,
+            "budget {}: KL {kl} vs tuned {}",
+            p.budget,
+            p.kl
+        );
+        assert!((ppl - p.ppl).abs() < 1e-6 * ppl, "PPL {ppl} vs {}", p.ppl);
+    }
+}
+
+#[test]
+fn sfx_run_applies_the_profile_and_names_bad_budgets() {
+    tuned();
+    let loose = {
+        let file = SfxFile::open(ladder_file()).unwrap();
+        let t = TuneFile::read(&sidecar_path(ladder_file()), &file.content_digest())
+            .unwrap()
+            .unwrap();
+        t.machines[0].budget(10.0).unwrap().clone()
+    };
+    let (v, stderr) = eval_json(&["--budget", "1000%"]);
+    assert!(
+        stderr.contains("tuning profile: 1000.0 % budget"),
+        "{stderr}"
+    );
+    assert_eq!(v["refine"]["settings"]["k"], serde_json::json!(loose.k));
+    // An explicit --k overrides the profile's.
+    let (v, _) = eval_json(&["--budget", "1000%", "--k", "8"]);
+    assert_eq!(
+        v["refine"]["settings"]["k"],
+        serde_json::json!([8, 8, 8, 8])
+    );
+
+    let model = ladder_file().to_str().unwrap();
+    let bad = run(
+        RUN,
+        &[
+            model, "--budget", "7%", "-p", "Hi", "-n", "1", "--device", "cpu",
+        ],
+    );
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        e.contains("--budget 7.0%: not tuned") && e.contains("1000%"),
+        "{e}"
+    );
+
+    let (text, _) = ok(SFX, &["inspect", model]);
+    assert!(text.contains("tuning profile (sfx tune)"), "{text}");
+    assert!(text.contains("k    8  ram"), "{text}");
+}
+
+#[test]
+fn a_profile_of_another_file_or_no_reference_is_refused() {
+    tuned();
+    // The ladder file's profile beside another container: its digest does not match.
+    let other = convert("other.sfx", &["--calib-len", "32"]);
+    std::fs::copy(sidecar_path(ladder_file()), sidecar_path(&other)).unwrap();
+    let o = other.to_str().unwrap();
+    let bad = run(
+        RUN,
+        &[
+            o, "--budget", "5%", "-p", "Hi", "-n", "1", "--device", "cpu",
+        ],
+    );
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && e.contains("model_digest"), "{e}");
+    // Without --budget the unusable profile is skipped with a warning.
+    let (_, e) = ok(RUN, &[o, "-p", "Hi", "-n", "1", "--device", "cpu"]);
+    assert!(e.contains("warning: tuning profile ignored"), "{e}");
+
+    let bad = run(SFX, &["tune", o, "--device", "cpu"]);
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && e.contains("--kl-ref"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}
