@@ -362,6 +362,7 @@ impl OnBackend for Task<'_> {
         let mut tuner = Tuner::new(bench);
         let base_seconds = tuner.measure().decode_seconds(None)?;
         let mut profiles = Vec::new();
+        // Ascending, so each budget can start from the smaller budgets' choices.
         for &budget in &a.budgets {
             if !a.json {
                 say(&progress, format!("budget {:.1} %", 100.0 * budget));

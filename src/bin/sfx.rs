@@ -281,6 +281,9 @@ fn main() -> Result<()> {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let mut budgets = budgets;
+            budgets.sort_by(f64::total_cmp);
+            budgets.dedup();
             let shifts = s
                 .split(',')
                 .map(|v| {

@@ -4,7 +4,9 @@
 //! 1. For each combination of fetch lead/lag and MLP scheme, the largest common k of the
 //!    fitted ladder whose slowdown meets the budget (the ladder is walked upwards and the walk
 //!    stops at the first rung over budget: slowdown grows with k).
-//! 2. Of those, the one with the lowest KL.
+//! 2. Of those — and of the choices already made for smaller budgets, which fit this one
+//!    too — the one with the lowest KL. (Raising never lowers a set, so without them a larger
+//!    budget could miss a smaller budget's uneven choice and end up worse.)
 //! 3. Then single sets' budgets are raised a rung at a time — the move that lowers KL most
 //!    among those still within the budget — until no move helps. When not even the smallest
 //!    common rung fits, the raising starts from no refinement at all (k = 0 per set, no
@@ -111,6 +113,8 @@ pub struct Tuner<M: Measure> {
     /// Second measurements of the configurations whose first one met a budget.
     confirmations: HashMap<Candidate, f64>,
     kls: HashMap<Candidate, f64>,
+    /// Every budget's choice so far, to start larger budgets from.
+    chosen: Vec<Candidate>,
 }
 
 impl<M: Measure> Tuner<M> {
@@ -120,6 +124,7 @@ impl<M: Measure> Tuner<M> {
             slowdowns: HashMap::new(),
             confirmations: HashMap::new(),
             kls: HashMap::new(),
+            chosen: Vec::new(),
         }
     }
 
@@ -206,6 +211,14 @@ impl<M: Measure> Tuner<M> {
                 }
             }
         }
+        for c in self.chosen.clone() {
+            if let Some(sd) = self.fits(&c, budget)? {
+                let entry = (self.kl(&c)?, sd, c);
+                if better(&entry, &best) {
+                    best = Some(entry);
+                }
+            }
+        }
         if best.is_none() {
             let none = Candidate {
                 k: [0; 4],
@@ -240,6 +253,9 @@ impl<M: Measure> Tuner<M> {
                 Some(s) => best = Some(s),
                 None => break,
             }
+        }
+        if let Some((_, _, c)) = best {
+            self.chosen.push(c);
         }
         Ok(match best {
             Some((kl, slowdown, c)) => Choice {
@@ -447,6 +463,49 @@ mod tests {
                 "{budget}: {cand:?}"
             );
         }
+    }
+
+    /// Down is cheap and matters most; every other set is dear.
+    struct Uneven;
+
+    impl Measure for Uneven {
+        type Error = std::convert::Infallible;
+        fn slowdown(&mut self, c: &Candidate) -> Result<f64, Self::Error> {
+            let cost = [0.01, 0.01, 0.01, 0.001];
+            Ok((0..4).map(|i| cost[i] * c.k[i] as f64).sum())
+        }
+        fn kl(&mut self, c: &Candidate) -> Result<f64, Self::Error> {
+            let weight = [0.01, 0.01, 0.01, 1.0];
+            Ok((0..4).map(|i| weight[i] / (1.0 + c.k[i] as f64)).sum())
+        }
+    }
+
+    #[test]
+    fn a_larger_budget_starts_from_the_smaller_budgets_choices() {
+        let space = Space {
+            ladder: vec![4, 8],
+            shifts: vec![[0; 4]],
+            schemes: vec![Scheme::Channels],
+        };
+        let mut t = Tuner::new(Uneven);
+        // 1 %: no common k fits; from k = 0 the down set is raised to 8.
+        let small = t.choose(&space, 0.01).unwrap();
+        assert_eq!(small.candidate.unwrap().k, [0, 0, 0, 8]);
+        // 12.5 %: common k = 4 fits (12.4 %) and no single raise from it does, but it is
+        // worse than the 1 % choice, which fits too and can be raised from.
+        let large = t.choose(&space, 0.125).unwrap();
+        let mut fresh = Tuner::new(Uneven);
+        let alone = fresh.choose(&space, 0.125).unwrap();
+        assert_eq!(
+            alone.candidate.unwrap().k,
+            [4, 4, 4, 4],
+            "the trap this guards"
+        );
+        assert!(
+            large.kl < small.kl && large.kl < alone.kl,
+            "{large:?} vs {small:?}"
+        );
+        assert!(large.slowdown <= 0.125);
     }
 
     #[test]
