@@ -387,8 +387,8 @@ impl OnBackend for Task<'_> {
                     slowdown: 0.0,
                     confirmed_slowdown: 0.0,
                     remeasured_slowdown: 0.0,
-                    kl: f64::NAN,
-                    ppl: f64::NAN,
+                    kl: None,
+                    ppl: None,
                     fetched_bytes_per_token: 0.0,
                 });
                 continue;
@@ -406,8 +406,8 @@ impl OnBackend for Task<'_> {
                 slowdown: choice.slowdown,
                 confirmed_slowdown: confirmed,
                 remeasured_slowdown: remeasured,
-                kl: choice.kl,
-                ppl: extra.ppl,
+                kl: Some(choice.kl),
+                ppl: Some(extra.ppl),
                 fetched_bytes_per_token: extra.fetched_per_token,
             });
         }
@@ -650,14 +650,14 @@ pub fn print_profiles(m: &MachineProfiles) {
     for p in &m.profiles {
         let (k, s) = p.k_and_s();
         println!(
-            "| {:.1} % | {k} | {s} | {} | {:+.1} % | {:+.1} % | {:+.1} % | {:.4} | {:.3} | {:.0} KiB |",
+            "| {:.1} % | {k} | {s} | {} | {:+.1} % | {:+.1} % | {:+.1} % | {} | {} | {:.0} KiB |",
             100.0 * p.budget,
             p.mlp,
             100.0 * p.slowdown,
             100.0 * p.confirmed_slowdown,
             100.0 * p.remeasured_slowdown,
-            p.kl,
-            p.ppl,
+            p.kl.map_or("–".into(), |v| format!("{v:.4}")),
+            p.ppl.map_or("–".into(), |v| format!("{v:.3}")),
             p.fetched_bytes_per_token / 1024.0
         );
     }

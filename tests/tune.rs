@@ -138,18 +138,21 @@ fn tuned_profiles_record_what_an_independent_evaluation_measures() {
     let loose = entry.budget(10.0).unwrap();
     assert_eq!(loose.k, [16; 4]);
     for p in entry.profiles.iter().filter(|p| p.k != [0; 4]) {
-        let k = p.k.map(|k| k.to_string()).join(",");
-        let s = p.s.map(|s| s.to_string()).join(",");
+        let (k, s) = p.k_and_s();
         let (v, _) = eval_json(&["--k", &k, "--s", &s, "--mlp", &p.mlp, "--no-tune"]);
         let kl = v["kl"]["mean"].as_f64().unwrap();
         let ppl = v["ppl"].as_f64().unwrap();
+        let tuned_kl = p.kl.expect("a chosen configuration records its KL");
+        let tuned_ppl = p.ppl.expect("a chosen configuration records its PPL");
         assert!(
-            (kl - p.kl).abs() < 1e-9,
-            "budget {}: KL {kl} vs tuned {}",
-            p.budget,
-            p.kl
+            (kl - tuned_kl).abs() < 1e-9,
+            "budget {}: KL {kl} vs tuned {tuned_kl}",
+            p.budget
         );
-        assert!((ppl - p.ppl).abs() < 1e-6 * ppl, "PPL {ppl} vs {}", p.ppl);
+        assert!(
+            (ppl - tuned_ppl).abs() < 1e-6 * ppl,
+            "PPL {ppl} vs {tuned_ppl}"
+        );
     }
 }
 

@@ -55,9 +55,10 @@ pub struct BudgetProfile {
     pub slowdown: f64,
     pub confirmed_slowdown: f64,
     pub remeasured_slowdown: f64,
-    /// Mean KL to the float model and PPL on the tuning text.
-    pub kl: f64,
-    pub ppl: f64,
+    /// Mean KL to the float model and PPL on the tuning text; `None` when nothing fits the
+    /// budget (JSON has no NaN: it would be written as null and not read back as a number).
+    pub kl: Option<f64>,
+    pub ppl: Option<f64>,
     /// Refinement bytes a decoded token fetched.
     pub fetched_bytes_per_token: f64,
 }
@@ -261,8 +262,8 @@ mod tests {
                     slowdown: b / 2.0,
                     confirmed_slowdown: b / 2.0,
                     remeasured_slowdown: b / 2.0,
-                    kl: 0.5,
-                    ppl: 20.0,
+                    kl: Some(0.5),
+                    ppl: Some(20.0),
                     fetched_bytes_per_token: 1e5,
                 })
                 .collect(),
@@ -299,6 +300,22 @@ mod tests {
         };
         assert!(back.for_machine(&gpu, None).is_none());
         assert!(back.for_machine(&machine("cpu A"), Some("ssd")).is_none());
+    }
+
+    #[test]
+    fn a_budget_nothing_fits_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sfx.tune.json");
+        let mut m = entry("a", &[0.025, 0.05]);
+        m.profiles[0].k = [0; 4];
+        m.profiles[0].kl = None;
+        m.profiles[0].ppl = None;
+        let mut f = TuneFile::new("d".into());
+        f.put(m);
+        f.write(&path).unwrap();
+        let back = TuneFile::read(&path, "d").unwrap().unwrap();
+        assert_eq!(back, f);
+        assert_eq!(back.machines[0].profiles[0].kl, None);
     }
 
     #[test]

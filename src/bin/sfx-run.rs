@@ -385,11 +385,13 @@ fn tuning_profile(
     {
         let (k, s) = profile.k_and_s();
         eprintln!(
-            "tuning profile: {:.1} % budget: k {k} s {s} {}; measured {:+.1} % slower, KL {:.4}{}",
+            "tuning profile: {:.1} % budget: k {k} s {s} {}; measured {:+.1} % slower, KL {}{}",
             100.0 * profile.budget,
             profile.mlp,
             100.0 * profile.remeasured_slowdown,
-            profile.kl,
+            profile
+                .kl
+                .map_or("not measured".into(), |v| format!("{v:.4}")),
             if exact {
                 String::new()
             } else {
