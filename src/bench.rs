@@ -376,7 +376,7 @@ fn bench_refiner<B: ResidentKernels>(
         k: [k; 4],
         s: a.refine_s,
         mlp: MlpMode::Channels,
-        bundle_k: (3 * k + 2) / 4,
+        bundle_k: sfx_runtime::refine::bundle_budget(k),
     };
     if a.synthetic.is_some() {
         let plan = synthetic::refinement_plan(model.config());

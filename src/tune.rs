@@ -66,8 +66,14 @@ fn model_options() -> ModelOptions {
     }
 }
 
-/// The machine a profile is measured on.
-fn this_machine(backend_name: &str, device: &str) -> Machine {
+/// The machine a backend runs on, as a profile records it: `sfx tune` when it measures,
+/// `sfx-run` when it picks a profile.
+pub fn machine_for(backend_name: &str) -> Machine {
+    let device = if backend_name.starts_with("cuda") {
+        "cuda"
+    } else {
+        "cpu"
+    };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -86,20 +92,6 @@ fn this_machine(backend_name: &str, device: &str) -> Machine {
         },
         threads: rayon::current_num_threads(),
     }
-}
-
-/// `device` of [`Machine`] for a backend.
-pub fn device_kind(backend_name: &str) -> &'static str {
-    if backend_name.starts_with("cuda") {
-        "cuda"
-    } else {
-        "cpu"
-    }
-}
-
-/// The machine `sfx-run` runs on, for picking a profile (same fields as [`this_machine`]).
-pub fn machine_for(backend_name: &str) -> Machine {
-    this_machine(backend_name, device_kind(backend_name))
 }
 
 /// Lead/lag combinations: lead sets (qkv, gu) share one value, lag sets (o, d) another.
@@ -303,7 +295,7 @@ impl OnBackend for Task<'_> {
         let model = load_sfx_model_on(backend, self.file, &model_options())
             .with_context(|| format!("loading {}", a.model.display()))?;
         let backend_name = model.backend().name();
-        let machine = this_machine(&backend_name, device_kind(&backend_name));
+        let machine = machine_for(&backend_name);
         let tier = match a.tier {
             None => TierChoice::AsStored,
             Some(Tier::Ssd) => TierChoice::Ssd,

@@ -259,7 +259,7 @@ fn build_refiner<B: Backend>(cli: &Cli, loaded: &Loaded<B>) -> Result<Option<Ref
     let mut settings = file_settings(file, &plan);
     if let Some(k) = k {
         settings.k = k;
-        settings.bundle_k = (3 * k[3] + 2) / 4;
+        settings.bundle_k = sfx_runtime::refine::bundle_budget(k[3]);
     }
     settings.s = match (&cli.s, &profile) {
         (Some(s), _) => per_set("s", s)?,

@@ -1,7 +1,7 @@
 //! One decoder block of the conversion: statistics, resident quantization with folding,
 //! refinement fitting, held-out error measurement and the block's sections.
 
-use super::{bundle_budget, ConvertError, ConvertOptions, Sink};
+use super::{ConvertError, ConvertOptions, Sink};
 use crate::quant::awq::{fold_into_norm, fold_into_rows, scale_columns};
 use crate::quant::{InputStats, Kron, ResidentQuantizer, ResidentWeight, SetContext, WeightView};
 use crate::refine::bundles::build_bundles;
@@ -11,7 +11,7 @@ use faer::{Accum, MatMut, MatRef, Par};
 use sfx_formats::sfx::Layout;
 use sfx_formats::{FormatError, TensorSource};
 use sfx_runtime::model::DecoderLayer;
-use sfx_runtime::refine::{bundles_section, columns_section};
+use sfx_runtime::refine::{bundle_budget, bundles_section, columns_section};
 use sfx_runtime::{
     CpuBackend, FloatLinearFactory, LayerwiseRunner, ProjectionSet, WeightPrecision,
 };

@@ -21,6 +21,7 @@ use crate::refine::RefineError;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Codec, Layout, SectionSpec, SfxWriter, Tier};
 use sfx_formats::{DType, FormatError, ModelConfig, TensorSource};
+use sfx_runtime::refine::bundle_budget;
 use sfx_runtime::{CpuBackend, LayerwiseRunner, ProjectionSet, RuntimeError};
 use std::collections::BTreeMap;
 
@@ -316,11 +317,6 @@ impl ConvertOptions {
         }
         Ok(())
     }
-}
-
-/// Neurons per 1024 selected by bundles at channel budget `k_down`: round(3k/4).
-pub fn bundle_budget(k_down: usize) -> usize {
-    (3 * k_down + 2) / 4
 }
 
 /// What a conversion produced, for logs, `--json` and docs/results.md.

@@ -57,7 +57,7 @@ impl Candidate {
 
     /// Neurons per 1024 under bundles: round(3 k_d / 4).
     pub fn bundle_k(&self) -> usize {
-        (3 * self.k[3] + 2) / 4
+        sfx_runtime::refine::bundle_budget(self.k[3])
     }
 
     /// `k16 s0 channels`, `k8,16,8,16 s0,0.5,0,0.5 bundles`.
@@ -97,7 +97,7 @@ pub trait Measure {
     fn kl(&mut self, c: &Candidate) -> Result<f64, Self::Error>;
 }
 
-/// A budget's choice: `None` when not even the smallest rung fits.
+/// A budget's choice: `None` when nothing fits, not even running without refinement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     pub budget: f64,
@@ -105,6 +105,9 @@ pub struct Choice {
     pub slowdown: f64,
     pub kl: f64,
 }
+
+/// A configuration that fits a budget: (KL, slowdown, configuration).
+type Scored = (f64, f64, Candidate);
 
 /// The search with its measurements kept.
 pub struct Tuner<M: Measure> {
@@ -176,6 +179,14 @@ impl<M: Measure> Tuner<M> {
         Ok((second <= budget).then_some(first))
     }
 
+    /// `(KL, first slowdown, c)` when `c` fits `budget` ([`Tuner::fits`]).
+    fn scored(&mut self, c: Candidate, budget: f64) -> Result<Option<Scored>, M::Error> {
+        match self.fits(&c, budget)? {
+            Some(sd) => Ok(Some((self.kl(&c)?, sd, c))),
+            None => Ok(None),
+        }
+    }
+
     /// The confirming measurement of a configuration that fits ([`Tuner::choose`]).
     pub fn confirmation(&self, c: &Candidate) -> Option<f64> {
         self.confirmations.get(c).copied()
@@ -183,37 +194,37 @@ impl<M: Measure> Tuner<M> {
 
     /// The lowest-KL configuration of `space` within `budget` (module docs).
     pub fn choose(&mut self, space: &Space, budget: f64) -> Result<Choice, M::Error> {
-        // (kl, slowdown, candidate): lower KL wins, then lower slowdown.
-        let mut best: Option<(f64, f64, Candidate)> = None;
-        let better = |a: &(f64, f64, Candidate), b: &Option<(f64, f64, Candidate)>| match b {
+        // Lower KL wins, then lower slowdown.
+        let mut best: Option<Scored> = None;
+        let better = |a: &Scored, b: &Option<Scored>| match b {
             None => true,
             Some(b) => (a.0, a.1) < (b.0, b.1),
         };
+        // Where raising may start: per (s, scheme) the largest common k within the budget,
+        // and the smaller budgets' choices.
+        let mut starts = Vec::new();
         for &scheme in &space.schemes {
             for &half_blocks in &space.shifts {
-                let mut fits = None;
+                let mut largest = None;
                 for &k in &space.ladder {
                     let c = Candidate {
                         k: [k; 4],
                         half_blocks,
                         scheme,
                     };
-                    let Some(sd) = self.fits(&c, budget)? else {
+                    if self.fits(&c, budget)?.is_none() {
                         break;
-                    };
-                    fits = Some((c, sd));
-                }
-                if let Some((c, sd)) = fits {
-                    let entry = (self.kl(&c)?, sd, c);
-                    if better(&entry, &best) {
-                        best = Some(entry);
                     }
+                    largest = Some(c);
+                }
+                if let Some(c) = largest {
+                    starts.push(c);
                 }
             }
         }
-        for c in self.chosen.clone() {
-            if let Some(sd) = self.fits(&c, budget)? {
-                let entry = (self.kl(&c)?, sd, c);
+        starts.extend(self.chosen.iter().copied());
+        for c in starts {
+            if let Some(entry) = self.scored(c, budget)? {
                 if better(&entry, &best) {
                     best = Some(entry);
                 }
@@ -225,13 +236,11 @@ impl<M: Measure> Tuner<M> {
                 half_blocks: [0; 4],
                 scheme: Scheme::Channels,
             };
-            if let Some(sd) = self.fits(&none, budget)? {
-                best = Some((self.kl(&none)?, sd, none));
-            }
+            best = self.scored(none, budget)?;
         }
         while let Some(current) = best {
             let c0 = current.2;
-            let mut step: Option<(f64, f64, Candidate)> = None;
+            let mut step: Option<Scored> = None;
             for set in 0..4 {
                 if c0.scheme == Scheme::Bundles && set == 2 {
                     continue;
@@ -241,10 +250,9 @@ impl<M: Measure> Tuner<M> {
                 };
                 let mut c = c0;
                 c.k[set] = next;
-                let Some(sd) = self.fits(&c, budget)? else {
+                let Some(entry) = self.scored(c, budget)? else {
                     continue;
                 };
-                let entry = (self.kl(&c)?, sd, c);
                 if entry.0 < current.0 && better(&entry, &step) {
                     step = Some(entry);
                 }

@@ -97,6 +97,13 @@ pub enum MlpMode {
     Bundles,
 }
 
+/// Neurons per 1024 selected by neuron bundles at down-projection budget `k_down`:
+/// k_n = round(3k/4), the method's pairing of bundle and channel budgets (docs/method.md §2),
+/// under which bundles fetch as many bytes as the gate/up and down channels they replace.
+pub fn bundle_budget(k_down: usize) -> usize {
+    (3 * k_down + 2) / 4
+}
+
 /// Run-time refinement settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RefineSettings {

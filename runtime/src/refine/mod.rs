@@ -9,6 +9,7 @@ pub mod plan;
 pub mod select;
 pub mod store;
 
+pub use engine::bundle_budget;
 pub use engine::{MlpMode, RefineCounters, RefineSettings, RefinementPlan, Refiner};
 pub use open::{open_refinement, RefineOpenOptions, TierChoice};
 pub use plan::{

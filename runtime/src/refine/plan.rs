@@ -253,7 +253,7 @@ pub fn file_settings(file: &SfxFile, plan: &RefinementPlan) -> RefineSettings {
     let bundle_k = refine
         .and_then(|r| r.get("bundle_k"))
         .and_then(|v| v.as_u64())
-        .map_or((3 * k[3] + 2) / 4, |v| v as usize);
+        .map_or(super::engine::bundle_budget(k[3]), |v| v as usize);
     RefineSettings {
         k,
         s: [0.0; 4],
