@@ -616,13 +616,102 @@ fn ladder_rungs_equal_one_conversion_per_k() {
     assert_eq!(default.fitted_k, [Some(16); 4]);
 }
 
+/// `--base` keeps a file's resident codes and fits new refinement: refitting a plain rtn4
+/// file gives byte for byte the sections of a direct `--fit` conversion, records the base's
+/// digest, and refuses an AWQ file (its scales are folded) or a `--quant` the file does not
+/// hold.
+#[test]
+fn refit_from_a_base_equals_a_direct_conversion() {
+    let fit = ["--fit", "--mlp", "both", "--k", "8"];
+    let base = quick_rtn4("rtn4-refit-base.sfx", &[]);
+    let base_path = out_dir().join("rtn4-refit-base.sfx");
+    let base_arg = base_path.to_str().unwrap();
+    let refit = quick_rtn4(
+        "rtn4-refit.sfx",
+        &[&["--base", base_arg][..], &fit].concat(),
+    );
+    let direct = quick_rtn4("rtn4-refit-direct.sfx", &fit);
+    let names = |f: &SfxFile| f.sections().map(|s| s.name.to_string()).collect::<Vec<_>>();
+    assert_eq!(names(&refit), names(&direct));
+    for s in direct.sections() {
+        let other = refit.section(s.name).unwrap();
+        assert_eq!(other.sha256, s.sha256, "{}", s.name);
+    }
+    let p = &refit.metadata().params;
+    assert_eq!(p["base"]["refitted_from"], base.content_digest());
+    assert_eq!(p["quant"], direct.metadata().params["quant"]);
+
+    let g = gguf();
+    let awq = out_dir().join("awq4-refit-base.sfx");
+    convert(
+        &[
+            "--quant",
+            "awq4",
+            "--awq-grid",
+            "2,1",
+            g.to_str().unwrap(),
+            "-o",
+            awq.to_str().unwrap(),
+            "--calib-seqs",
+            "1",
+            "--calib-len",
+            "32",
+            "--heldout",
+            "none",
+        ],
+        2,
+    );
+    let o = out_dir().join("never-refit.sfx");
+    for (args, needle) in [
+        (vec!["--base", awq.to_str().unwrap(), "--fit"], "awq"),
+        (vec!["--base", base_arg, "--quant", "rtn3"], "--quant rtn3"),
+        (
+            vec!["--base", "/nonexistent/base.sfx"],
+            "/nonexistent/base.sfx",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+            .args(&args)
+            .args([g.to_str().unwrap(), "-o", o.to_str().unwrap()])
+            .env("SFX_ASSETS", assets())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    assert!(!o.exists());
+}
+
 #[test]
 fn bad_options_are_named() {
     let g = gguf();
     let g = g.to_str().unwrap();
     let o = out_dir().join("never.sfx");
     let o = o.to_str().unwrap();
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
+        (
+            &["--quant", "rtn3", "--fit", "--lambda=-1", g, "-o", o],
+            "--lambda \"-1\"",
+        ),
+        (
+            &["--quant", "rtn3", "--fit", "--lambda", "0x", g, "-o", o],
+            "--lambda \"0x\"",
+        ),
+        (
+            &[
+                "--quant",
+                "rtn3",
+                "--fit",
+                "--fit-prior",
+                "ridge",
+                g,
+                "-o",
+                o,
+            ],
+            "--fit-prior \"ridge\"",
+        ),
         (
             &["--quant", "rtn3", "--k-ladder", "8,16", g, "-o", o],
             "--k-ladder needs --fit",

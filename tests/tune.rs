@@ -222,3 +222,42 @@ fn a_profile_of_another_file_or_no_reference_is_refused() {
     assert!(!bad.status.success() && e.contains("--kl-ref"), "{e}");
     assert!(!e.contains("panicked"), "{e}");
 }
+
+/// `sfx-run --k-sweep` scores the base and every budget against one kept reference pass;
+/// each row equals a single `--k` run that scores the float model alongside.
+#[test]
+fn k_sweep_rows_equal_single_runs() {
+    let (v, _) = eval_json(&["--k-sweep", "8,16", "--no-tune"]);
+    let runs = v["runs"].as_array().unwrap();
+    let ks: Vec<_> = runs.iter().map(|r| r["k"].clone()).collect();
+    assert_eq!(ks, [serde_json::json!(8), serde_json::json!(16)]);
+    for r in runs {
+        let k = r["k"].as_u64().unwrap().to_string();
+        let (single, _) = eval_json(&["--k", &k, "--no-tune"]);
+        let (a, b) = (
+            r["kl"]["mean"].as_f64().unwrap(),
+            single["kl"]["mean"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() < 1e-9, "k = {k}: sweep KL {a} vs single {b}");
+        let (a, b) = (r["ppl"].as_f64().unwrap(), single["ppl"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() < 1e-6 * b,
+            "k = {k}: sweep PPL {a} vs single {b}"
+        );
+    }
+    let bad = run(
+        RUN,
+        &[
+            ladder_file().to_str().unwrap(),
+            "--ppl",
+            "wiki:1",
+            "--k-sweep",
+            "8,x",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && stderr.contains("--k-sweep \"8,x\""),
+        "{stderr}"
+    );
+}

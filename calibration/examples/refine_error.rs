@@ -164,7 +164,7 @@ fn main() -> Result<()> {
                 let z: Vec<f32> = xh.chunks(d).flat_map(|row| mask_top_k(row, k)).collect();
                 let zm = to_mat(&z, *rows, d);
                 let tf = Instant::now();
-                let c = fit_refinement(&r, st, None)?;
+                let c = fit_refinement(&r, st, Default::default())?;
                 t_fit += tf.elapsed().as_secs_f64();
                 let cq = to_mat(&quantize_columns_4bit(&c, out, d).dequantize(), out, d);
                 acc[1 + 2 * ki] += error(&xm, &zm, &rm, Some(&plain));

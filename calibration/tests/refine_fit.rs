@@ -1,7 +1,8 @@
 //! Fitted refinement: the solve, and the objective it minimises checked by direct evaluation.
 
 use sfx_calibration::refine::{
-    default_lambda, fit_refinement, fit_refinement_f64, quantize_columns_4bit,
+    default_lambda, fit_refinement, fit_refinement_f64, quantize_columns_4bit, FitPrior, FitSpec,
+    Lambda,
 };
 use sfx_calibration::stats::{mask_top_k, RefinementStats};
 
@@ -28,52 +29,93 @@ fn frob(v: impl Iterator<Item = f64>) -> f64 {
     v.map(|x| x * x).sum::<f64>().sqrt()
 }
 
+/// C (M + λI) = R G + λP for every prior P (R or 0) and both forms of λ.
 #[test]
 fn solve_satisfies_normal_equations() {
     let mut rng = Rng(1);
     for (d, out) in [(37usize, 11usize), (200, 64), (1100, 40)] {
-        // M = BᵀB / d (SPD-ish, possibly ill-conditioned), G arbitrary.
+        // M = BᵀB / d (SPD-ish, possibly ill-conditioned), G arbitrary; channel 3 never
+        // selected (its row and column of M and column of G are zero, as in real statistics).
         let b: Vec<f64> = (0..d * d).map(|_| rng.normal()).collect();
         let mut st = RefinementStats::new(d, 16);
         st.n = 3; // the stats hold sums: means are m/3, g/3
         for i in 0..d {
             for j in 0..=i {
                 let v: f64 = (0..d).map(|t| b[t * d + i] * b[t * d + j]).sum::<f64>() / d as f64;
+                let v = if i == 3 || j == 3 { 0.0 } else { v };
                 st.m[i * d + j] = 3.0 * v;
                 st.m[j * d + i] = 3.0 * v;
             }
         }
-        for v in st.g.iter_mut() {
-            *v = 3.0 * rng.normal();
+        for (idx, v) in st.g.iter_mut().enumerate() {
+            *v = if idx % d == 3 {
+                0.0
+            } else {
+                3.0 * rng.normal()
+            };
         }
         let r: Vec<f32> = (0..out * d).map(|_| rng.normal() as f32).collect();
-        let lambda = default_lambda(&st);
-        let c = fit_refinement_f64(&r, &st, None).unwrap();
-        // Residual of C (M + λI) − (R G + λR), relative to the right-hand side.
-        let (mut res, mut rhs) = (Vec::new(), Vec::new());
-        for o in 0..out {
-            for j in 0..d {
-                let lhs: f64 = (0..d)
-                    .map(|i| c[o * d + i] * st.m[i * d + j] / 3.0)
-                    .sum::<f64>()
-                    + lambda * c[o * d + j];
-                let rg: f64 = (0..d)
-                    .map(|i| r[o * d + i] as f64 * st.g[i * d + j] / 3.0)
-                    .sum::<f64>()
-                    + lambda * r[o * d + j] as f64;
-                res.push(lhs - rg);
-                rhs.push(rg);
+        let rg = |o: usize, j: usize| -> f64 {
+            (0..d)
+                .map(|i| r[o * d + i] as f64 * st.g[i * d + j] / 3.0)
+                .sum::<f64>()
+        };
+        for (prior, lambda) in [
+            (FitPrior::Residual, Lambda::MeanDiag(1.0)),
+            (FitPrior::Zero, Lambda::MeanDiag(0.1)),
+            (FitPrior::Zero, Lambda::Absolute(0.37)),
+        ] {
+            let lam = match lambda {
+                Lambda::MeanDiag(m) => m * default_lambda(&st),
+                Lambda::Absolute(v) => v,
+            };
+            let p = |o: usize, j: usize| -> f64 {
+                match prior {
+                    FitPrior::Residual => r[o * d + j] as f64,
+                    FitPrior::Zero => 0.0,
+                }
+            };
+            let spec = FitSpec { lambda, prior };
+            let c = fit_refinement_f64(&r, &st, spec).unwrap();
+            // Residual of C (M + λI) − (R G + λP), relative to the right-hand side.
+            let (mut res, mut rhs) = (Vec::new(), Vec::new());
+            for o in 0..out {
+                for j in 0..d {
+                    let lhs: f64 = (0..d)
+                        .map(|i| c[o * d + i] * st.m[i * d + j] / 3.0)
+                        .sum::<f64>()
+                        + lam * c[o * d + j];
+                    let want = rg(o, j) + lam * p(o, j);
+                    res.push(lhs - want);
+                    rhs.push(want);
+                }
             }
+            let rel = frob(res.into_iter()) / frob(rhs.into_iter());
+            assert!(rel < 1e-8, "d = {d}, {prior:?}: relative residual {rel:e}");
+            // The f32 wrapper is the same solution rounded.
+            let c32 = fit_refinement(&r, &st, spec).unwrap();
+            assert!(c32
+                .iter()
+                .zip(&c)
+                .all(|(a, b)| (*a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs())));
         }
-        let rel = frob(res.into_iter()) / frob(rhs.into_iter());
-        assert!(rel < 1e-8, "d = {d}: relative residual {rel:e}");
-        // The f32 wrapper is the same solution rounded.
-        let c32 = fit_refinement(&r, &st, None).unwrap();
-        assert!(c32
-            .iter()
-            .zip(&c)
-            .all(|(a, b)| (*a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs())));
     }
+}
+
+#[test]
+fn lambda_and_prior_parse() {
+    assert_eq!(Lambda::parse("0.1x"), Some(Lambda::MeanDiag(0.1)));
+    assert_eq!(Lambda::parse("2"), Some(Lambda::Absolute(2.0)));
+    for bad in ["0x", "-1", "x", "", "nan", "infx", "1y"] {
+        assert_eq!(Lambda::parse(bad), None, "{bad}");
+    }
+    assert_eq!(Lambda::default(), Lambda::MeanDiag(1.0));
+    assert_eq!(Lambda::default().describe(), "mean_diag_m");
+    assert_eq!(Lambda::MeanDiag(0.1).describe(), "0.1x_mean_diag_m");
+    for p in [FitPrior::Residual, FitPrior::Zero] {
+        assert_eq!(FitPrior::parse(p.as_str()), Some(p));
+    }
+    assert_eq!(FitPrior::parse("ridge"), None);
 }
 
 /// Correlated, heavy-tailed synthetic activations: x = A u with a few outlier channels.
@@ -125,7 +167,7 @@ fn fitted_beats_plain_on_correlated_data() {
         let flat: Vec<f32> = chunk.iter().flatten().copied().collect();
         st.add_rows(&flat, chunk.len());
     }
-    let c = fit_refinement(&r, &st, None).unwrap();
+    let c = fit_refinement(&r, &st, Default::default()).unwrap();
     let test: Vec<Vec<f32>> = (0..2000)
         .map(|_| sample(&mut rng, &a, d, &scales))
         .collect();

@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sfx_calibration::convert::{
     convert, ConvertOptions, ConvertReport, HeadFormat, LayerReport, MlpScheme, QuantSpec,
 };
+use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
@@ -59,8 +60,17 @@ struct ConvertArgs {
     /// 16×16 tiles); or yaqa2, yaqa3, yaqa4 (the same format rounded with YAQA's two-sided LDLQ
     /// on Kronecker factors of the full-model KL Hessian, see --yaqa-seqs). Trellis
     /// conversions run a Viterbi search per 256 weights: ~50 min on 2 cores for SmolLM2.
-    #[arg(long, required = true)]
+    /// Not needed with --base.
+    #[arg(long, required_unless_present = "base")]
     quant: Option<String>,
+    /// Keep the resident codes of this .sfx (converted from the same float model) bit for bit
+    /// and fit new refinement against the float weights: another --k-ladder, --lambda,
+    /// --fit-prior or calibration text in minutes instead of quantizing again (the trellis
+    /// search is the slow part). The file's quantizer records are copied; its sections'
+    /// checksums are verified first. AWQ files are refused: their codes act on inputs whose
+    /// per-channel scales were folded into the norms.
+    #[arg(long, value_name = "FILE.sfx")]
+    base: Option<PathBuf>,
     /// AWQ search grid "ALPHAS,CLIPS": number of α values (0, 1/n, …) and of clip ratios
     /// (1.0 down to 0.5; 0 or 1 disables clipping). Smaller grids convert faster.
     #[arg(long, default_value = "20,20")]
@@ -84,9 +94,16 @@ struct ConvertArgs {
     /// the refinement bytes on disk (a run maps only its rungs).
     #[arg(long)]
     k_ladder: Option<String>,
-    /// Ridge lambda of the fit (default: mean of diag(M) per projection set).
-    #[arg(long)]
-    lambda: Option<f64>,
+    /// Ridge lambda of the fit: a number (the same for every projection set) or a multiple of
+    /// each set's mean diag(M), e.g. 0.1x. The default 1x suits the residual prior.
+    #[arg(long, default_value = "1x")]
+    lambda: String,
+    /// What the ridge pulls C towards where the calibration statistics say little: residual
+    /// (P = R, the plain correction; right for RTN and AWQ) or zero (better for error-feedback
+    /// bases such as QTIP/YAQA, whose residual columns cancel one another; use with
+    /// --lambda 0.1x). docs/method.md §2; measurements in docs/results.md.
+    #[arg(long, default_value = "residual")]
+    fit_prior: String,
     /// MLP refinement: channel-wise columns, neuron bundles, or both.
     #[arg(long, default_value = "channels")]
     mlp: String,
@@ -342,10 +359,29 @@ fn layer_line(r: &LayerReport, layers: usize) -> String {
 
 fn run_convert(a: ConvertArgs) -> Result<()> {
     let t0 = Instant::now();
-    let (Some(spec), Some(output), Some(quant)) = (a.model, a.output, a.quant) else {
+    let (Some(spec), Some(output)) = (a.model, a.output) else {
         bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <model.sfx>");
     };
-    let mut quant = QuantSpec::parse(&quant)?;
+    let mut quant = match (&a.quant, &a.base) {
+        (Some(q), None) => QuantSpec::parse(q)?,
+        (q, Some(base)) => {
+            let of_file = base_quant(base)?;
+            if let Some(q) = q {
+                if QuantSpec::parse(q)?.method != of_file.method
+                    || QuantSpec::parse(q)?.bits != of_file.bits
+                {
+                    bail!(
+                        "--quant {q} but --base {} holds {}{} codes (leave --quant out with --base)",
+                        base.display(),
+                        of_file.method_name(),
+                        of_file.bits
+                    );
+                }
+            }
+            of_file
+        }
+        (None, None) => bail!("--quant is required (or --base with an existing .sfx)"),
+    };
     let grid: Vec<usize> = a
         .awq_grid
         .split(',')
@@ -365,12 +401,14 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     quant.awq_alpha_steps = alphas;
     quant.awq_clip_steps = clips;
-    quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
-        anyhow!(
-            "--trellis-code {:?}: expected hyb, hyb-qN (N = 1..15), 1mad or 3inst",
-            a.trellis_code
-        )
-    })?;
+    if a.base.is_none() {
+        quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
+            anyhow!(
+                "--trellis-code {:?}: expected hyb, hyb-qN (N = 1..15), 1mad or 3inst",
+                a.trellis_code
+            )
+        })?;
+    }
     let options = ConvertOptions {
         quant,
         fit: a.fit,
@@ -379,7 +417,18 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => Vec::new(),
             Some(l) => parse_ladder(l)?,
         },
-        lambda: a.lambda,
+        fit_spec: FitSpec {
+            lambda: Lambda::parse(&a.lambda).ok_or_else(|| {
+                anyhow!(
+                    "--lambda {:?}: expected a positive number or a positive multiple of mean \
+                     diag(M) such as 0.1x",
+                    a.lambda
+                )
+            })?,
+            prior: FitPrior::parse(&a.fit_prior).ok_or_else(|| {
+                anyhow!("--fit-prior {:?}: expected residual or zero", a.fit_prior)
+            })?,
+        },
         mlp: MlpScheme::parse(&a.mlp)?,
         refine_tier: match a.refine_tier.as_str() {
             "ram" => Tier::Ram,
@@ -388,6 +437,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         },
         yaqa_sequences: a.yaqa_seqs,
         head: HeadFormat::parse(&a.head)?,
+        base: a.base.clone(),
     };
     if a.calib_seqs == 0 || a.calib_len == 0 {
         bail!("--calib-seqs and --calib-len must be at least 1");
@@ -516,6 +566,24 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     print_report(
         &a.heldout, &options, &report, &output, seconds, file_bytes, a.json,
     )
+}
+
+/// The base a container holds, from its `params.quant` (method and bits).
+fn base_quant(path: &Path) -> Result<QuantSpec> {
+    let file = sfx_formats::sfx::SfxFile::open(path)
+        .with_context(|| format!("--base {}", path.display()))?;
+    let q = file.metadata().params.get("quant");
+    let field = |f: &str| q.and_then(|q| q.get(f));
+    let method = field("method").and_then(|m| m.as_str());
+    let bits = field("bits").and_then(|b| b.as_u64());
+    let (Some(method), Some(bits)) = (method, bits) else {
+        bail!(
+            "--base {}: params.quant has no method and bits (not written by sfx-convert)",
+            path.display()
+        );
+    };
+    QuantSpec::parse(&format!("{method}{bits}"))
+        .with_context(|| format!("--base {}: params.quant", path.display()))
 }
 
 fn quant_name(o: &ConvertOptions) -> String {

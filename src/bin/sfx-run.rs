@@ -11,7 +11,8 @@ use sfx_runtime::backend::KvDtype;
 use sfx_runtime::chat::{render_chat, ChatMessage};
 use sfx_runtime::eval::spec::{EvalSpec, LONG_NOVELS};
 use sfx_runtime::eval::{
-    evaluate, long_context_part, window_parts, EvalPart, EvalResult, ModelScorer, PartResult,
+    evaluate, evaluate_against, long_context_part, reference_rows, window_parts, EvalPart,
+    EvalResult, ModelScorer, PartResult,
 };
 use sfx_runtime::kv::spec::parse_fraction;
 use sfx_runtime::kv::{
@@ -31,7 +32,7 @@ use strataflux::bench::per_set;
 use strataflux::device::{with_backend, DeviceChoice, OnBackend};
 use tokenizers::Tokenizer;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(
     name = "sfx-run",
     version,
@@ -173,6 +174,17 @@ struct Cli {
     /// measured, side by side). With --kv: also skip each KV base's unrefined run.
     #[arg(long, help_heading = "Refinement (.sfx)")]
     no_base: bool,
+    /// .sfx with --ppl: evaluate the base and then every budget of this list (k per 1024 for
+    /// all four sets, e.g. 4,8,16,32,64 on a file fitted with that --k-ladder) in one call,
+    /// against one pass of the --kl-ref model: what each budget buys. Other refinement
+    /// settings apply to every budget as to a single run.
+    #[arg(
+        long,
+        value_name = "LIST",
+        help_heading = "Refinement (.sfx)",
+        requires = "ppl"
+    )]
+    k_sweep: Option<String>,
 
     /// Resident KV format(s): f16, or KVarN K/V bits 2/2, 3/2, 3/3, 2/1 (comma list). With
     /// --ppl austen-long:L every format is evaluated with and without KV refinement, side by
@@ -944,6 +956,9 @@ fn eval_against<B: Backend, R: Backend>(
         Some(r) => Some(ModelScorer::new(&r.model, longest)?),
         None => None,
     };
+    if let Some(list) = &cli.k_sweep {
+        return eval_k_sweep(cli, loaded, ref_scorer, &parts, &meta, spec_str, list);
+    }
     let mut refiner = build_refiner(cli, loaded)?;
     // Base and refined side by side in one run (speed ratios are only meaningful that way).
     let passes: &[bool] = match (&refiner, cli.no_base) {
@@ -1005,6 +1020,110 @@ fn eval_against<B: Backend, R: Backend>(
         });
     }
     report_eval(cli, loaded, spec_str, &meta, &runs)
+}
+
+/// `--k-sweep`: the base and each budget against one reference pass (the reference's
+/// predictions are reduced once to [`sfx_runtime::eval::ReferenceRow`]s and kept).
+#[allow(clippy::too_many_arguments)]
+fn eval_k_sweep<B: Backend, R: Backend>(
+    cli: &Cli,
+    loaded: &Loaded<B>,
+    reference: Option<ModelScorer<'_, R>>,
+    parts: &[EvalPart],
+    meta: &serde_json::Value,
+    spec_str: &str,
+    list: &str,
+) -> Result<()> {
+    let ks: Vec<usize> = list
+        .split(',')
+        .map(|v| v.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .ok()
+        .filter(|ks: &Vec<usize>| !ks.is_empty() && ks.iter().all(|&k| k <= 1024))
+        .ok_or_else(|| {
+            anyhow!("--k-sweep {list:?}: expected budgets per 1024 channels, e.g. 4,8,16,32,64")
+        })?;
+    if loaded.sfx.is_none() || cli.no_refine {
+        bail!("--k-sweep needs a .sfx model with refinement (and no --no-refine)");
+    }
+    let longest = parts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
+    let t0 = Instant::now();
+    let rows = match reference {
+        Some(mut r) => {
+            if !cli.json {
+                eprintln!("reference pass over {spec_str}…");
+            }
+            Some(reference_rows(parts, &mut r)?)
+        }
+        None => None,
+    };
+    let reference_seconds = t0.elapsed().as_secs_f64();
+    let mut budgets: Vec<Option<usize>> = Vec::new();
+    if !cli.no_base {
+        budgets.push(None);
+    }
+    budgets.extend(ks.iter().map(|&k| Some(k)));
+    let mut runs = Vec::new();
+    for k in &budgets {
+        let mut scorer = match k {
+            None => ModelScorer::new(&loaded.model, longest)?,
+            Some(k) => {
+                let mut at_k = cli.clone();
+                at_k.k = Some(k.to_string());
+                let refiner = build_refiner(&at_k, loaded)?
+                    .ok_or_else(|| anyhow!("--k-sweep: the model has no refinement to run"))?;
+                ModelScorer::with_refiner(&loaded.model, longest, refiner)?
+            }
+        };
+        let t = Instant::now();
+        let result = match &rows {
+            Some(rows) => evaluate_against(parts, &mut scorer, rows, |_, _, _| {})?,
+            None => evaluate::<_, ModelScorer<'_, B>>(parts, &mut scorer, None, |_, _, _| {})?,
+        };
+        let seconds = t.elapsed().as_secs_f64();
+        if !cli.json {
+            let label = k.map_or("base".to_string(), |k| format!("k = {k}"));
+            let kl = result.kl.as_ref().map_or(String::new(), |kl| {
+                format!(
+                    "  KLD = {:.6}  same top-1 = {:.2} %",
+                    kl.mean, kl.same_top1_pct
+                )
+            });
+            println!(
+                "{label:>8}: PPL = {:.4} +/- {:.5}{kl}  ({seconds:.1} s)",
+                result.ppl.ppl, result.ppl.ppl_stderr
+            );
+        }
+        let refine = scorer.refiner().map(|r| refine_report(r, &cli.refine_tier));
+        runs.push((
+            *k,
+            EvalRun {
+                refined: k.is_some(),
+                result,
+                seconds,
+                refine,
+            },
+        ));
+    }
+    if cli.json {
+        let v = serde_json::json!({
+            "model": loaded.info.origin,
+            "kl_reference": cli.kl_ref,
+            "eval": spec_str,
+            "data": meta,
+            "scored_tokens": runs.first().map(|(_, r)| r.result.ppl.tokens),
+            "reference_seconds": reference_seconds,
+            "threads": rayon::current_num_threads(),
+            "runs": runs.iter().map(|(k, r)| {
+                let mut j = run_json(r);
+                j["k"] = serde_json::json!(k);
+                j["same_top1_pct"] = serde_json::json!(r.result.kl.as_ref().map(|kl| kl.same_top1_pct));
+                j
+            }).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
 }
 
 /// One evaluation pass (base or refined).

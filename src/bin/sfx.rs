@@ -567,9 +567,12 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             None => "?".to_string(),
         };
         println!(
-            "refinement   k per 1024 channels: {budgets}; fitted {}, lambda {}, mlp {}, tier {}",
+            "refinement   k per 1024 channels: {budgets}; fitted {}, lambda {}, prior {}, mlp {}, \
+             tier {}",
             field("fit"),
             field("lambda"),
+            // Files written before the prior was a choice fitted towards the residual.
+            r.get("prior").map_or("residual".to_string(), json_scalar),
             field("mlp"),
             field("tier")
         );

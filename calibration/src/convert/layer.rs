@@ -368,7 +368,7 @@ impl LayerContext<'_> {
                 Vec::new()
             };
             let fit_at = |st: &RefinementStats| {
-                fit_refinement(&stacked, st, o.lambda).map_err(|source| ConvertError::Refine {
+                fit_refinement(&stacked, st, o.fit_spec).map_err(|source| ConvertError::Refine {
                     layer: l,
                     set: set.name(),
                     source,
@@ -483,7 +483,7 @@ impl LayerContext<'_> {
             let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
             for (ri, rung) in o.rungs(Down).into_iter().enumerate() {
                 let d_ref = match bundle_stats.get(ri) {
-                    Some(bs) => fit_refinement(&d_res, bs, o.lambda).map_err(|source| {
+                    Some(bs) => fit_refinement(&d_res, bs, o.fit_spec).map_err(|source| {
                         ConvertError::Refine {
                             layer: l,
                             set: "bundles",

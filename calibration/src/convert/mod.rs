@@ -235,8 +235,8 @@ pub struct ConvertOptions {
     /// Budgets to fit C at in the same calibration pass (`--k-ladder`), every set at every
     /// rung; empty: one C per set at its `k`.
     pub k_ladder: Vec<usize>,
-    /// Ridge λ; `None`: mean of diag(M) per set.
-    pub lambda: Option<f64>,
+    /// Ridge λ and prior of the fitted C.
+    pub fit_spec: crate::refine::FitSpec,
     pub mlp: MlpScheme,
     /// Tier of the refinement sections (`ram` or `ssd`).
     pub refine_tier: Tier,
@@ -245,6 +245,9 @@ pub struct ConvertOptions {
     pub yaqa_sequences: usize,
     /// The output head and embedding tables.
     pub head: HeadFormat,
+    /// Keep the resident codes of this container instead of quantizing (`--base`); `quant`
+    /// then describes the file's base.
+    pub base: Option<std::path::PathBuf>,
 }
 
 impl ConvertOptions {
@@ -303,12 +306,13 @@ impl ConvertOptions {
                 )));
             }
         }
-        if let Some(l) = self.lambda {
-            if !(l.is_finite() && l > 0.0) {
-                return Err(ConvertError::Options(format!(
-                    "--lambda {l}: must be a positive finite number"
-                )));
-            }
+        let l = match self.fit_spec.lambda {
+            crate::refine::Lambda::Absolute(l) | crate::refine::Lambda::MeanDiag(l) => l,
+        };
+        if !(l.is_finite() && l > 0.0) {
+            return Err(ConvertError::Options(format!(
+                "--lambda {l}: must be a positive finite number"
+            )));
         }
         if self.refine_tier == Tier::Resident {
             return Err(ConvertError::Options(
@@ -505,7 +509,18 @@ pub fn convert(
         ));
     }
     let runner = LayerwiseRunner::new(CpuBackend::new(), config)?;
-    let quantizer = options.quant.quantizer();
+    let base = match &options.base {
+        Some(path) => Some(crate::quant::FileBase::open(path, config)?),
+        None => None,
+    };
+    let own_quantizer;
+    let quantizer: &dyn ResidentQuantizer = match &base {
+        Some(b) => b,
+        None => {
+            own_quantizer = options.quant.quantizer();
+            &*own_quantizer
+        }
+    };
     let mut sink = Sink {
         writer,
         shared: BTreeMap::new(),
@@ -530,11 +545,12 @@ pub fn convert(
 
     // YAQA: the Kronecker factors need gradients through the whole float model, so they are
     // computed before the block-by-block pass (Sketch B, crate::yaqa).
-    let yaqa_sequences =
-        (options.quant.method == QuantMethod::Yaqa).then(|| match options.yaqa_sequences {
+    let yaqa_sequences = (options.quant.method == QuantMethod::Yaqa && base.is_none()).then(|| {
+        match options.yaqa_sequences {
             0 => calib.len(),
             n => n.min(calib.len()),
-        });
+        }
+    });
     let kron = if let Some(n) = yaqa_sequences {
         let opts = crate::yaqa::SketchOptions::default();
         Some(crate::yaqa::sketch_b(
@@ -550,7 +566,7 @@ pub fn convert(
     let ctx = layer::LayerContext {
         runner: &runner,
         tensors,
-        quantizer: &*quantizer,
+        quantizer,
         options,
         kron: kron.as_ref(),
     };
@@ -607,7 +623,18 @@ pub fn convert(
     report.calib_tokens = calib.iter().map(|s| s.len() as u64).sum();
     report.yaqa_sequences = yaqa_sequences;
     report.heldout_tokens = heldout.iter().map(|s| s.len() as u64).sum();
-    report.params = params(options, &*quantizer, &report);
+    report.params = params(options, quantizer, &report);
+    if let Some(b) = &base {
+        // The codes are the file's: so are their description and their quantizer's records.
+        report
+            .params
+            .insert("quant".into(), b.quant_params().clone());
+        report.params.extend(b.extra_params());
+        report.params.insert(
+            "base".into(),
+            serde_json::json!({ "refitted_from": b.digest() }),
+        );
+    }
     report.bytes_by_tier = sink.bytes_by_tier;
     report.refine_bytes = sink.refine_bytes;
     report.refine_zstd_bytes = sink.refine_zstd_bytes;
@@ -693,7 +720,8 @@ fn params(
         "refine".into(),
         json!({
             "fit": o.fit,
-            "lambda": o.lambda.map_or(json!("mean_diag_m"), |l| json!(l)),
+            "lambda": o.fit_spec.lambda.describe(),
+            "prior": o.fit_spec.prior.as_str(),
             "k": k,
             "mlp": o.mlp.as_str(),
             "bundle_k": if o.mlp.bundles() { json!(o.bundle_k()) } else { json!(null) },

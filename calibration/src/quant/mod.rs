@@ -6,16 +6,19 @@
 //! - [`rtn`]: asymmetric min/max round-to-nearest per group of 128 input channels.
 //! - [`awq`]: activation-aware per-channel scales (folded into the input's producer) and
 //!   clipping on top of the same group layout.
+//! - [`file_base`]: the codes of an existing container, kept as they are.
 //! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
 pub mod awq;
+pub mod file_base;
 pub mod head;
 pub mod qtip;
 pub mod rtn;
 pub mod yaqa;
 
 pub use awq::Awq;
+pub use file_base::FileBase;
 pub use head::TableQuant;
 pub use qtip::Qtip;
 pub use rtn::Rtn;
@@ -141,6 +144,8 @@ pub enum QuantError {
         #[source]
         source: ResidentError,
     },
+    #[error("{name}: resident base: {message}")]
+    Base { name: String, message: String },
     #[error("{name}: {method} needs calibration statistics ({what})")]
     MissingStats {
         name: String,

@@ -1,8 +1,8 @@
 //! Weight refinement (docs/method.md §2): the fitted refinement solve and DecDEC's 4-bit
 //! column-major storage.
 //!
-//! - [`fit_refinement`]: C minimising E‖Rx − C z_k(x)‖² + λ‖C − R‖²_F, i.e.
-//!   C (M + λI) = R G + λR, by Cholesky (faer, f64).
+//! - [`fit_refinement`]: C minimising E‖Rx − C z_k(x)‖² + λ‖C − P‖²_F, i.e.
+//!   C (M + λI) = R G + λP, by Cholesky (faer, f64), with the prior P of [`FitPrior`].
 //! - [`quantize_columns_4bit`]: C → [`RefinementColumns`] (symmetric 4-bit, per-output-row
 //!   fp16 scale from a 32-point MSE grid search, column-major nibbles).
 //! - [`RefinementColumns::apply`]: reference y' = Ŵx + Σ_{i∈S(x)} x_i C[:, i].
@@ -29,7 +29,7 @@ pub enum RefineError {
     NotPositiveDefinite { lambda: f64 },
 }
 
-/// Mean of diag(M) with M = E[z zᵀ]: the default ridge λ.
+/// Mean of diag(M) with M = E[z zᵀ]: the unit of the default ridge λ.
 pub fn default_lambda(stats: &RefinementStats) -> f64 {
     let d = stats.in_dim;
     if d == 0 || stats.n == 0 {
@@ -39,19 +39,113 @@ pub fn default_lambda(stats: &RefinementStats) -> f64 {
     tr / d as f64 / stats.n as f64
 }
 
+/// The ridge λ of the fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Lambda {
+    /// This value for every projection set.
+    Absolute(f64),
+    /// This multiple of [`default_lambda`] of each set's statistics (1.0: the default).
+    MeanDiag(f64),
+}
+
+impl Default for Lambda {
+    fn default() -> Self {
+        Self::MeanDiag(1.0)
+    }
+}
+
+impl Lambda {
+    /// `0.05` (absolute) or `0.1x` (a multiple of mean diag(M)).
+    pub fn parse(s: &str) -> Option<Self> {
+        let (v, relative) = match s.strip_suffix('x') {
+            Some(v) => (v, true),
+            None => (s, false),
+        };
+        let v: f64 = v.trim().parse().ok()?;
+        if !(v.is_finite() && v > 0.0) {
+            return None;
+        }
+        Some(if relative {
+            Self::MeanDiag(v)
+        } else {
+            Self::Absolute(v)
+        })
+    }
+
+    /// λ for one set's statistics.
+    pub fn value(self, stats: &RefinementStats) -> f64 {
+        match self {
+            Self::Absolute(v) => v,
+            Self::MeanDiag(m) => m * default_lambda(stats),
+        }
+    }
+
+    /// The form the container's `params.refine.lambda` records.
+    pub fn describe(self) -> serde_json::Value {
+        match self {
+            Self::Absolute(v) => serde_json::json!(v),
+            Self::MeanDiag(1.0) => serde_json::json!("mean_diag_m"),
+            Self::MeanDiag(m) => serde_json::json!(format!("{m}x_mean_diag_m")),
+        }
+    }
+}
+
+/// What the ridge pulls C towards where the statistics say little (channels rarely among
+/// the top k).
+///
+/// With unlimited calibration data C = R G M⁻¹ whatever the prior; with 16 K tokens most
+/// channels are selected a few dozen times and the prior decides their columns. The residual
+/// R is the right guess when the rounding error of one input channel is unrelated to the
+/// others' (round-to-nearest, AWQ). An error-feedback quantizer (QTIP/YAQA's LDLQ) pushes each
+/// weight's error into the weights rounded after it, so R's columns cancel one another on
+/// typical inputs and a column of R alone is a poor correction: there the fit does better
+/// pulled towards zero (docs/results.md, issue 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FitPrior {
+    /// P = R: the plain residual (DecDEC's correction).
+    #[default]
+    Residual,
+    /// P = 0.
+    Zero,
+}
+
+impl FitPrior {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "residual" => Some(Self::Residual),
+            "zero" => Some(Self::Zero),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Residual => "residual",
+            Self::Zero => "zero",
+        }
+    }
+}
+
+/// How C is fitted: the ridge λ and its prior.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FitSpec {
+    pub lambda: Lambda,
+    pub prior: FitPrior,
+}
+
 /// Fits the refinement matrix C (`out × in`, row-major) for the residual `r` = W − Ŵ
 /// (`out × in`, row-major) from calibration `stats` at their budget k:
-/// solves C (M + λI) = R G + λR with M = E[zzᵀ], G = E[xzᵀ], λ = `lambda` or
-/// [`default_lambda`]. All arithmetic in f64; the Cholesky factor is computed once and applied
-/// to the `out` right-hand sides (as (M + λI) Cᵀ = Gᵀ Rᵀ + λ Rᵀ, M being symmetric).
+/// solves C (M + λI) = R G + λP with M = E[zzᵀ], G = E[xzᵀ] and λ, P from `spec`. All
+/// arithmetic in f64; the Cholesky factor is computed once and applied to the `out`
+/// right-hand sides (as (M + λI) Cᵀ = Gᵀ Rᵀ + λ Pᵀ, M being symmetric).
 ///
 /// Cost: in³/3 (factor) + 2·out·in² (RG and the solve) flops, memory ≈ 3·in² + 2·out·in f64.
 pub fn fit_refinement(
     r: &[f32],
     stats: &RefinementStats,
-    lambda: Option<f64>,
+    spec: FitSpec,
 ) -> Result<Vec<f32>, RefineError> {
-    Ok(fit_refinement_f64(r, stats, lambda)?
+    Ok(fit_refinement_f64(r, stats, spec)?
         .into_iter()
         .map(|v| v as f32)
         .collect())
@@ -61,7 +155,7 @@ pub fn fit_refinement(
 pub fn fit_refinement_f64(
     r: &[f32],
     stats: &RefinementStats,
-    lambda: Option<f64>,
+    spec: FitSpec,
 ) -> Result<Vec<f64>, RefineError> {
     let d = stats.in_dim;
     if d == 0 || !r.len().is_multiple_of(d) {
@@ -74,7 +168,7 @@ pub fn fit_refinement_f64(
         return Err(RefineError::NoData);
     }
     let out = r.len() / d;
-    let lambda = lambda.unwrap_or_else(|| default_lambda(stats));
+    let lambda = spec.lambda.value(stats);
     let inv_n = 1.0 / stats.n as f64;
     // A = M + λI (symmetrised against accumulation round-off).
     let a = Mat::<f64>::from_fn(d, d, |i, j| {
@@ -87,9 +181,11 @@ pub fn fit_refinement_f64(
     });
     let rt = Mat::<f64>::from_fn(d, out, |i, o| r[o * d + i] as f64);
     let gt = Mat::<f64>::from_fn(d, d, |i, j| stats.g[j * d + i] * inv_n);
-    // Bᵀ = Gᵀ Rᵀ + λ Rᵀ.
+    // Bᵀ = Gᵀ Rᵀ + λ Pᵀ.
     let mut bt = &gt * &rt;
-    bt += faer::Scale(lambda) * &rt;
+    if spec.prior == FitPrior::Residual {
+        bt += faer::Scale(lambda) * &rt;
+    }
     let llt = a
         .llt(Side::Lower)
         .map_err(|_| RefineError::NotPositiveDefinite { lambda })?;
