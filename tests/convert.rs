@@ -40,9 +40,14 @@ fn convert(args: &[&str], threads: usize) -> String {
 /// `rtn4` with one 32-token calibration sequence and no held-out text (the resident codes
 /// do not depend on calibration) plus `extra` flags, written to `name`, opened and verified.
 fn quick_rtn4(name: &str, extra: &[&str]) -> SfxFile {
+    quick(name, "rtn4", extra)
+}
+
+/// [`quick_rtn4`] for any `--quant`.
+fn quick(name: &str, quant: &str, extra: &[&str]) -> SfxFile {
     let path = out_dir().join(name);
     let g = gguf();
-    let mut args = vec!["--quant", "rtn4"];
+    let mut args = vec!["--quant", quant];
     args.extend_from_slice(extra);
     args.extend([
         g.to_str().unwrap(),
@@ -641,26 +646,9 @@ fn refit_from_a_base_equals_a_direct_conversion() {
     assert_eq!(p["base"]["refitted_from"], base.content_digest());
     assert_eq!(p["quant"], direct.metadata().params["quant"]);
 
-    let g = gguf();
+    quick("awq4-refit-base.sfx", "awq4", &["--awq-grid", "2,1"]);
     let awq = out_dir().join("awq4-refit-base.sfx");
-    convert(
-        &[
-            "--quant",
-            "awq4",
-            "--awq-grid",
-            "2,1",
-            g.to_str().unwrap(),
-            "-o",
-            awq.to_str().unwrap(),
-            "--calib-seqs",
-            "1",
-            "--calib-len",
-            "32",
-            "--heldout",
-            "none",
-        ],
-        2,
-    );
+    let g = gguf();
     let o = out_dir().join("never-refit.sfx");
     for (args, needle) in [
         (vec!["--base", awq.to_str().unwrap(), "--fit"], "awq"),
@@ -670,16 +658,8 @@ fn refit_from_a_base_equals_a_direct_conversion() {
             "/nonexistent/base.sfx",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-            .args(&args)
-            .args([g.to_str().unwrap(), "-o", o.to_str().unwrap()])
-            .env("SFX_ASSETS", assets())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        let args = [&args[..], &[g.to_str().unwrap(), "-o", o.to_str().unwrap()]].concat();
+        refused(&args, needle);
     }
     assert!(!o.exists());
 }
@@ -742,15 +722,20 @@ fn bad_options_are_named() {
         ),
     ];
     for (args, needle) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-            .args(args)
-            .env("SFX_ASSETS", assets())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        refused(args, needle);
     }
     assert!(!Path::new(o).exists());
+}
+
+/// sfx-convert `args` fails with a message containing `needle`, without a panic.
+fn refused(args: &[&str], needle: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args(args)
+        .env("SFX_ASSETS", assets())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
 }

@@ -93,18 +93,6 @@ fn projections(s: &Shape) -> Vec<(&'static str, usize, usize)> {
     ]
 }
 
-fn role(proj: &str) -> LinearRole {
-    match proj {
-        "self_attn.q_proj" => LinearRole::Query,
-        "self_attn.k_proj" => LinearRole::Key,
-        "self_attn.v_proj" => LinearRole::Value,
-        "self_attn.o_proj" => LinearRole::AttnOutput,
-        "mlp.gate_proj" => LinearRole::Gate,
-        "mlp.up_proj" => LinearRole::Up,
-        _ => LinearRole::Down,
-    }
-}
-
 /// The kernel storage of per-tile streams, straight from the formula of §3: stored byte
 /// `((((A·(cols/32)+B)·32 + c)·2 + b)·2 + a)·K + (K−1−r)` holds byte `c·K + r` of tile
 /// `(2A+a, 2B+b)`. Written per destination byte here (the importer walks storage order).
@@ -513,7 +501,7 @@ fn import_and_check(s: Shape, seed: u64, tables: &BTreeMap<usize, Vec<Vec<i8>>>)
         let weight_name = format!("{pname}.weight");
         let spec = LinearSpec {
             layer: Some(layer.parse().unwrap()),
-            role: role(proj),
+            role: LinearRole::of_projection(proj).expect("a decoder projection"),
             weight_name: &weight_name,
             bias_name: None,
             out_dim: p.rows,

@@ -19,7 +19,7 @@
 
 mod common;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use sfx_calibration::quant::awq::{fold_into_norm, fold_into_rows, Awq};
 use sfx_calibration::quant::{Rtn, WeightView};
 use sfx_formats::checkpoint::Checkpoint;
@@ -28,7 +28,6 @@ use sfx_runtime::eval::log_softmax_at;
 use sfx_runtime::{LogitsMode, Model, ModelOptions, ProjectionSet};
 use std::collections::BTreeMap;
 use std::time::Instant;
-use tokenizers::Tokenizer;
 
 const SEQ: usize = 512;
 
@@ -218,8 +217,7 @@ fn main() -> Result<()> {
             .context("path")?,
     )?;
     let config = ckpt.config.clone();
-    let tok = Tokenizer::from_bytes(ckpt.tokenizer_json.as_deref().context("tokenizer")?)
-        .map_err(|e| anyhow!("tokenizer: {e}"))?;
+    let tok = common::tokenizer(&ckpt)?;
     let mut base: Tensors = BTreeMap::new();
     for name in ckpt.tensors.tensor_names() {
         let v = ckpt.tensors.tensor(&name)?;

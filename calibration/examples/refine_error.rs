@@ -12,7 +12,7 @@
 
 mod common;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use faer::Mat;
 use sfx_calibration::quant::{Rtn, WeightView};
 use sfx_calibration::refine::{fit_refinement, quantize_columns_4bit};
@@ -26,15 +26,6 @@ use tokenizers::Tokenizer;
 
 const SEQ: usize = 512;
 const KS: [usize; 2] = [16, 32];
-
-fn projections(set: ProjectionSet) -> &'static [&'static str] {
-    match set {
-        ProjectionSet::Qkv => &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        ProjectionSet::O => &["self_attn.o_proj"],
-        ProjectionSet::GateUp => &["mlp.gate_proj", "mlp.up_proj"],
-        ProjectionSet::Down => &["mlp.down_proj"],
-    }
-}
 
 /// Token sequences of `SEQ` tokens from `text`.
 fn sequences(tok: &Tokenizer, text: &str, count: usize) -> Result<Vec<Vec<u32>>> {
@@ -72,8 +63,7 @@ fn main() -> Result<()> {
         ckpt.tensors.as_ref(),
         &ModelOptions::default(),
     )?;
-    let tok = Tokenizer::from_bytes(ckpt.tokenizer_json.as_deref().context("tokenizer")?)
-        .map_err(|e| anyhow!("tokenizer: {e}"))?;
+    let tok = common::tokenizer(&ckpt)?;
     let n_layers = ckpt.config.num_hidden_layers;
     let layers: Vec<usize> = match args.get(3) {
         Some(s) => s.split(',').map(|v| v.parse()).collect::<Result<_, _>>()?,
@@ -132,7 +122,7 @@ fn main() -> Result<()> {
     for &layer in &layers {
         for set in ProjectionSet::ALL {
             let (mut w, mut wq, mut out, mut d) = (Vec::new(), Vec::new(), 0, 0);
-            for p in projections(set) {
+            for p in set.projections() {
                 let name = format!("model.layers.{layer}.{p}.weight");
                 let view = ckpt.tensors.tensor(&name)?;
                 let (rows, cols) = (view.shape[0], view.shape[1]);

@@ -15,6 +15,8 @@
 //!     <float model> [calib_seqs] [heldout_seqs] [layers,...] [calib text] [held-out text]
 //! ```
 
+mod common;
+
 use anyhow::{anyhow, Context, Result};
 use faer::Mat;
 use sfx_calibration::quant::{InputStats, Qtip, ResidentQuantizer, SetContext, WeightView};
@@ -29,15 +31,6 @@ use tokenizers::Tokenizer;
 
 const SEQ: usize = 512;
 const K: usize = 16;
-
-fn projections(set: ProjectionSet) -> &'static [&'static str] {
-    match set {
-        ProjectionSet::Qkv => &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        ProjectionSet::O => &["self_attn.o_proj"],
-        ProjectionSet::GateUp => &["mlp.gate_proj", "mlp.up_proj"],
-        ProjectionSet::Down => &["mlp.down_proj"],
-    }
-}
 
 /// `count` windows of `SEQ` tokens spread evenly over `text`.
 fn windows(tok: &Tokenizer, text: &str, count: usize) -> Result<Vec<Vec<u32>>> {
@@ -97,8 +90,7 @@ fn main() -> Result<()> {
         ckpt.tensors.as_ref(),
         &ModelOptions::default(),
     )?;
-    let tok = Tokenizer::from_bytes(ckpt.tokenizer_json.as_deref().context("tokenizer")?)
-        .map_err(|e| anyhow!("tokenizer: {e}"))?;
+    let tok = common::tokenizer(&ckpt)?;
     let n_layers = ckpt.config.num_hidden_layers;
     let layers: Vec<usize> = match args.get(4) {
         Some(s) => s.split(',').map(|v| v.parse()).collect::<Result<_, _>>()?,
@@ -202,7 +194,7 @@ fn main() -> Result<()> {
                 .collect();
             let mut w = Vec::new();
             let mut shapes = Vec::new();
-            for p in projections(set) {
+            for p in set.projections() {
                 let name = format!("model.layers.{layer}.{p}.weight");
                 let view = ckpt.tensors.tensor(&name)?;
                 shapes.push((name, view.shape[0], view.shape[1]));

@@ -187,6 +187,20 @@ pub enum LinearRole {
 }
 
 impl LinearRole {
+    /// The decoder projection named `self_attn.q_proj` … `mlp.down_proj`.
+    pub fn of_projection(name: &str) -> Option<Self> {
+        Some(match name {
+            "self_attn.q_proj" => Self::Query,
+            "self_attn.k_proj" => Self::Key,
+            "self_attn.v_proj" => Self::Value,
+            "self_attn.o_proj" => Self::AttnOutput,
+            "mlp.gate_proj" => Self::Gate,
+            "mlp.up_proj" => Self::Up,
+            "mlp.down_proj" => Self::Down,
+            _ => return None,
+        })
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             LinearRole::Query => "query projection",

@@ -35,6 +35,17 @@ impl ProjectionSet {
     pub fn index(self) -> usize {
         self as usize
     }
+
+    /// The set's projections in graph order, as named under `model.layers.{i}.` (q, k, v
+    /// order matters: AWQ folds o's scales into v, and sections are written in this order).
+    pub fn projections(self) -> &'static [&'static str] {
+        match self {
+            Self::Qkv => &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            Self::O => &["self_attn.o_proj"],
+            Self::GateUp => &["mlp.gate_proj", "mlp.up_proj"],
+            Self::Down => &["mlp.down_proj"],
+        }
+    }
 }
 
 /// Receives projection inputs during [`Model::forward_observed`](crate::Model::forward_observed).

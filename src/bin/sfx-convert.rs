@@ -95,14 +95,15 @@ struct ConvertArgs {
     #[arg(long)]
     k_ladder: Option<String>,
     /// Ridge lambda of the fit: a number (the same for every projection set) or a multiple of
-    /// each set's mean diag(M), e.g. 0.1x. The default 1x suits the residual prior.
-    #[arg(long, default_value = "1x")]
-    lambda: String,
+    /// each set's mean diag(M), e.g. 0.1x. Default: 1x with the residual prior, 0.1x with
+    /// the zero prior.
+    #[arg(long)]
+    lambda: Option<String>,
     /// What the ridge pulls C towards where the calibration statistics say little: residual
-    /// (P = R, the plain correction; right for RTN and AWQ) or zero (better for error-feedback
-    /// bases such as QTIP/YAQA, whose residual columns cancel one another; use with
-    /// --lambda 0.1x). docs/method.md §2; measurements in docs/results.md.
-    #[arg(long, default_value = "residual")]
+    /// (P = R, the plain correction) or zero. auto: zero for qtipN / yaqaN, whose error
+    /// feedback makes the residual's columns cancel one another, residual for rtnN / awqN
+    /// (docs/method.md §2; measured in docs/results.md).
+    #[arg(long, default_value = "auto")]
     fit_prior: String,
     /// MLP refinement: channel-wise columns, neuron bundles, or both.
     #[arg(long, default_value = "channels")]
@@ -417,18 +418,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => Vec::new(),
             Some(l) => parse_ladder(l)?,
         },
-        fit_spec: FitSpec {
-            lambda: Lambda::parse(&a.lambda).ok_or_else(|| {
-                anyhow!(
-                    "--lambda {:?}: expected a positive number or a positive multiple of mean \
-                     diag(M) such as 0.1x",
-                    a.lambda
-                )
-            })?,
-            prior: FitPrior::parse(&a.fit_prior).ok_or_else(|| {
-                anyhow!("--fit-prior {:?}: expected residual or zero", a.fit_prior)
-            })?,
-        },
+        fit_spec: fit_spec(&a.fit_prior, a.lambda.as_deref(), &quant)?,
         mlp: MlpScheme::parse(&a.mlp)?,
         refine_tier: match a.refine_tier.as_str() {
             "ram" => Tier::Ram,
@@ -566,6 +556,27 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     print_report(
         &a.heldout, &options, &report, &output, seconds, file_bytes, a.json,
     )
+}
+
+/// `--fit-prior` and `--lambda`, defaults resolved for the base.
+fn fit_spec(prior: &str, lambda: Option<&str>, quant: &QuantSpec) -> Result<FitSpec> {
+    let prior = match prior {
+        "auto" => None,
+        p => Some(
+            FitPrior::parse(p)
+                .ok_or_else(|| anyhow!("--fit-prior {p:?}: expected auto, residual or zero"))?,
+        ),
+    };
+    let lambda = match lambda {
+        None => None,
+        Some(l) => Some(Lambda::parse(l).ok_or_else(|| {
+            anyhow!(
+                "--lambda {l:?}: expected a positive number or a positive multiple of mean \
+                 diag(M) such as 0.1x"
+            )
+        })?),
+    };
+    Ok(quant.fit_spec(prior, lambda))
 }
 
 /// The base a container holds, from its `params.quant` (method and bits).

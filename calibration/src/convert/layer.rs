@@ -51,14 +51,6 @@ pub(super) struct LayerContext<'a> {
     pub kron: Option<&'a std::collections::BTreeMap<String, crate::yaqa::KroneckerFactors>>,
 }
 
-/// Projections of each set, in [`ProjectionSet::ALL`] order; q, k, v order matters to AWQ.
-const SET_PROJECTIONS: [&[&str]; 4] = [
-    &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-    &["self_attn.o_proj"],
-    &["mlp.gate_proj", "mlp.up_proj"],
-    &["mlp.down_proj"],
-];
-
 /// One float projection on its way to the file.
 struct Proj {
     /// `model.layers.{i}.{name}`.
@@ -209,10 +201,10 @@ impl LayerContext<'_> {
                 _ => (c.hidden_size, c.intermediate_size, false),
             }
         };
-        let mut sets: Vec<Vec<Proj>> = SET_PROJECTIONS
+        let mut sets: Vec<Vec<Proj>> = ProjectionSet::ALL
             .iter()
-            .map(|names| {
-                names
+            .map(|set| {
+                set.projections()
                     .iter()
                     .map(|n| {
                         let (rows, cols, bias) = dims(n);

@@ -145,16 +145,7 @@ impl FileBase {
 fn parse_projection(name: &str) -> Option<(usize, LinearRole)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, proj) = rest.split_once('.')?;
-    let role = match proj {
-        "self_attn.q_proj" => LinearRole::Query,
-        "self_attn.k_proj" => LinearRole::Key,
-        "self_attn.v_proj" => LinearRole::Value,
-        "self_attn.o_proj" => LinearRole::AttnOutput,
-        "mlp.gate_proj" => LinearRole::Gate,
-        "mlp.up_proj" => LinearRole::Up,
-        "mlp.down_proj" => LinearRole::Down,
-        _ => return None,
-    };
+    let role = LinearRole::of_projection(proj)?;
     Some((layer.parse().ok()?, role))
 }
 

@@ -124,6 +124,15 @@ impl FitPrior {
             Self::Zero => "zero",
         }
     }
+
+    /// The ridge that measured best with this prior (docs/results.md, issue 16): 1× mean
+    /// diag(M) towards the residual, 0.1× towards zero.
+    pub fn default_lambda(self) -> Lambda {
+        match self {
+            Self::Residual => Lambda::MeanDiag(1.0),
+            Self::Zero => Lambda::MeanDiag(0.1),
+        }
+    }
 }
 
 /// How C is fitted: the ridge λ and its prior.

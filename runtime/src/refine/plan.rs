@@ -9,14 +9,6 @@ use crate::observe::ProjectionSet;
 use sfx_formats::sfx::{Codec, Layout, SfxFile, Tier};
 use sfx_formats::{DType, FormatError, ModelConfig};
 
-/// Projections of each set in graph order ([`ProjectionSet::ALL`] order).
-const SET_PROJECTIONS: [&[&str]; 4] = [
-    &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-    &["self_attn.o_proj"],
-    &["mlp.gate_proj", "mlp.up_proj"],
-    &["mlp.down_proj"],
-];
-
 fn err(file: &SfxFile, section: &str, msg: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Format(FormatError::invalid(
         file.path(),
@@ -173,7 +165,7 @@ pub fn plan_from_sfx(
             ..Default::default()
         };
         for set in ProjectionSet::ALL {
-            for proj in SET_PROJECTIONS[set.index()] {
+            for proj in set.projections() {
                 let name = columns_section(&format!("{p}.{proj}"), rungs[set.index()]);
                 let Ok(s) = file.section(&name) else {
                     continue;
@@ -195,10 +187,10 @@ pub fn plan_from_sfx(
                 next_key += 1;
             }
             let got = layer.sets[set.index()].len();
-            if got != 0 && got != SET_PROJECTIONS[set.index()].len() {
+            if got != 0 && got != set.projections().len() {
                 return Err(err(
                     file,
-                    &format!("{p}.{}", SET_PROJECTIONS[set.index()][0]),
+                    &format!("{p}.{}", set.projections()[0]),
                     format!(
                         "refinement present for {got} of the {} set's projections",
                         set.name()
