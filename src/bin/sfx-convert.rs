@@ -100,10 +100,10 @@ struct ConvertArgs {
     #[arg(long)]
     lambda: Option<String>,
     /// What the ridge pulls C towards where the calibration statistics say little: residual
-    /// (P = R, the plain correction) or zero. auto: zero for qtipN / yaqaN, whose error
-    /// feedback makes the residual's columns cancel one another, residual for rtnN / awqN
-    /// (docs/method.md §2; measured in docs/results.md).
-    #[arg(long, default_value = "auto")]
+    /// (P = R, the plain correction) or zero. zero lowers the q/k/v projection error of
+    /// QTIP/YAQA bases but raises down's, and ends with a higher KL than residual on
+    /// SmolLM2 qtip2 (docs/method.md §2, docs/results.md).
+    #[arg(long, default_value = "residual")]
     fit_prior: String,
     /// MLP refinement: channel-wise columns, neuron bundles, or both.
     #[arg(long, default_value = "channels")]
@@ -418,7 +418,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => Vec::new(),
             Some(l) => parse_ladder(l)?,
         },
-        fit_spec: fit_spec(&a.fit_prior, a.lambda.as_deref(), &quant)?,
+        fit_spec: fit_spec(&a.fit_prior, a.lambda.as_deref())?,
         mlp: MlpScheme::parse(&a.mlp)?,
         refine_tier: match a.refine_tier.as_str() {
             "ram" => Tier::Ram,
@@ -558,25 +558,20 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     )
 }
 
-/// `--fit-prior` and `--lambda`, defaults resolved for the base.
-fn fit_spec(prior: &str, lambda: Option<&str>, quant: &QuantSpec) -> Result<FitSpec> {
-    let prior = match prior {
-        "auto" => None,
-        p => Some(
-            FitPrior::parse(p)
-                .ok_or_else(|| anyhow!("--fit-prior {p:?}: expected auto, residual or zero"))?,
-        ),
-    };
+/// `--fit-prior` and `--lambda` (λ's default follows the prior).
+fn fit_spec(prior: &str, lambda: Option<&str>) -> Result<FitSpec> {
+    let prior = FitPrior::parse(prior)
+        .ok_or_else(|| anyhow!("--fit-prior {prior:?}: expected residual or zero"))?;
     let lambda = match lambda {
-        None => None,
-        Some(l) => Some(Lambda::parse(l).ok_or_else(|| {
+        None => prior.default_lambda(),
+        Some(l) => Lambda::parse(l).ok_or_else(|| {
             anyhow!(
                 "--lambda {l:?}: expected a positive number or a positive multiple of mean \
                  diag(M) such as 0.1x"
             )
-        })?),
+        })?,
     };
-    Ok(quant.fit_spec(prior, lambda))
+    Ok(FitSpec { lambda, prior })
 }
 
 /// The base a container holds, from its `params.quant` (method and bits).

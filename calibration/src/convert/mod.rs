@@ -134,26 +134,6 @@ impl QuantSpec {
         }
     }
 
-    /// How C is fitted on this base, where the user chose neither (`None`): the prior zero
-    /// for the error-feedback quantizers (QTIP and YAQA round with LDLQ, whose residual
-    /// columns cancel one another), the residual for round-to-nearest and AWQ
-    /// (docs/method.md §2); λ the one measured best with the prior.
-    pub fn fit_spec(
-        &self,
-        prior: Option<crate::refine::FitPrior>,
-        lambda: Option<crate::refine::Lambda>,
-    ) -> crate::refine::FitSpec {
-        use crate::refine::FitPrior;
-        let prior = prior.unwrap_or(match self.method {
-            QuantMethod::Qtip | QuantMethod::Yaqa => FitPrior::Zero,
-            QuantMethod::Rtn | QuantMethod::Awq => FitPrior::Residual,
-        });
-        crate::refine::FitSpec {
-            lambda: lambda.unwrap_or(prior.default_lambda()),
-            prior,
-        }
-    }
-
     pub fn method_name(&self) -> &'static str {
         match self.method {
             QuantMethod::Rtn => "rtn",
@@ -770,36 +750,4 @@ fn params(
         awq.insert("alpha".into(), json!(alphas));
     }
     p
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::refine::{FitPrior, FitSpec, Lambda};
-
-    #[test]
-    fn fit_defaults_follow_the_base() {
-        let spec = |q: &str| QuantSpec::parse(q).unwrap();
-        let zero = FitSpec {
-            prior: FitPrior::Zero,
-            lambda: Lambda::MeanDiag(0.1),
-        };
-        let residual = FitSpec {
-            prior: FitPrior::Residual,
-            lambda: Lambda::MeanDiag(1.0),
-        };
-        assert_eq!(spec("qtip2").fit_spec(None, None), zero);
-        assert_eq!(spec("yaqa3").fit_spec(None, None), zero);
-        assert_eq!(spec("awq3").fit_spec(None, None), residual);
-        assert_eq!(spec("rtn4").fit_spec(None, None), residual);
-        // An explicit prior brings its own λ; an explicit λ is kept.
-        assert_eq!(spec("awq3").fit_spec(Some(FitPrior::Zero), None), zero);
-        assert_eq!(
-            spec("qtip2").fit_spec(None, Some(Lambda::Absolute(0.5))),
-            FitSpec {
-                prior: FitPrior::Zero,
-                lambda: Lambda::Absolute(0.5)
-            }
-        );
-    }
 }

@@ -98,8 +98,9 @@ impl Lambda {
 /// R is the right guess when the rounding error of one input channel is unrelated to the
 /// others' (round-to-nearest, AWQ). An error-feedback quantizer (QTIP/YAQA's LDLQ) pushes each
 /// weight's error into the weights rounded after it, so R's columns cancel one another on
-/// typical inputs and a column of R alone is a poor correction: there the fit does better
-/// pulled towards zero (docs/results.md, issue 16).
+/// typical inputs and a column of R alone is a poor correction; pulled towards zero the fit
+/// lowers q/k/v's error there but raises down's, and the model's KL ends higher
+/// (docs/results.md, issue 16), so the residual stays the default for every base.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FitPrior {
     /// P = R: the plain residual (DecDEC's correction).
@@ -125,8 +126,8 @@ impl FitPrior {
         }
     }
 
-    /// The ridge that measured best with this prior (docs/results.md, issue 16): 1× mean
-    /// diag(M) towards the residual, 0.1× towards zero.
+    /// The ridge that measured best with this prior on held-out projection error
+    /// (docs/results.md, issue 16): 1× mean diag(M) towards the residual, 0.1× towards zero.
     pub fn default_lambda(self) -> Lambda {
         match self {
             Self::Residual => Lambda::MeanDiag(1.0),
