@@ -27,13 +27,15 @@ use tokenizers::Tokenizer;
         sfx-convert --quant awq3 --fit <hf-dir | hub-id | model.gguf> -o model.sfx\n\n\
         The model is processed one decoder block at a time: calibration text (Brown by default) \
         runs through the float block, the projections are quantized to the resident base \
-        (RTN or AWQ, group 128; AWQ scales folded into the preceding RMSNorm / linear), the \
-        refinement statistics M = E[zz^T], G = E[xz^T] (z = top-k-per-1024 masked input) are \
-        accumulated without storing activations, and the refinement (plain residual R, or with \
-        --fit the ridge solve C (M + lambda I) = R G + lambda R) is stored as 4-bit columns in the \
-        ram/ssd tier. A held-out text (wiki by default) measures the projection-output error of \
-        the base, plain and fitted refinement per layer. The output is written atomically (temp \
-        file, fsync, rename); the byte layout is in docs/format.md.\n\n\
+        (RTN or AWQ, group 128, AWQ scales folded into the preceding RMSNorm / linear; or QTIP / \
+        YAQA trellis codes; or, with --base, the codes of an existing .sfx), the refinement \
+        statistics M = E[zz^T], G = E[xz^T] (z = top-k-per-1024 masked input) are accumulated \
+        without storing activations, and the refinement (plain residual R, or with --fit the \
+        ridge solve C (M + lambda I) = R G + lambda P, P = R unless --fit-prior zero) is stored \
+        as 4-bit columns in the ram/ssd tier. A held-out text (wiki by default) measures the \
+        projection-output error of the base, plain and fitted refinement per layer. The output \
+        is written atomically (temp file, fsync, rename); the byte layout is in \
+        docs/format.md.\n\n\
         `sfx-convert import-gguf model.gguf -o dir/` imports a llama.cpp GGUF into a Hugging \
         Face folder instead.",
     args_conflicts_with_subcommands = true,
