@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use strataflux::bench::{parse_list, per_set};
 use tokenizers::Tokenizer;
 
 #[derive(Parser)]
@@ -237,34 +238,6 @@ fn main() -> Result<()> {
     }
 }
 
-fn parse_k(s: &str) -> Result<[usize; 4]> {
-    let parts: Vec<usize> = s
-        .split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<usize>()
-                .map_err(|_| anyhow!("--k {s:?}: {p:?} is not a non-negative integer"))
-        })
-        .collect::<Result<_>>()?;
-    match parts.as_slice() {
-        [k] => Ok([*k; 4]),
-        [a, b, c, d] => Ok([*a, *b, *c, *d]),
-        _ => bail!("--k {s:?}: give one budget or four (qkv,o,gu,d)"),
-    }
-}
-
-/// `--k-ladder 4,8,16`: budgets in increasing order (duplicates and order checked by the
-/// converter's options).
-fn parse_ladder(s: &str) -> Result<Vec<usize>> {
-    s.split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<usize>()
-                .map_err(|_| anyhow!("--k-ladder {s:?}: {p:?} is not a whole number"))
-        })
-        .collect()
-}
-
 /// `count` windows of `len` tokens spread evenly over `text`: window i tokenizes the text
 /// from character offset ≈ i·|text|/count (snapped forward to a line start) and keeps its
 /// first `len` tokens. Deterministic, covers every part of the text (Brown is ordered by
@@ -370,9 +343,8 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         (q, Some(base)) => {
             let of_file = base_quant(base)?;
             if let Some(q) = q {
-                if QuantSpec::parse(q)?.method != of_file.method
-                    || QuantSpec::parse(q)?.bits != of_file.bits
-                {
+                let asked = QuantSpec::parse(q)?;
+                if (asked.method, asked.bits) != (of_file.method, of_file.bits) {
                     bail!(
                         "--quant {q} but --base {} holds {}{} codes (leave --quant out with --base)",
                         base.display(),
@@ -415,10 +387,10 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     let options = ConvertOptions {
         quant,
         fit: a.fit,
-        k: parse_k(&a.k)?,
+        k: per_set("k", &a.k)?,
         k_ladder: match &a.k_ladder {
             None => Vec::new(),
-            Some(l) => parse_ladder(l)?,
+            Some(l) => parse_list("--k-ladder", l, true)?,
         },
         fit_spec: fit_spec(&a.fit_prior, a.lambda.as_deref())?,
         mlp: MlpScheme::parse(&a.mlp)?,

@@ -1034,15 +1034,10 @@ fn eval_k_sweep<B: Backend, R: Backend>(
     spec_str: &str,
     list: &str,
 ) -> Result<()> {
-    let ks: Vec<usize> = list
-        .split(',')
-        .map(|v| v.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .ok()
-        .filter(|ks: &Vec<usize>| !ks.is_empty() && ks.iter().all(|&k| k <= 1024))
-        .ok_or_else(|| {
-            anyhow!("--k-sweep {list:?}: expected budgets per 1024 channels, e.g. 4,8,16,32,64")
-        })?;
+    let ks = strataflux::bench::parse_list("--k-sweep", list, true)?;
+    if let Some(k) = ks.iter().find(|&&k| k > 1024) {
+        bail!("--k-sweep {list:?}: {k} is more than the 1024 channels a budget is counted in");
+    }
     if loaded.sfx.is_none() || cli.no_refine {
         bail!("--k-sweep needs a .sfx model with refinement (and no --no-refine)");
     }

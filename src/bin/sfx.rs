@@ -273,7 +273,7 @@ fn main() -> Result<()> {
             json,
         } => {
             use sfx_calibration::tune::Scheme;
-            let budgets = budget
+            let mut budgets = budget
                 .split(',')
                 .map(|b| {
                     sfx_formats::tune::parse_budget(b).ok_or_else(|| {
@@ -281,7 +281,6 @@ fn main() -> Result<()> {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let mut budgets = budgets;
             budgets.sort_by(f64::total_cmp);
             budgets.dedup();
             let shifts = s

@@ -26,10 +26,6 @@ pub struct FileBase {
     quant: serde_json::Value,
 }
 
-fn invalid(path: &Path, message: String) -> FormatError {
-    FormatError::invalid(path, message)
-}
-
 impl FileBase {
     /// Opens `path`, verifies every section's checksum, and checks that it was converted from
     /// a model of `config`'s shape by a quantizer whose codes act on the unscaled input.
@@ -38,24 +34,25 @@ impl FileBase {
         file.verify()?;
         let meta = file.metadata();
         let quant = meta.params.get("quant").cloned().ok_or_else(|| {
-            invalid(
+            FormatError::invalid(
                 path,
-                "no params.quant: not written by sfx-convert, so its resident format is unknown"
-                    .into(),
+                "no params.quant: not written by sfx-convert, so its resident format is unknown",
             )
         })?;
         let method = quant.get("method").and_then(|m| m.as_str()).unwrap_or("");
         if method == "awq" {
-            return Err(invalid(
+            return Err(FormatError::invalid(
                 path,
                 "params.quant.method is awq: AWQ folds per-channel scales into the norms and \
                  the v / up rows, so its codes cannot be re-fitted against the float weights; \
-                 convert again with --quant awqN"
-                    .into(),
+                 convert again with --quant awqN",
             ));
         }
         let Some(file_config) = &meta.config else {
-            return Err(invalid(path, "no model config in the metadata".into()));
+            return Err(FormatError::invalid(
+                path,
+                "no model config in the metadata",
+            ));
         };
         let shape = |c: &ModelConfig| {
             (
@@ -69,7 +66,7 @@ impl FileBase {
             )
         };
         if shape(file_config) != shape(config) {
-            return Err(invalid(
+            return Err(FormatError::invalid(
                 path,
                 format!(
                     "model shape (hidden, intermediate, layers, heads, kv heads, head dim, \
@@ -125,7 +122,7 @@ impl FileBase {
             .section(&weight_name)
             .map_err(|e| fail(e.to_string()))?
             .layout;
-        let w = match layout {
+        match layout {
             Layout::PackedCodes { .. } => factory.group_quantized(&spec).map(ResidentWeight::Group),
             Layout::TrellisTiles { .. } => factory
                 .trellis_quantized(&spec)
@@ -136,8 +133,7 @@ impl FileBase {
                 )))
             }
         }
-        .map_err(|e| fail(e.to_string()))?;
-        Ok(w)
+        .map_err(|e| fail(e.to_string()))
     }
 }
 
