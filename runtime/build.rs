@@ -35,10 +35,9 @@ fn main() {
             src.join(format!("{k}.cu")).display()
         );
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        src.join("common.cuh").display()
-    );
+    for header in ["common.cuh", "refine_epilogue.cuh"] {
+        println!("cargo:rerun-if-changed={}", src.join(header).display());
+    }
     for var in [
         "SFX_NVCC",
         "SFX_CUDA_ARCHS",

@@ -222,6 +222,22 @@ pub enum Op {
         cols: usize,
         norm: bool,
     },
+    /// Coded projections of one decode row with their refinement
+    /// ([`crate::backend::refine::FusedColumns`]) as the graph hands it to them: q/k/v-like
+    /// projections of one input, gate and up with SwiGLU, or one projection accumulating into
+    /// its output (o, down). The channels are the reference's own selection of |x̂| (x̂ the
+    /// normalised input with `norm`); the columns lie in host memory at their channels, or
+    /// `staged` in backend memory in selection order (fetch lead).
+    RefinedProjections {
+        format: Coded,
+        kind: RefinedKind,
+        cols: usize,
+        rows: [usize; 3],
+        k: usize,
+        staged: bool,
+        norm: bool,
+        bias: bool,
+    },
     /// A synthetic model: prefill, then greedy-fed decode steps (step graphs as the backend
     /// does them, or off); every step's logits compared.
     Decode {
@@ -232,6 +248,17 @@ pub enum Op {
         /// Selective weight refinement from synthetic columns, in the backend.
         refine: Option<DecodeRefine>,
     },
+}
+
+/// How a [`Op::RefinedProjections`] case's projections run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefinedKind {
+    /// Up to three projections of one input, each output stored (q/k/v).
+    Group,
+    /// Gate (`rows[0]`) and up (`rows[1]`) with SwiGLU, the refinements added before it.
+    Swiglu,
+    /// One projection (`rows[0]`) accumulated into its output (o, down).
+    Accumulate,
 }
 
 /// A refined decode case: budget `k` per 1024 on every set, fetch lead/lag `s` per set.
@@ -985,6 +1012,74 @@ pub fn cases() -> Vec<Case> {
             }
         }
     }
+    // A decode row's refinement applied by the projections' launches (issue 14): the Llama-
+    // 3.1-8B shapes of each set at the budgets the benches use, SmolLM2's (576 columns: one
+    // short chunk; 1536 rows), columns in host memory and staged, every group-code width the
+    // converter writes, and the default trellis format (its output transform's launch adds it).
+    let hyb2 = Coded::Trellis {
+        code: TrellisCode::Hyb { q: 9 },
+        k: 2,
+        order: TileOrder::RowMajor,
+    };
+    let formats = [2u8, 3, 4]
+        .map(|bits| Coded::Group { bits, group: 128 })
+        .into_iter()
+        .chain([hyb2]);
+    for format in formats {
+        for staged in [false, true] {
+            let shapes = [
+                (
+                    RefinedKind::Group,
+                    4096,
+                    [4096, 1024, 1024],
+                    16,
+                    true,
+                    false,
+                ),
+                (RefinedKind::Group, 576, [576, 192, 192], 64, true, true),
+                (RefinedKind::Group, 576, [576, 0, 0], 32, false, false),
+                (RefinedKind::Swiglu, 4096, [14336, 14336, 0], 8, true, false),
+                (RefinedKind::Swiglu, 576, [1536, 1536, 0], 64, true, false),
+                (
+                    RefinedKind::Accumulate,
+                    14336,
+                    [4096, 0, 0],
+                    16,
+                    false,
+                    false,
+                ),
+                (RefinedKind::Accumulate, 576, [576, 0, 0], 128, false, true),
+            ];
+            for (kind, cols, rows, k, norm, bias) in shapes {
+                // Trellis tiles: the 8B shapes.
+                if matches!(format, Coded::Trellis { .. }) && cols == 576 {
+                    continue;
+                }
+                add(
+                    "refined_projections",
+                    format!(
+                        "{} {kind:?} {cols}→{rows:?} k{k}{}{}{}",
+                        format.tag(),
+                        if staged { " staged" } else { "" },
+                        if norm { " +norm" } else { "" },
+                        if bias { " +bias" } else { "" }
+                    ),
+                    Op::RefinedProjections {
+                        format,
+                        kind,
+                        cols,
+                        rows,
+                        k,
+                        staged,
+                        norm,
+                        bias,
+                    },
+                    2e-5,
+                    2e-5,
+                );
+            }
+        }
+    }
     trellis_cases(&mut add);
     for (preset, graphs) in [("tiny", true), ("tiny-qwen3", true), ("tiny", false)] {
         add(
@@ -1044,6 +1139,55 @@ pub fn cases() -> Vec<Case> {
                 refine: Some(DecodeRefine { k, s }),
             },
             1e-4,
+            1e-5,
+        );
+    }
+    // The same with group-coded weights, whose launches apply a decode row's refinement
+    // themselves where the backend fuses it (CUDA): at s = 0 (each set selects on the
+    // stream), under fetch lead with o and down at s = 0, and with lag (o and down keep
+    // their branches).
+    let hyb = TrellisCode::Hyb { q: 9 };
+    for (weights, k, s) in [
+        (SyntheticWeights::Group { bits: 2, group: 32 }, 64, [0.0; 4]),
+        (
+            SyntheticWeights::Group { bits: 4, group: 32 },
+            128,
+            [1.0, 0.0, 0.5, 0.0],
+        ),
+        (
+            SyntheticWeights::Group { bits: 2, group: 32 },
+            64,
+            [0.5, 1.0, 1.0, 0.5],
+        ),
+        (SyntheticWeights::Trellis { code: hyb, k: 2 }, 64, [0.0; 4]),
+        (
+            SyntheticWeights::Trellis { code: hyb, k: 2 },
+            64,
+            [0.5, 1.0, 1.0, 0.5],
+        ),
+    ] {
+        let tag = match weights {
+            SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
+            SyntheticWeights::Trellis { code, k } => format!("qtip{k} {}", code.name()),
+            SyntheticWeights::Float => "f32".into(),
+        };
+        // Trellis prefill multiplies TF32 panels on CUDA (as the unrefined trellis case).
+        let bound = if matches!(weights, SyntheticWeights::Trellis { .. }) {
+            3e-3
+        } else {
+            1e-4
+        };
+        add(
+            "model_decode",
+            format!("tiny-qwen3 {tag} refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
+            Op::Decode {
+                preset: "tiny-qwen3",
+                steps: 12,
+                graphs: true,
+                weights,
+                refine: Some(DecodeRefine { k, s }),
+            },
+            bound,
             1e-5,
         );
     }
@@ -1111,6 +1255,9 @@ fn coded_shape(spec: &Op) -> Option<(Coded, usize, usize)> {
             format, rows, cols, ..
         } => Some((format, cols, 2 * rows)),
         Op::CodedProjections {
+            format, cols, rows, ..
+        }
+        | Op::RefinedProjections {
             format, cols, rows, ..
         } => Some((format, cols, rows.iter().sum())),
         Op::GroupEmbedding {
@@ -1460,8 +1607,11 @@ struct Inputs {
     bytes: Vec<u8>,
     /// Token ids of cases whose `ids` hold something else (group zero points).
     tokens: Vec<u32>,
-    /// KVarN refinement units, `[kv_heads, tile capacity, groups per tile, unit]`.
+    /// KVarN refinement units, `[kv_heads, tile capacity, groups per tile, unit]`; a refined
+    /// projection case's columns, projection after projection.
     units: Vec<u8>,
+    /// A refined projection case's refinement scales, projection after projection.
+    e: Vec<f32>,
 }
 
 fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
@@ -1644,6 +1794,24 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
                 } as u32)
                 .collect();
         }
+        Op::RefinedProjections {
+            cols, rows, kind, ..
+        } => {
+            coded_inputs(&mut i, spec, rng);
+            let total: usize = rows.iter().sum();
+            i.c = rng.vec(total, 0.5);
+            // Norm weights, or the accumulated output's start values.
+            i.d = if kind == RefinedKind::Accumulate {
+                rng.vec(rows[0], 1.0)
+            } else {
+                rng.norm_weights(cols)
+            };
+            for &r in rows.iter().filter(|&&r| r > 0) {
+                i.units
+                    .extend((0..r.div_ceil(2) * cols).map(|_| rng.next() as u8));
+            }
+            i.e = rng.vec(total, 0.02);
+        }
         Op::CodedProjections { cols, .. } | Op::CodedSwiglu { cols, .. } => {
             coded_inputs(&mut i, spec, rng);
             let total = coded_shape(spec).map_or(0, |s| s.2);
@@ -1661,6 +1829,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
 fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
     let m = match *spec {
         Op::CodedLinear { m, .. } | Op::CodedProjections { m, .. } | Op::CodedSwiglu { m, .. } => m,
+        Op::RefinedProjections { .. } => 1,
         _ => 0,
     };
     let Some((format, cols, rows)) = coded_shape(spec) else {
@@ -1835,11 +2004,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                     .iter()
                     .zip(&biases)
                     .zip(outs.iter_mut())
-                    .map(|((w, bi), out)| GroupItem {
-                        weight: w,
-                        bias: bi.as_ref(),
-                        out,
-                    })
+                    .map(|((w, bi), out)| GroupItem::new(w, bi.as_ref(), out))
                     .collect();
                 if norm {
                     b.rms_norm_matmul_group(&xb, &nw, 1e-5, &mut normed, m, &mut items)?;
@@ -2149,7 +2314,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                     let mut items: Vec<GroupItem<'_, B>> = parts
                         .into_iter()
                         .zip(outs.iter_mut())
-                        .map(|((weight, bias), out)| GroupItem { weight, bias, out })
+                        .map(|((weight, bias), out)| GroupItem::new(weight, bias, out))
                         .collect();
                     if norm {
                         b.rms_norm_matmul_group(&xb, &nw, 1e-5, &mut normed, m, &mut items)?;
@@ -2210,6 +2375,16 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             }
             download(b, &gate)
         }
+        Op::RefinedProjections {
+            kind,
+            cols,
+            rows,
+            k,
+            staged,
+            norm,
+            bias,
+            ..
+        } => execute_refined(b, spec, x, (kind, cols, rows, k, staged, norm, bias)),
         Op::SiluMul { .. } => {
             let mut g = b.upload(&x.a)?;
             b.silu_mul(&mut g, &b.upload(&x.b)?)?;
@@ -2429,6 +2604,161 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             Ok(out)
         }
     }
+}
+
+/// [`Op::RefinedProjections`] on a backend: the ops the graph calls with the refinements
+/// where the backend holds the codes as its matrices (one launch each on CUDA for group
+/// codes), else each projection and [`crate::backend::refine::apply_fused_columns`].
+#[allow(clippy::type_complexity)]
+fn execute_refined<B: ResidentKernels>(
+    b: &B,
+    spec: &Op,
+    x: &Inputs,
+    (kind, cols, rows, k, staged, norm, bias): (
+        RefinedKind,
+        usize,
+        [usize; 3],
+        usize,
+        bool,
+        bool,
+        bool,
+    ),
+) -> Result<Vec<f32>> {
+    use crate::backend::refine::{apply_fused_columns, FusedColumns};
+    let dims: Vec<usize> = rows.iter().copied().filter(|&r| r > 0).collect();
+    let chosen = naive_select(&naive_select_input(&x.a, &x.d, cols, norm), cols, k);
+    let chosen: Vec<u32> = chosen.iter().map(|&c| c as u32).collect();
+    let selected = chosen.len();
+    let sel = index(b, &chosen)?;
+    let (mut stores, mut scales, mut linears) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut at, mut off) = (0, 0);
+    for (p, &r) in dims.iter().enumerate() {
+        let unit = r.div_ceil(2);
+        let columns = &x.units[at..at + unit * cols];
+        let store = if staged {
+            let bytes: Vec<u8> = chosen
+                .iter()
+                .flat_map(|&c| &columns[c as usize * unit..][..unit])
+                .copied()
+                .collect();
+            let mut st = b.alloc_byte_store(bytes.len())?;
+            b.write_byte_store(&mut st, 0, &bytes)?;
+            st
+        } else {
+            let mut st = b.alloc_host_byte_store(columns.len())?;
+            b.write_byte_store(&mut st, 0, columns)?;
+            st
+        };
+        stores.push(store);
+        scales.push(b.upload(&x.e[off..off + r])?);
+        let bi = bias.then(|| x.c[off..off + r].to_vec());
+        linears.push(coded_linear(b, spec, x, (p, off, r), bi)?);
+        at += unit * cols;
+        off += r;
+    }
+    let fused: Vec<FusedColumns<'_, B>> = dims
+        .iter()
+        .zip(stores.iter().zip(&scales))
+        .map(|(&r, (store, sc))| FusedColumns {
+            sel: &sel,
+            selected,
+            store,
+            staged,
+            unit_bytes: r.div_ceil(2),
+            scales: sc,
+        })
+        .collect();
+    let xb = b.upload(&x.a)?;
+    let nw = b.upload(&x.d)?;
+    let norm_arg = norm.then_some((&nw, 1e-5f32));
+    let mut normed = poisoned(b, cols)?;
+    let mut outs = match kind {
+        RefinedKind::Accumulate => vec![b.upload(&x.d)?],
+        _ => dims
+            .iter()
+            .map(|&r| poisoned(b, r))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let parts: Option<Vec<_>> = linears.iter().map(|l| l.matrix_parts()).collect();
+    match (kind, parts) {
+        (RefinedKind::Group, Some(parts)) => {
+            let mut items: Vec<GroupItem<'_, B>> = parts
+                .into_iter()
+                .zip(outs.iter_mut())
+                .zip(&fused)
+                .map(|(((w, bi), out), f)| GroupItem {
+                    refine: Some(*f),
+                    ..GroupItem::new(w, bi, out)
+                })
+                .collect();
+            if norm {
+                b.rms_norm_matmul_group(&xb, &nw, 1e-5, &mut normed, 1, &mut items)?;
+            } else {
+                b.matmul_t_group(&xb, 1, &mut items)?;
+            }
+        }
+        (RefinedKind::Swiglu, Some(parts)) => {
+            let [(g, _), (u, _)] = parts.as_slice() else {
+                return Err(RuntimeError::EmptyInput);
+            };
+            let (gate, rest) = outs.split_at_mut(1);
+            b.rms_norm_swiglu_refined(
+                &xb,
+                &nw,
+                1e-5,
+                &mut normed,
+                1,
+                g,
+                u,
+                &mut gate[0],
+                &mut rest[0],
+                [&fused[0], &fused[1]],
+            )?;
+            outs.truncate(1);
+        }
+        (RefinedKind::Accumulate, Some(parts)) => {
+            let (w, bi) = parts[0];
+            b.matmul_t_refined(
+                &xb,
+                1,
+                w,
+                bi,
+                &mut outs[0],
+                MatmulOut::Accumulate,
+                Some(&fused[0]),
+                &[],
+            )?;
+        }
+        // Formats the backend's matrices do not hold: each projection, then its refinement.
+        (_, None) => {
+            let input = match norm_arg {
+                Some((w, eps)) => {
+                    b.rms_norm(&xb, w, eps, &mut normed)?;
+                    &normed
+                }
+                None => &xb,
+            };
+            let mut tmp = poisoned(b, dims[0])?;
+            for (p, l) in linears.iter().enumerate() {
+                if kind == RefinedKind::Accumulate {
+                    l.forward_add(b, input, 1, &mut outs[p], &mut tmp)?;
+                } else {
+                    l.forward(b, input, 1, &mut outs[p])?;
+                }
+                apply_fused_columns(b, input, cols, None, &fused[p], &mut outs[p])?;
+            }
+            if kind == RefinedKind::Swiglu {
+                let (gate, rest) = outs.split_at_mut(1);
+                b.silu_mul(&mut gate[0], &rest[0])?;
+                outs.truncate(1);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    for o in &outs {
+        all.extend(download(b, o)?);
+    }
+    Ok(all)
 }
 
 fn rope_table<B: Backend>(b: &B, head_dim: usize, positions: usize) -> Result<RopeTable<B>> {
@@ -2769,6 +3099,58 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
         } => {
             let w = coded_dequant(spec, x, &[rows, rows]).ok()?;
             swiglu_reference(&w, &normed_input(x, norm), m, rows, cols)
+        }
+        Op::RefinedProjections {
+            kind,
+            cols,
+            rows,
+            k,
+            norm,
+            bias,
+            ..
+        } => {
+            let dims: Vec<usize> = rows.iter().copied().filter(|&r| r > 0).collect();
+            let w = coded_dequant(spec, x, &dims).ok()?;
+            let xs = if kind == RefinedKind::Accumulate {
+                normed_input(x, false)
+            } else {
+                normed_input(x, norm)
+            };
+            let sel = naive_select(&naive_select_input(&x.a, &x.d, cols, norm), cols, k);
+            let mut y = stacked_reference(&w, &xs, x, 1, cols, &dims, bias);
+            // Each projection's refinement: Σ_j x̂_{c_j} · level(C[:, c_j]) ⊙ scales.
+            let (mut at, mut off) = (0, 0);
+            for &r in &dims {
+                let unit = r.div_ceil(2);
+                for e in 0..r {
+                    let d: f64 = sel
+                        .iter()
+                        .map(|&c| {
+                            let byte = x.units[at + c * unit + e / 2];
+                            let nib = if e % 2 == 1 { byte >> 4 } else { byte & 15 };
+                            xs[c] * f64::from(i32::from(nib) - 8)
+                        })
+                        .sum();
+                    y[off + e] += d * f64::from(x.e[off + e]);
+                }
+                at += unit * cols;
+                off += r;
+            }
+            match kind {
+                RefinedKind::Group => y,
+                RefinedKind::Accumulate => y
+                    .iter()
+                    .zip(&x.d)
+                    .map(|(v, &y0)| v + f64::from(y0))
+                    .collect(),
+                RefinedKind::Swiglu => {
+                    let (g, u) = y.split_at(dims[0]);
+                    g.iter()
+                        .zip(u)
+                        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                        .collect()
+                }
+            }
         }
         Op::Random { dtype, rows, cols } => {
             let seed = (u64::from(x.ids[0]) << 32) | u64::from(x.ids[1]);

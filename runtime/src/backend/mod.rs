@@ -115,6 +115,20 @@ pub struct GroupItem<'a, B: Backend> {
     pub weight: &'a B::Matrix,
     pub bias: Option<&'a B::Buffer>,
     pub out: &'a mut B::Buffer,
+    /// A decode row's refinement of this projection ([`refine::FusedColumns`]).
+    pub refine: Option<refine::FusedColumns<'a, B>>,
+}
+
+impl<'a, B: Backend> GroupItem<'a, B> {
+    /// An unrefined projection.
+    pub fn new(weight: &'a B::Matrix, bias: Option<&'a B::Buffer>, out: &'a mut B::Buffer) -> Self {
+        Self {
+            weight,
+            bias,
+            out,
+            refine: None,
+        }
+    }
 }
 
 /// cos/sin of θ_j·p for positions `0..positions`, each `[positions, head_dim / 2]` on the
@@ -336,6 +350,7 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     ) -> Result<()>;
 
     /// Several projections of the same input (q, k, v): one launch where the device can.
+    /// Items with a refinement ([`GroupItem::refine`], one row) get it added.
     fn matmul_t_group(
         &self,
         x: &Self::Buffer,
@@ -344,8 +359,76 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     ) -> Result<()> {
         for it in items.iter_mut() {
             self.matmul_t(x, m, it.weight, it.bias, it.out, MatmulOut::Store)?;
+            if let Some(r) = &it.refine {
+                let row_len = self.matrix_dims(it.weight).1;
+                refine::apply_fused_columns(self, x, row_len, None, r, it.out)?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether this backend's launches of `w` apply a [`refine::FusedColumns`] themselves
+    /// (no launch of its own). The ops take refinements either way; where this is false they
+    /// add them by separate ops ([`refine::apply_fused_columns`]), which the refinement
+    /// engine then prefers to schedule itself, beside the projection.
+    fn fuses_refinement(&self, _w: &Self::Matrix) -> bool {
+        false
+    }
+
+    /// [`Backend::matmul_t`] of one decode row with its refinement (if any) and fetch lag's
+    /// contributions of earlier sets due here (`lagged`, each of `y`'s length) added — o and
+    /// down, `out` accumulating into the residual stream.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_t_refined(
+        &self,
+        x: &Self::Buffer,
+        m: usize,
+        w: &Self::Matrix,
+        bias: Option<&Self::Buffer>,
+        y: &mut Self::Buffer,
+        out: MatmulOut,
+        refine: Option<&refine::FusedColumns<'_, Self>>,
+        lagged: &[&Self::Buffer],
+    ) -> Result<()> {
+        self.matmul_t(x, m, w, bias, y, out)?;
+        if let Some(r) = refine {
+            let row_len = self.matrix_dims(w).1;
+            refine::apply_fused_columns(self, x, row_len, None, r, y)?;
+        }
+        for l in lagged {
+            self.add_assign(y, l)?;
+        }
+        Ok(())
+    }
+
+    /// [`Backend::rms_norm_swiglu`] of one decode row with gate's and up's refinements added
+    /// before SwiGLU.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_swiglu_refined(
+        &self,
+        x: &Self::Buffer,
+        norm: &Self::Buffer,
+        eps: f32,
+        normed: &mut Self::Buffer,
+        m: usize,
+        w_gate: &Self::Matrix,
+        w_up: &Self::Matrix,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+        refine: [&refine::FusedColumns<'_, Self>; 2],
+    ) -> Result<()> {
+        let items = &mut [
+            GroupItem {
+                refine: Some(*refine[0]),
+                ..GroupItem::new(w_gate, None, gate)
+            },
+            GroupItem {
+                refine: Some(*refine[1]),
+                ..GroupItem::new(w_up, None, up)
+            },
+        ];
+        self.rms_norm_matmul_group(x, norm, eps, normed, m, items)?;
+        self.silu_mul(gate, up)
     }
 
     /// SwiGLU MLP input: `gate ← silu(x·w_gateᵀ) ⊙ (x·w_upᵀ)`; `up` is scratch (its contents

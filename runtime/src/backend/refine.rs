@@ -29,6 +29,82 @@ pub struct ColumnTarget<'a, B: Backend> {
 /// Most projections one [`Backend::add_selected_columns`] call takes (q, k, v).
 pub const MAX_COLUMN_TARGETS: usize = 3;
 
+/// A decode row's refinement of one projection, applied by the projection's own launch
+/// where the backend can ([`Backend::fuses_refinement`]): `y[e] += scales[e] · Σ_j x̂[i_j] ·
+/// level(C_j)[e]` over the `selected` channels `i_j = sel[j]` of the projection's input x̂
+/// (normalised as the projection normalises it), C_j being column `i_j` of `store` or, with
+/// `staged`, column `j` (fetch lead copied the selected columns there in selection order).
+/// An index of the input's length or more names no channel and adds nothing.
+pub struct FusedColumns<'a, B: Backend> {
+    pub sel: &'a B::Index,
+    pub selected: usize,
+    pub store: &'a B::ByteStore,
+    pub staged: bool,
+    pub unit_bytes: usize,
+    /// Per-output-row scales (`out_dim` values).
+    pub scales: &'a B::Buffer,
+}
+
+impl<B: Backend> Clone for FusedColumns<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for FusedColumns<'_, B> {}
+
+/// [`FusedColumns`] as separate ops — the values gathered ([`Backend::gather_selected_values`]),
+/// the columns added into a delta ([`Backend::add_selected_columns`]) and the delta added to
+/// `y` — for one decode row of input `x[row_len]` (with `norm`, its RMSNorm). The backends'
+/// default projections run this after the unrefined product; it is the reference the fused
+/// launches are checked against.
+pub fn apply_fused_columns<B: Backend>(
+    b: &B,
+    x: &B::Buffer,
+    row_len: usize,
+    norm: Option<(&B::Buffer, f32)>,
+    refine: &FusedColumns<'_, B>,
+    y: &mut B::Buffer,
+) -> Result<()> {
+    let n = refine.selected;
+    if b.buffer_len(x) != row_len {
+        return Err(shape_err(
+            "fused refinement",
+            format!("one row of {row_len} in an input of {}", b.buffer_len(x)),
+        ));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let mut values = b.alloc(n)?;
+    b.gather_selected_values(x, row_len, norm, refine.sel, n, &mut values)?;
+    let out_dim = b.buffer_len(refine.scales);
+    let mut delta = b.alloc(out_dim)?;
+    let mut scratch = b.alloc(b.selected_columns_scratch_len(1, n, &[out_dim]).max(1))?;
+    let staged_order;
+    let (sel, columns) = if refine.staged {
+        let order: Vec<u32> = (0..n as u32).collect();
+        let mut idx = b.alloc_index(n)?;
+        b.write_index(&mut idx, &order)?;
+        staged_order = idx;
+        (&staged_order, n)
+    } else {
+        (refine.sel, row_len)
+    };
+    // Staged: entry j's column is column j (an index past the input staged zeros and
+    // gathered a zero value); unstaged: column sel[j] of the input's columns.
+    let mut targets = [ColumnTarget {
+        store: refine.store,
+        offset: 0,
+        unit_bytes: refine.unit_bytes,
+        scales: refine.scales,
+        out: &mut delta,
+        accumulate: false,
+    }];
+    b.add_selected_columns(1, columns, sel, &values, n, &mut targets, &mut scratch)?;
+    b.add_assign(y, &delta)
+}
+
 fn shape_err(op: &'static str, msg: String) -> RuntimeError {
     RuntimeError::Shape { op, msg }
 }

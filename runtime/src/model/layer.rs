@@ -1,7 +1,7 @@
 //! One decoder block's weights and its loading from Hugging Face tensor names.
 
-use crate::backend::{Backend, GroupItem, RopeTable};
-use crate::error::Result;
+use crate::backend::{Backend, GroupItem, MatmulOut, RopeTable};
+use crate::error::{Result, RuntimeError};
 use crate::kv_cache::KvCache;
 use crate::linear::{check_shape, require, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::observe::{ActivationObserver, ProjectionSet};
@@ -201,35 +201,46 @@ impl<B: Backend> DecoderLayer<B> {
         // engine in the backend selects from the residual stream and the norm itself).
         let in_backend = refiner.as_deref().is_some_and(Refiner::in_backend);
         let plain = observer.is_none() && (refiner.is_none() || in_backend);
-        // Each set's refinement starts once its input exists and runs beside the projection
-        // (in the backend); `refine_set` then finishes it.
-        if let Some(r) = refiner.as_deref_mut() {
-            let input = SetInput::normed(h, &self.attn_norm, eps, &s.xn);
-            r.start_set(b, layer, ProjectionSet::Qkv, input)?;
-        }
-        match (
+        let qkv_parts = match (
             self.q_proj.matrix_parts(),
             self.k_proj.matrix_parts(),
             self.v_proj.matrix_parts(),
         ) {
-            (Some((wq, bq)), Some((wk, bk)), Some((wv, bv))) => {
+            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+            _ => None,
+        };
+        // A decode row's refinement goes into the projections' own launches where the
+        // backend can (`fuses_set`); otherwise each set's refinement starts once its input
+        // exists and runs beside the projection (in the backend), and `refine_set` then
+        // finishes it.
+        let fuse_qkv = plain
+            && qkv_parts.is_some_and(|p| {
+                let ws = p.map(|(w, _)| w);
+                fuses(refiner, b, layer, ProjectionSet::Qkv, n, &ws)
+            });
+        if let Some(r) = refiner.as_deref_mut() {
+            let input = SetInput::normed(h, &self.attn_norm, eps, &s.xn);
+            if fuse_qkv {
+                r.prepare_fused(b, layer, ProjectionSet::Qkv, input)?;
+            } else {
+                r.start_set(b, layer, ProjectionSet::Qkv, input)?;
+            }
+        }
+        match qkv_parts {
+            Some([(wq, bq), (wk, bk), (wv, bv)]) => {
                 let items = &mut [
-                    GroupItem {
-                        weight: wq,
-                        bias: bq,
-                        out: &mut s.q,
-                    },
-                    GroupItem {
-                        weight: wk,
-                        bias: bk,
-                        out: &mut s.k,
-                    },
-                    GroupItem {
-                        weight: wv,
-                        bias: bv,
-                        out: &mut s.v,
-                    },
+                    GroupItem::new(wq, bq, &mut s.q),
+                    GroupItem::new(wk, bk, &mut s.k),
+                    GroupItem::new(wv, bv, &mut s.v),
                 ];
+                if let (true, Some(r)) = (fuse_qkv, refiner.as_deref()) {
+                    for (it, f) in items
+                        .iter_mut()
+                        .zip(r.fused_columns(layer, ProjectionSet::Qkv)?)
+                    {
+                        it.refine = Some(f);
+                    }
+                }
                 if plain {
                     b.rms_norm_matmul_group(h, &self.attn_norm, eps, &mut s.xn, n, items)?;
                 } else {
@@ -268,11 +279,37 @@ impl<B: Backend> DecoderLayer<B> {
             &mut s.attn,
         )?;
         observe(b, observer, layer, ProjectionSet::O, &s.attn, n)?;
-        // o and down add into the residual stream, their refinement after them.
-        if let Some(r) = refiner.as_deref_mut() {
-            r.start_set(b, layer, ProjectionSet::O, SetInput::Plain(&s.attn))?;
+        // o and down add into the residual stream, their refinement with them or after them.
+        // Fetch lag's contributions due where o's add lands go into its launch too.
+        let o_parts = self.o_proj.matrix_parts();
+        let fuse_o =
+            o_parts.is_some_and(|(w, _)| fuses(refiner, b, layer, ProjectionSet::O, n, &[w]));
+        let lag_into_o = o_parts
+            .is_some_and(|(w, _)| refiner.as_deref().is_some_and(|r| r.takes_lagged(b, n, w)));
+        match (o_parts, refiner.as_deref_mut()) {
+            (Some((w, bias)), Some(r)) if fuse_o || lag_into_o => {
+                let input = SetInput::Plain(&s.attn);
+                if fuse_o {
+                    r.prepare_fused(b, layer, ProjectionSet::O, input)?;
+                } else {
+                    r.start_set(b, layer, ProjectionSet::O, input)?;
+                }
+                r.take_lagged_due(b, 2 * layer + 1)?;
+                let f = match fuse_o {
+                    true => r.fused_columns(layer, ProjectionSet::O)?,
+                    false => Vec::new(),
+                };
+                let lagged = r.lagged_due();
+                let acc = MatmulOut::Accumulate;
+                b.matmul_t_refined(&s.attn, n, w, bias, h, acc, f.first(), &lagged)?;
+            }
+            (_, r) => {
+                if let Some(r) = r {
+                    r.start_set(b, layer, ProjectionSet::O, SetInput::Plain(&s.attn))?;
+                }
+                self.o_proj.forward_add(b, &s.attn, n, h, &mut s.tmp)?;
+            }
         }
-        self.o_proj.forward_add(b, &s.attn, n, h, &mut s.tmp)?;
         if let Some(r) = refiner.as_deref_mut() {
             r.refine_set(
                 b,
@@ -293,20 +330,38 @@ impl<B: Backend> DecoderLayer<B> {
         match fused_mlp {
             // The norm fused into gate and up, their refinement added before SwiGLU.
             None if plain && !bundles && gate_up.is_some() => {
-                if let (Some((wg, wu)), Some(r)) = (gate_up, refiner.as_deref_mut()) {
+                let fuse_gu = gate_up.is_some_and(|(wg, wu)| {
+                    fuses(refiner, b, layer, ProjectionSet::GateUp, n, &[wg, wu])
+                });
+                if let (Some((wg, wu)), Some(r), true) = (gate_up, refiner.as_deref_mut(), fuse_gu)
+                {
+                    let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
+                    r.prepare_fused(b, layer, ProjectionSet::GateUp, input)?;
+                    let f = r.fused_columns(layer, ProjectionSet::GateUp)?;
+                    let [fg, fu] = f.as_slice() else {
+                        return Err(RuntimeError::EmptyInput);
+                    };
+                    b.rms_norm_swiglu_refined(
+                        h,
+                        &self.mlp_norm,
+                        eps,
+                        &mut s.xn,
+                        n,
+                        wg,
+                        wu,
+                        &mut s.gate,
+                        &mut s.up,
+                        [fg, fu],
+                    )?;
+                    let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
+                    let outs = &mut [&mut s.gate, &mut s.up];
+                    r.refine_set(b, layer, ProjectionSet::GateUp, input, outs)?;
+                } else if let (Some((wg, wu)), Some(r)) = (gate_up, refiner.as_deref_mut()) {
                     let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
                     r.start_set(b, layer, ProjectionSet::GateUp, input)?;
                     let items = &mut [
-                        GroupItem {
-                            weight: wg,
-                            bias: None,
-                            out: &mut s.gate,
-                        },
-                        GroupItem {
-                            weight: wu,
-                            bias: None,
-                            out: &mut s.up,
-                        },
+                        GroupItem::new(wg, None, &mut s.gate),
+                        GroupItem::new(wu, None, &mut s.up),
                     ];
                     b.rms_norm_matmul_group(h, &self.mlp_norm, eps, &mut s.xn, n, items)?;
                     let input = SetInput::normed(h, &self.mlp_norm, eps, &s.xn);
@@ -364,8 +419,32 @@ impl<B: Backend> DecoderLayer<B> {
                     r.apply_bundles(b, layer, &s.gate, &mut s.tmp)?;
                     b.add_assign(h, &s.tmp)?;
                 } else {
-                    r.start_set(b, layer, ProjectionSet::Down, SetInput::Plain(&s.gate))?;
-                    self.down_proj.forward_add(b, &s.gate, n, h, &mut s.tmp)?;
+                    let parts = self.down_proj.matrix_parts();
+                    let fuse_down = parts
+                        .is_some_and(|(w, _)| r.fuses_set(b, layer, ProjectionSet::Down, n, &[w]));
+                    let lag_into_down = parts.is_some_and(|(w, _)| r.takes_lagged(b, n, w));
+                    match parts {
+                        Some((w, bias)) if fuse_down || lag_into_down => {
+                            let input = SetInput::Plain(&s.gate);
+                            if fuse_down {
+                                r.prepare_fused(b, layer, ProjectionSet::Down, input)?;
+                            } else {
+                                r.start_set(b, layer, ProjectionSet::Down, input)?;
+                            }
+                            r.take_lagged_due(b, 2 * layer + 2)?;
+                            let f = match fuse_down {
+                                true => r.fused_columns(layer, ProjectionSet::Down)?,
+                                false => Vec::new(),
+                            };
+                            let lagged = r.lagged_due();
+                            let acc = MatmulOut::Accumulate;
+                            b.matmul_t_refined(&s.gate, n, w, bias, h, acc, f.first(), &lagged)?;
+                        }
+                        _ => {
+                            r.start_set(b, layer, ProjectionSet::Down, SetInput::Plain(&s.gate))?;
+                            self.down_proj.forward_add(b, &s.gate, n, h, &mut s.tmp)?;
+                        }
+                    }
                     let input = SetInput::Plain(&s.gate);
                     r.refine_set(b, layer, ProjectionSet::Down, input, &mut [h])?;
                 }
@@ -374,6 +453,20 @@ impl<B: Backend> DecoderLayer<B> {
         }
         Ok(())
     }
+}
+
+/// Whether `refiner` refines set `set` of `layer` inside the launches of `weights`.
+fn fuses<B: Backend>(
+    refiner: &Option<&mut Refiner<B>>,
+    b: &B,
+    layer: usize,
+    set: ProjectionSet,
+    rows: usize,
+    weights: &[&B::Matrix],
+) -> bool {
+    refiner
+        .as_deref()
+        .is_some_and(|r| r.fuses_set(b, layer, set, rows, weights))
 }
 
 /// Downloads `x` (`rows` rows) and hands it to the observer, if there is one.

@@ -648,11 +648,7 @@ impl<B: Backend> Model<B> {
         match self.lm_head.matrix_parts() {
             // The final norm fuses into a head held as a backend matrix.
             Some((w, bias)) => {
-                let items = &mut [GroupItem {
-                    weight: w,
-                    bias,
-                    out: &mut hb.logits,
-                }];
+                let items = &mut [GroupItem::new(w, bias, &mut hb.logits)];
                 b.rms_norm_matmul_group(
                     rows_in,
                     &self.final_norm,

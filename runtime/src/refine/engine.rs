@@ -23,6 +23,7 @@ use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
 // Fetch lead's host-side selection normalises with the CPU backend's arithmetic, so the engine
 // in the backend selects the same channels from the same stream.
 use crate::backend::cpu::rms_norm_row;
+use crate::backend::refine::FusedColumns;
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
@@ -551,6 +552,99 @@ impl<B: Backend> Refiner<B> {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Whether a decode row's set `set` of layer `layer` is refined by its projections'
+    /// own launches ([`FusedColumns`]): the engine runs in the backend, the set has a budget
+    /// and no fetch lag (a lagged contribution lands later, in the residual stream), and the
+    /// backend fuses refinement into every one of `weights` (the set's matrices, graph order).
+    pub fn fuses_set(
+        &self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        rows: usize,
+        weights: &[&B::Matrix],
+    ) -> bool {
+        let Some(p) = &self.placed else {
+            return false;
+        };
+        let k = self.settings.k[set.index()];
+        let lagged = matches!(set, ProjectionSet::O | ProjectionSet::Down) && p.shift(set) > 0;
+        let sources = self.plan.layers.get(layer).map(|l| &l.sets[set.index()]);
+        rows == 1
+            && k > 0
+            && !lagged
+            && sources.is_some_and(|s| !s.is_empty() && s.len() == weights.len())
+            && weights.iter().all(|w| b.fuses_refinement(w))
+    }
+
+    /// Readies a set that [`Refiner::fuses_set`] for its fused launches: the selection from
+    /// its input now (on the stream), or fetch lead's, made ahead, once its staging is done.
+    /// [`Refiner::fused_columns`] then gives the launches' operands, and
+    /// [`Refiner::refine_set`] has nothing left to do for it.
+    pub fn prepare_fused(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        input: SetInput<'_, B>,
+    ) -> Result<()> {
+        let k = self.settings.k[set.index()];
+        let inp = self.set_input_len(layer, set)?;
+        let p = self.placed.as_mut().ok_or(RuntimeError::EmptyInput)?;
+        if matches!(set, ProjectionSet::O | ProjectionSet::Down) {
+            p.settle_stream_reads(b)?;
+        }
+        p.prepare_fused(b, layer, set, k, inp, &input)
+    }
+
+    /// The fused launches' operands of the set [`Refiner::prepare_fused`] readied, one per
+    /// projection in graph order.
+    pub fn fused_columns(
+        &self,
+        layer: usize,
+        set: ProjectionSet,
+    ) -> Result<Vec<FusedColumns<'_, B>>> {
+        let k = self.settings.k[set.index()];
+        let inp = self.set_input_len(layer, set)?;
+        let p = self.placed.as_ref().ok_or(RuntimeError::EmptyInput)?;
+        p.fused_columns(layer, set, k, inp)
+    }
+
+    /// Whether the projection `w` whose residual add lands at a stream position takes fetch
+    /// lag's contributions due there into its own launch (decode rows, in the backend, where
+    /// the backend fuses refinement into `w`).
+    pub fn takes_lagged(&self, b: &B, rows: usize, w: &B::Matrix) -> bool {
+        self.placed.is_some() && rows == 1 && b.fuses_refinement(w)
+    }
+
+    /// Readies the lagged contributions due at stream position `pos` for the projection
+    /// that lands there ([`Refiner::takes_lagged`]); [`Refiner::lagged_due`] lists them.
+    pub fn take_lagged_due(&mut self, b: &B, pos: usize) -> Result<()> {
+        match self.placed.as_mut() {
+            Some(p) => p.take_due(b, pos),
+            None => Ok(()),
+        }
+    }
+
+    /// The contributions [`Refiner::take_lagged_due`] readied.
+    pub fn lagged_due(&self) -> Vec<&B::Buffer> {
+        self.placed
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.due_buffers())
+    }
+
+    /// Input channels of `set` in layer `layer`.
+    fn set_input_len(&self, layer: usize, set: ProjectionSet) -> Result<usize> {
+        self.plan
+            .layers
+            .get(layer)
+            .and_then(|l| l.sets[set.index()].first())
+            .map(|s| s.inp)
+            .ok_or_else(|| {
+                RuntimeError::Config(format!("layer {layer} {}: no refinement", set.name()))
+            })
     }
 
     /// Channel-wise refinement of projection set `set` of layer `layer` (eq. 2): for every

@@ -22,7 +22,7 @@
 
 use super::engine::{stream_position, ColumnSource, RefineCounters, RefinementPlan, SetInput};
 use super::select::selected_count;
-use crate::backend::refine::ColumnTarget;
+use crate::backend::refine::{ColumnTarget, FusedColumns};
 use crate::backend::{Backend, BranchLane, BranchMark};
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
@@ -168,6 +168,16 @@ pub(super) struct Placed<B: Backend> {
     lagged: Vec<Lagged<B>>,
     /// The `(layer, set)` whose branch is running, and the mark of its end.
     started: Option<(usize, ProjectionSet, BranchMark, Option<BranchMark>)>,
+    /// The `(layer, set)` readied for fused launches ([`Placed::prepare_fused`]), and whether
+    /// its columns are fetch lead's staged ones.
+    fused: Option<(usize, ProjectionSet, bool)>,
+    /// `(layer, o/down slot)` of the lagged contributions handed to the projection whose
+    /// residual add lands at their position ([`Placed::take_due`]).
+    due_now: Vec<(usize, usize)>,
+    /// A fused set's selection made on the stream: indices, and values nobody reads (the
+    /// launches gather their own), apart from the branches' buffers.
+    fused_sel: B::Index,
+    fused_values: B::Buffer,
     /// Most channels one row of any set selects.
     max_selected: usize,
     /// Units and bytes one token's refinement reads: the selection's size is fixed by k.
@@ -263,6 +273,10 @@ impl<B: Backend> Placed<B> {
             led: BTreeMap::new(),
             lagged: Vec::new(),
             started: None,
+            fused: None,
+            due_now: Vec::new(),
+            fused_sel: b.alloc_index(1)?,
+            fused_values: b.alloc(1)?,
             max_selected: 0,
             units_per_token: 0,
             bytes_per_token: 0,
@@ -327,6 +341,8 @@ impl<B: Backend> Placed<B> {
         self.lag_selections = lag_selections;
         self.chunk = None;
         self.lead_stages = lead_stages;
+        self.fused_sel = b.alloc_index(max_selected.max(1))?;
+        self.fused_values = b.alloc(max_selected.max(1))?;
         let identity: Vec<u32> = (0..max_selected.max(1) as u32).collect();
         self.identity = b.alloc_index(identity.len())?;
         b.write_index(&mut self.identity, &identity)?;
@@ -350,9 +366,16 @@ impl<B: Backend> Placed<B> {
         }
     }
 
+    /// Fetch lead (q/k/v, gate/up) or lag (o, down) of `set`, in half blocks.
+    pub(super) fn shift(&self, set: ProjectionSet) -> usize {
+        self.shift[set.index()]
+    }
+
     /// A new forward chunk: no branch is running, nothing is selected ahead or lagged.
     pub(super) fn begin_chunk(&mut self) {
         self.started = None;
+        self.fused = None;
+        self.due_now.clear();
         self.led.clear();
         self.lagged.clear();
         self.stream_reads.clear();
@@ -380,6 +403,8 @@ impl<B: Backend> Placed<B> {
         k: [usize; 4],
         h: &mut B::Buffer,
     ) -> Result<()> {
+        // The projection that landed here added these itself.
+        self.due_now.clear();
         let mut i = 0;
         while i < self.lagged.len() {
             if self.lagged[i].due > pos {
@@ -474,6 +499,40 @@ impl<B: Backend> Placed<B> {
         ran?;
         self.led.insert((layer, set.index()), Led::Staged(ended?));
         Ok(())
+    }
+
+    /// A decode row's lagged contributions due at stream position `pos` (at most two), taken
+    /// for the projection whose residual add lands there to add them in its launch: their
+    /// branches joined (the fetch waited for the selection, so its end covers both).
+    /// [`Placed::at_stream`] adds any others as before.
+    pub(super) fn take_due(&mut self, b: &B, pos: usize) -> Result<()> {
+        self.due_now.clear();
+        let mut i = 0;
+        while i < self.lagged.len() && self.due_now.len() < 2 {
+            let l = &self.lagged[i];
+            let LagDelta::Layer(layer, slot) = l.delta else {
+                i += 1;
+                continue;
+            };
+            if l.due > pos {
+                i += 1;
+                continue;
+            }
+            let done = self.lagged.swap_remove(i);
+            if let Some(m) = done.end {
+                b.join_branch(m)?;
+            }
+            self.due_now.push((layer, slot));
+        }
+        Ok(())
+    }
+
+    /// The contributions [`Placed::take_due`] took.
+    pub(super) fn due_buffers(&self) -> Vec<&B::Buffer> {
+        self.due_now
+            .iter()
+            .filter_map(|&(layer, slot)| self.lag_deltas[layer][slot].as_ref())
+            .collect()
     }
 
     /// Joins a lagged contribution's branch and adds it to the stream.
@@ -606,6 +665,96 @@ impl<B: Backend> Placed<B> {
             .map(|_| slot)
     }
 
+    /// Readies (layer, set) of a decode row for launches that apply its refinement
+    /// themselves: fetch lead's selection once its staging is done (the main stream waits for
+    /// the far lane here), or the selection from the real input now, on the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prepare_fused(
+        &mut self,
+        b: &B,
+        layer: usize,
+        set: ProjectionSet,
+        k: usize,
+        inp: usize,
+        input: &SetInput<'_, B>,
+    ) -> Result<()> {
+        let staged = match self.led.remove(&(layer, set.index())) {
+            Some(Led::Staged(m)) => {
+                b.join_branch(m)?;
+                true
+            }
+            Some(Led::Rows(_)) => {
+                return Err(RuntimeError::Config(format!(
+                    "layer {layer} {}: a chunk's selection reached a decode row's fused launch",
+                    set.name()
+                )))
+            }
+            None => {
+                let (raw, norm) = match *input {
+                    SetInput::Plain(x) => (x, None),
+                    SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
+                };
+                b.select_channels(
+                    raw,
+                    inp,
+                    norm,
+                    k,
+                    &mut self.fused_sel,
+                    &mut self.fused_values,
+                )?;
+                false
+            }
+        };
+        self.fused = Some((layer, set, staged));
+        Ok(())
+    }
+
+    /// The operands of the set [`Placed::prepare_fused`] readied, one per projection.
+    pub(super) fn fused_columns(
+        &self,
+        layer: usize,
+        set: ProjectionSet,
+        k: usize,
+        inp: usize,
+    ) -> Result<Vec<FusedColumns<'_, B>>> {
+        let Some((l, s, staged)) = self.fused.filter(|&(l, s, _)| (l, s) == (layer, set)) else {
+            return Err(RuntimeError::Config(format!(
+                "layer {layer} {}: fused refinement asked for before it was prepared",
+                set.name()
+            )));
+        };
+        let selected = selected_count(k, inp);
+        let cols = &self.layers[l][s.index()];
+        if !staged {
+            return Ok(cols
+                .iter()
+                .map(|c| FusedColumns {
+                    sel: &self.fused_sel,
+                    selected,
+                    store: &c.store,
+                    staged: false,
+                    unit_bytes: c.unit_bytes,
+                    scales: &c.scales,
+                })
+                .collect());
+        }
+        let stage = lead_index(s)
+            .and_then(|slot| self.lead_stages[l][slot].as_ref())
+            .ok_or(RuntimeError::EmptyInput)?;
+        Ok(cols
+            .iter()
+            .zip(&stage.staged)
+            .map(|(c, store)| FusedColumns {
+                sel: &stage.sel,
+                selected,
+                store,
+                staged: true,
+                unit_bytes: c.unit_bytes,
+                scales: &c.scales,
+            })
+            .collect())
+    }
+
     /// Finishes set `set` of layer `layer`: joins its branch and adds the deltas to
     /// `outputs` (under fetch lag: queues them for their position), or, when no branch ran,
     /// refines `outputs` in order (under fetch lag: into a buffer queued likewise).
@@ -621,6 +770,11 @@ impl<B: Backend> Placed<B> {
         input: &SetInput<'_, B>,
         outputs: &mut [&mut B::Buffer],
     ) -> Result<()> {
+        if self.fused.is_some_and(|(l, s, _)| (l, s) == (layer, set)) {
+            // The projections' launches applied it.
+            self.fused = None;
+            return Ok(());
+        }
         let own = stream_position(layer, set);
         let lag = match set {
             ProjectionSet::O | ProjectionSet::Down => self.shift[set.index()],

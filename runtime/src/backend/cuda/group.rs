@@ -13,6 +13,7 @@ use super::resident::CudaResidentLinear;
 use super::{
     blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef,
 };
+use crate::backend::refine::FusedColumns;
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
 use sfx_formats::resident::GroupQuantized;
@@ -85,6 +86,90 @@ impl GroupCodes {
     }
 }
 
+/// The kernels' `RefineOp` (kernels/refine_epilogue.cuh): a decode row's refinement applied
+/// by the projection launch ([`FusedColumns`]); `sel` 0 is none.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(super) struct RefineOperand {
+    sel: u64,
+    cols: u64,
+    scales: u64,
+    selected: i32,
+    unit_bytes: i32,
+    staged: i32,
+    lagged: [u64; 2],
+}
+
+impl RefineOperand {
+    /// Adds fetch lag's contributions `addends` (`rows` values each, at most two) to the
+    /// projection's output rows.
+    pub(super) fn with_lagged(mut self, addends: &[&CudaBuffer], rows: usize) -> Result<Self> {
+        let op = "fused refinement";
+        if addends.len() > self.lagged.len() {
+            return Err(RuntimeError::Unsupported(format!(
+                "{op}: {} lagged contributions in one launch (at most 2)",
+                addends.len()
+            )));
+        }
+        for (slot, a) in self.lagged.iter_mut().zip(addends) {
+            check_len(op, "lagged contribution", a.len, rows)?;
+            *slot = a.mem.ptr;
+        }
+        Ok(self)
+    }
+
+    /// Whether the launch computes refinement deltas (needs their shared memory).
+    fn has_columns(&self) -> bool {
+        self.sel != 0
+    }
+
+    /// The operand of `r` for a projection of `rows` outputs over `row_len` inputs, checked
+    /// against the buffers it names (the kernel reads `selected` indices, each entry's column
+    /// of `unit_bytes`, and `rows` scales).
+    pub(super) fn of(
+        r: &FusedColumns<'_, CudaBackend>,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<Self> {
+        let op = "fused refinement";
+        let columns = if r.staged { r.selected } else { row_len };
+        let shape = |msg: String| RuntimeError::Shape { op, msg };
+        if r.sel.len < r.selected {
+            return Err(shape(format!(
+                "{} indices for {} selected",
+                r.sel.len, r.selected
+            )));
+        }
+        if r.unit_bytes < rows.div_ceil(2) {
+            return Err(shape(format!(
+                "columns of {} B for {rows} rows",
+                r.unit_bytes
+            )));
+        }
+        if columns
+            .checked_mul(r.unit_bytes)
+            .is_none_or(|n| n > r.store.len)
+        {
+            return Err(shape(format!(
+                "{columns} columns of {} B in a store of {} B",
+                r.unit_bytes, r.store.len
+            )));
+        }
+        if r.scales.len != rows {
+            return Err(shape(format!("{} scales for {rows} rows", r.scales.len)));
+        }
+        Ok(Self {
+            sel: r.sel.mem.ptr,
+            cols: r.store.device_ptr(),
+            scales: r.scales.mem.ptr,
+            selected: i32_of(op, r.selected)?,
+            unit_bytes: i32_of(op, r.unit_bytes)?,
+            staged: i32::from(r.staged),
+            lagged: [0; 2],
+        })
+    }
+}
+
 /// The kernels' `GqItem` / `GqGroup` (kernels/group.cu), passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -96,6 +181,7 @@ pub(super) struct GqItem {
     y: u64,
     rows: i32,
     block_end: i32,
+    refine: RefineOperand,
 }
 
 #[repr(C)]
@@ -115,6 +201,7 @@ pub(super) struct GtItem {
     y: u64,
     rows: i32,
     block_end: i32,
+    refine: RefineOperand,
 }
 
 #[repr(C)]
@@ -355,10 +442,14 @@ impl CudaBackend {
         items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
         accumulate: bool,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: &[Option<RefineOperand>],
     ) -> Result<()> {
         let Some(first) = items.first() else {
             return Ok(());
         };
+        let refine_of = |k: usize| refine.get(k).copied().flatten();
+        let operands = m == 1 && refine.iter().any(Option::is_some);
+        let refined = operands && refine.iter().flatten().any(RefineOperand::has_columns);
         if items.len() > MAX_ITEMS {
             return Err(RuntimeError::Unsupported(format!(
                 "group matvec: {} projections in one launch (at most {MAX_ITEMS})",
@@ -368,7 +459,7 @@ impl CudaBackend {
         let w0 = &first.0.inner;
         let codes = codes_of(w0, "group matvec")?;
         if let CodeLayout::Tiles { .. } = codes.layout {
-            return self.tile_matvec(x, m, items, accumulate, norm);
+            return self.tile_matvec(x, m, items, accumulate, norm, refine);
         }
         let row_counts: Vec<usize> = items.iter().map(|it| it.0.inner.rows).collect();
         let sched = self.group_schedule(codes, w0.cols, &row_counts, &[4, 2, 1]);
@@ -385,7 +476,13 @@ impl CudaBackend {
                 y: *y,
                 rows: i32_of("group matvec", w.inner.rows)?,
                 block_end: i32_of("group matvec", end)?,
+                refine: RefineOperand::default(),
             };
+        }
+        if operands {
+            for (k, slot) in group.item.iter_mut().enumerate().take(items.len()) {
+                slot.refine = refine_of(k).unwrap_or_default();
+            }
         }
         group.count = items.len() as i32;
         let ri = match sched.rows {
@@ -406,17 +503,19 @@ impl CudaBackend {
         if norm.is_none() {
             args.push(Arg::I32(accumulate as i32));
         }
+        let deltas = if refined { sched.rows_per_block() } else { 0 };
         self.launch_projection(
             kernel,
             (blocks(end, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
-            Self::group_smem(w0.cols),
+            Self::group_smem(w0.cols) + 4 * deltas,
             &mut args,
         )
     }
 
     /// `gate ← silu(W_g · x) ⊙ (W_u · x)` for group-coded gate and up matrices of one format
     /// (m ≤ 4), optionally with the input norm fused.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn group_swiglu(
         &self,
         x: &CudaBuffer,
@@ -425,16 +524,18 @@ impl CudaBackend {
         u: &MatrixData,
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: Option<[RefineOperand; 2]>,
     ) -> Result<()> {
         let gc = codes_of(g, "group swiglu")?;
+        let refine = refine.filter(|_| m == 1);
         if let CodeLayout::Tiles { .. } = gc.layout {
-            return self.tile_swiglu(x, m, g, u, gate, norm);
+            return self.tile_swiglu(x, m, g, u, gate, norm, refine);
         }
         let sched = self.group_schedule(gc, g.cols, &[g.rows], &[2, 1]);
         let rows = i32_of("group swiglu", g.rows)?;
         let mut group = GqGroup::default();
         let grid = g.rows.div_ceil(sched.rows_per_block());
-        for (slot, w) in group.item.iter_mut().zip([g, u]) {
+        for (k, (slot, w)) in group.item.iter_mut().zip([g, u]).enumerate() {
             let (scales, zeros) = row_operands(w, "group swiglu")?;
             *slot = GqItem {
                 codes: w.mem.ptr,
@@ -444,6 +545,7 @@ impl CudaBackend {
                 y: gate.mem.ptr,
                 rows,
                 block_end: i32_of("group swiglu", grid)?,
+                refine: refine.map_or_else(RefineOperand::default, |r| r[k]),
             };
         }
         group.count = 2;
@@ -458,11 +560,16 @@ impl CudaBackend {
             }
         };
         args.extend(self.group_shape_args(g, gc, sched.tpr)?);
+        let deltas = if refine.is_some() {
+            2 * sched.rows_per_block()
+        } else {
+            0
+        };
         self.launch_projection(
             kernel,
             (blocks(grid, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
-            Self::group_smem(g.cols),
+            Self::group_smem(g.cols) + 4 * deltas,
             &mut args,
         )
     }
@@ -749,13 +856,16 @@ impl CudaBackend {
         items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
         accumulate: bool,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: &[Option<RefineOperand>],
     ) -> Result<()> {
         let parts: Vec<TileItem> = items
             .iter()
-            .map(|(w, bias, y)| TileItem {
+            .enumerate()
+            .map(|(k, (w, bias, y))| TileItem {
                 w: &w.inner,
                 bias: bias.map_or(0, |b| b.mem.ptr),
                 y: *y,
+                refine: refine.get(k).copied().flatten().filter(|_| m == 1),
             })
             .collect();
         self.launch_tiles(x, m, &parts, norm, accumulate, false)
@@ -763,6 +873,7 @@ impl CudaBackend {
 
     /// [`CudaBackend::group_swiglu`] over the tile layout: gate and up as the launch's two
     /// items, every block taking the same tiles of both.
+    #[allow(clippy::too_many_arguments)]
     fn tile_swiglu(
         &self,
         x: &CudaBuffer,
@@ -771,12 +882,18 @@ impl CudaBackend {
         u: &MatrixData,
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: Option<[RefineOperand; 2]>,
     ) -> Result<()> {
-        let parts = [g, u].map(|w| TileItem {
+        let mut parts = [g, u].map(|w| TileItem {
             w,
             bias: 0,
             y: gate.mem.ptr,
+            refine: None,
         });
+        if let Some(r) = refine {
+            parts[0].refine = Some(r[0]);
+            parts[1].refine = Some(r[1]);
+        }
         self.launch_tiles(x, m, &parts, norm, false, true)
     }
 
@@ -831,7 +948,17 @@ impl CudaBackend {
                 self.inner.tile_one_wave,
             );
         }
-        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu);
+        // The refined items' rows, one delta each (SwiGLU: gate and up).
+        let refined = items
+            .iter()
+            .filter(|it| it.refine.is_some_and(|r| r.has_columns()))
+            .count();
+        let deltas = if refined > 0 {
+            plan.seq * plan.tiles * TILE_ROWS * if swiglu { 2 } else { 1 }
+        } else {
+            0
+        };
+        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu) + 4 * deltas;
         if smem > self.dev().smem_optin {
             return Err(RuntimeError::Unsupported(format!(
                 "tile matvec: {} columns need {smem} B of shared memory, this GPU allows {}",
@@ -855,6 +982,7 @@ impl CudaBackend {
                 y: it.y,
                 rows: i32_of("tile matvec", it.w.rows)?,
                 block_end: i32_of("tile matvec", end)?,
+                refine: it.refine.unwrap_or_default(),
             };
         }
         let mut args = vec![Arg::GroupTiles(group), Arg::Ptr(x.mem.ptr)];
@@ -900,6 +1028,7 @@ struct TileItem<'a> {
     w: &'a MatrixData,
     bias: u64,
     y: u64,
+    refine: Option<RefineOperand>,
 }
 
 /// Scale and zero-point pointers of a file-layout matrix.

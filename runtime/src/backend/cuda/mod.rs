@@ -16,6 +16,7 @@ mod resident;
 mod trellis;
 mod trellis_layout;
 
+use crate::backend::refine::FusedColumns;
 use crate::backend::{
     rope_write_kv_attention_unfused, AttentionShape, Backend, BranchLane, BranchMark, GroupItem,
     KvDtype, KvLayout, KvarnLayer, KvarnLayerMut, KvarnShape, MatmulOut, RopeTable,
@@ -24,6 +25,7 @@ use crate::backend::{
 use crate::error::{check_len, check_rows, Result, RuntimeError};
 use blas::{Blas, GemmType};
 use device::{Device, DeviceMem, PinnedMem};
+use group::RefineOperand;
 use kernels::Kernels;
 pub use kvarn::CudaByteStore;
 use sfx_formats::{DType, TensorView};
@@ -278,6 +280,9 @@ struct Inner {
     /// Branches run on the side stream (`SFX_BRANCHES=0`, or kernel profiling, which times
     /// launches on the main stream: in order).
     branches: bool,
+    /// Group-code projections apply a decode row's refinement in their own launch
+    /// (`SFX_FUSED_REFINE=0` leaves it to the engine's branches, for comparison).
+    fused_refinement: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
     group_rows: Option<usize>,
@@ -430,6 +435,7 @@ impl CudaBackend {
                 kv_select_l2: std::env::var("SFX_KV_SELECT_L2").is_ok_and(|v| v == "1"),
                 branches: std::env::var("SFX_BRANCHES").map_or(true, |v| v != "0")
                     && std::env::var("SFX_PROFILE_KERNELS").map_or(true, |v| v != "1"),
+                fused_refinement: std::env::var("SFX_FUSED_REFINE").map_or(true, |v| v != "0"),
             }),
         })
     }
@@ -550,14 +556,22 @@ impl CudaBackend {
         items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
         accumulate: bool,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: &[Option<RefineOperand>],
     ) -> Result<()> {
         let Some(first) = items.first() else {
             return Ok(());
         };
         match first.0.inner.codes {
             Codes::Float => {}
-            Codes::Group(_) => return self.group_matvec(x, m, items, accumulate, norm),
-            Codes::Trellis(_) => return self.trellis_matvec(x, m, items, accumulate, norm),
+            Codes::Group(_) => return self.group_matvec(x, m, items, accumulate, norm, refine),
+            Codes::Trellis(_) => {
+                return self.trellis_matvec(x, m, items, accumulate, norm, refine);
+            }
+        }
+        if refine.iter().any(Option::is_some) {
+            return Err(RuntimeError::Unsupported(
+                "a fused refinement reached a matvec of float weights".into(),
+            ));
         }
         let (cols, dtype) = (first.0.inner.cols, first.0.inner.dtype);
         let elems = if dtype == DType::BF16 { 8 } else { 4 };
@@ -620,8 +634,8 @@ impl CudaBackend {
     ) -> Result<()> {
         match g.codes {
             Codes::Float => {}
-            Codes::Group(_) => return self.group_swiglu(x, m, g, u, gate, norm),
-            Codes::Trellis(_) => return self.trellis_swiglu(x, m, g, u, gate, norm),
+            Codes::Group(_) => return self.group_swiglu(x, m, g, u, gate, norm, None),
+            Codes::Trellis(_) => return self.trellis_swiglu(x, m, g, u, gate, norm, None),
         }
         let elems = if g.dtype == DType::BF16 { 8 } else { 4 };
         let vector = g.cols.is_multiple_of(elems);
@@ -653,6 +667,45 @@ impl CudaBackend {
             0,
             &mut args,
         )
+    }
+
+    /// The kernels' refinement operands of `items` (one decode row, group codes: the launch
+    /// applies them); none otherwise.
+    fn refine_operands(
+        &self,
+        m: usize,
+        items: &[GroupItem<'_, Self>],
+    ) -> Result<Vec<Option<RefineOperand>>> {
+        items
+            .iter()
+            .map(|it| match &it.refine {
+                Some(r) if m == 1 && self.fuses_refinement(it.weight) => {
+                    let w = &it.weight.inner;
+                    RefineOperand::of(r, w.rows, w.cols).map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Adds the refinements a launch of `items` could not apply itself (other formats, or
+    /// more than one row) by separate ops.
+    fn apply_unfused_refinements(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        norm: Option<(&CudaBuffer, f32)>,
+        items: &mut [GroupItem<'_, Self>],
+    ) -> Result<()> {
+        for it in items.iter_mut() {
+            if let Some(r) = &it.refine {
+                if m != 1 || !self.fuses_refinement(it.weight) {
+                    let row_len = it.weight.inner.cols;
+                    crate::backend::refine::apply_fused_columns(self, x, row_len, norm, r, it.out)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether the fused matvec path takes these items at m rows.
@@ -1266,7 +1319,7 @@ impl Backend for CudaBackend {
         }
         let accumulate = out == MatmulOut::Accumulate;
         if m <= MATVEC_MAX_TOKENS {
-            self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None)
+            self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None, &[])
         } else {
             match &w.inner.codes {
                 Codes::Group(_) => self.group_gemm(x, m, &w.inner, bias, y, accumulate),
@@ -1293,10 +1346,16 @@ impl Backend for CudaBackend {
                 .iter()
                 .map(|it| (it.weight, it.bias, it.out.mem.ptr))
                 .collect();
-            return self.matvec_group(x, m, &list, false, None);
+            let refine = self.refine_operands(m, items)?;
+            self.matvec_group(x, m, &list, false, None, &refine)?;
+            return self.apply_unfused_refinements(x, m, None, items);
         }
         for it in items.iter_mut() {
             self.matmul_t(x, m, it.weight, it.bias, it.out, MatmulOut::Store)?;
+            if let Some(r) = &it.refine {
+                let row_len = it.weight.inner.cols;
+                crate::backend::refine::apply_fused_columns(self, x, row_len, None, r, it.out)?;
+            }
         }
         Ok(())
     }
@@ -1345,7 +1404,9 @@ impl Backend for CudaBackend {
                 .iter()
                 .map(|it| (it.weight, it.bias, it.out.mem.ptr))
                 .collect();
-            return self.matvec_group(x, m, &list, false, Some((norm, eps)));
+            let refine = self.refine_operands(m, items)?;
+            self.matvec_group(x, m, &list, false, Some((norm, eps)), &refine)?;
+            return self.apply_unfused_refinements(x, m, Some((norm, eps)), items);
         }
         self.rms_norm(x, norm, eps, normed)?;
         self.matmul_t_group(normed, m, items)
@@ -1380,6 +1441,98 @@ impl Backend for CudaBackend {
         }
         self.rms_norm(x, norm, eps, normed)?;
         self.matmul_t_swiglu(normed, m, w_gate, w_up, gate, up)
+    }
+
+    fn fuses_refinement(&self, w: &CudaMatrix) -> bool {
+        self.inner.fused_refinement && !matches!(w.inner.codes, Codes::Float)
+    }
+
+    fn matmul_t_refined(
+        &self,
+        x: &CudaBuffer,
+        m: usize,
+        w: &CudaMatrix,
+        bias: Option<&CudaBuffer>,
+        y: &mut CudaBuffer,
+        out: MatmulOut,
+        refine: Option<&FusedColumns<'_, Self>>,
+        lagged: &[&CudaBuffer],
+    ) -> Result<()> {
+        self.check_matmul(x, m, w, bias, y)?;
+        if m != 1 || !self.fuses_refinement(w) || lagged.len() > 2 {
+            self.matmul_t(x, m, w, bias, y, out)?;
+            if let Some(r) = refine {
+                let row_len = w.inner.cols;
+                crate::backend::refine::apply_fused_columns(self, x, row_len, None, r, y)?;
+            }
+            for l in lagged {
+                self.add_assign(y, l)?;
+            }
+            return Ok(());
+        }
+        let (rows, cols) = (w.inner.rows, w.inner.cols);
+        let op = match refine {
+            Some(r) => RefineOperand::of(r, rows, cols)?,
+            None => RefineOperand::default(),
+        }
+        .with_lagged(lagged, rows)?;
+        let accumulate = out == MatmulOut::Accumulate;
+        self.matvec_group(x, m, &[(w, bias, y.mem.ptr)], accumulate, None, &[Some(op)])
+    }
+
+    fn rms_norm_swiglu_refined(
+        &self,
+        x: &CudaBuffer,
+        norm: &CudaBuffer,
+        eps: f32,
+        normed: &mut CudaBuffer,
+        m: usize,
+        w_gate: &CudaMatrix,
+        w_up: &CudaMatrix,
+        gate: &mut CudaBuffer,
+        up: &mut CudaBuffer,
+        refine: [&FusedColumns<'_, Self>; 2],
+    ) -> Result<()> {
+        let rows = check_rows("rms_norm_swiglu_refined", "input", x.len, norm.len)?;
+        check_len("rms_norm_swiglu_refined", "normed", normed.len, x.len)?;
+        self.check_matmul(x, m, w_gate, None, gate)?;
+        self.check_matmul(x, m, w_up, None, up)?;
+        let (g, u) = (&w_gate.inner, &w_up.inner);
+        let fused = m == 1
+            && rows == 1
+            && self.fuses_refinement(w_gate)
+            && g.rows == u.rows
+            && g.same_format(u)
+            && g.rows > 0;
+        if !fused {
+            let items = &mut [
+                GroupItem {
+                    refine: Some(*refine[0]),
+                    ..GroupItem::new(w_gate, None, gate)
+                },
+                GroupItem {
+                    refine: Some(*refine[1]),
+                    ..GroupItem::new(w_up, None, up)
+                },
+            ];
+            self.rms_norm_matmul_group(x, norm, eps, normed, m, items)?;
+            return self.silu_mul(gate, up);
+        }
+        let ops = [
+            RefineOperand::of(refine[0], g.rows, g.cols)?,
+            RefineOperand::of(refine[1], u.rows, u.cols)?,
+        ];
+        // The norm fuses into the launch where the kernels take it, as rms_norm_swiglu does.
+        let (input, fused_norm) = if self.inner.fuse_norm && norm.len.is_multiple_of(8) {
+            (x, Some((norm, eps)))
+        } else {
+            self.rms_norm(x, norm, eps, normed)?;
+            (&*normed, None)
+        };
+        match g.codes {
+            Codes::Trellis(_) => self.trellis_swiglu(input, m, g, u, gate, fused_norm, Some(ops)),
+            _ => self.group_swiglu(input, m, g, u, gate, fused_norm, Some(ops)),
+        }
     }
 
     fn rms_norm(

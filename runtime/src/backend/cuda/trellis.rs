@@ -10,6 +10,7 @@
 //! tokens.
 
 use super::device::DeviceMem;
+use super::group::RefineOperand;
 use super::resident::CudaResidentLinear;
 use super::trellis_layout::{pack_units, units, UNIT_COLS};
 use super::{
@@ -169,6 +170,11 @@ pub(super) struct TrFinishItem {
     m: i32,
     n: i32,
     inv_sqrt_n: f32,
+    refine: RefineOperand,
+    rx: u64,
+    rnw: u64,
+    reps: f32,
+    rlen: i32,
 }
 
 #[repr(C)]
@@ -176,6 +182,14 @@ pub(super) struct TrFinishItem {
 pub(super) struct TrFinish {
     item: [TrFinishItem; MAX_ITEMS],
     count: i32,
+}
+
+/// A decode row's refinements for `tr_finish`: each item's operand (or none) and the
+/// projections' input with its norm, from which the finish gathers the selected values.
+struct FinishRefinement<'a> {
+    operands: &'a [Option<RefineOperand>],
+    x: &'a CudaBuffer,
+    norm: Option<(&'a CudaBuffer, f32)>,
 }
 
 fn trellis_of<'a>(w: &'a MatrixData, op: &'static str) -> Result<&'a TrellisCodes> {
@@ -457,13 +471,14 @@ impl CudaBackend {
         )],
         accumulate: bool,
         swiglu: bool,
+        refine: Option<FinishRefinement<'_>>,
     ) -> Result<()> {
         let mut f = TrFinish {
             count: items.len() as i32,
             ..TrFinish::default()
         };
         let mut views = Vec::with_capacity(items.len());
-        for (slot, (w, rot, bias, y)) in f.item.iter_mut().zip(items) {
+        for (k, (slot, (w, rot, bias, y))) in f.item.iter_mut().zip(items).enumerate() {
             let c = trellis_of(w, "trellis finish")?;
             views.push((w.rows, c.had_out.m));
             *slot = TrFinishItem {
@@ -476,7 +491,19 @@ impl CudaBackend {
                 m: i32_of("trellis finish", c.had_out.m)?,
                 n: i32_of("trellis finish", w.rows)?,
                 inv_sqrt_n: inv_sqrt(w.rows),
+                ..TrFinishItem::default()
             };
+            if let Some(r) = refine.as_ref().filter(|_| m == 1) {
+                if let Some(op) = r.operands.get(k).copied().flatten() {
+                    slot.refine = op;
+                    slot.rx = r.x.mem.ptr;
+                    slot.rlen = i32_of("trellis finish", r.x.len)?;
+                    if let Some((nw, eps)) = r.norm {
+                        slot.rnw = nw.mem.ptr;
+                        slot.reps = eps;
+                    }
+                }
+            }
         }
         let k = &self.k().trellis;
         let (kernel, launched, mut args) = if swiglu {
@@ -488,7 +515,7 @@ impl CudaBackend {
                 vec![Arg::TrellisFinish(f), Arg::I32(accumulate as i32)],
             )
         };
-        if !swiglu {
+        if !swiglu && refine.is_none() {
             if let Some(((grid, block), smem)) = self.token_transform_dims(&views, m)? {
                 return self.launch(&k.finish_tokens, grid, block, smem, &mut args);
             }
@@ -668,6 +695,7 @@ impl CudaBackend {
         items: &[(&CudaMatrix, Option<&CudaBuffer>, u64)],
         accumulate: bool,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: &[Option<RefineOperand>],
     ) -> Result<()> {
         if items.is_empty() {
             return Ok(());
@@ -685,11 +713,20 @@ impl CudaBackend {
             .iter()
             .map(|(w, bias, y)| (&*w.inner, None, *bias, *y))
             .collect();
-        self.trellis_finish(m, &fin, accumulate, false)
+        let refine = refine
+            .iter()
+            .any(Option::is_some)
+            .then_some(FinishRefinement {
+                operands: refine,
+                x,
+                norm,
+            });
+        self.trellis_finish(m, &fin, accumulate, false, refine)
     }
 
     /// `gate ← silu(W_g · x) ⊙ (W_u · x)` for trellis gate and up matrices of one format (m ≤
     /// 4), optionally with the input norm fused.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn trellis_swiglu(
         &self,
         x: &CudaBuffer,
@@ -698,6 +735,7 @@ impl CudaBackend {
         u: &MatrixData,
         gate: &mut CudaBuffer,
         norm: Option<(&CudaBuffer, f32)>,
+        refine: Option<[RefineOperand; 2]>,
     ) -> Result<()> {
         let (gc, uc) = (
             trellis_of(g, "trellis swiglu")?,
@@ -711,11 +749,18 @@ impl CudaBackend {
             )));
         }
         self.trellis_transform_matvec(x, m, &[g, u], norm)?;
+        let operands = refine.map(|r| r.map(Some));
+        let refine = operands.as_ref().map(|ops| FinishRefinement {
+            operands: ops,
+            x,
+            norm,
+        });
         self.trellis_finish(
             m,
             &[(g, None, None, gate.mem.ptr), (u, None, None, gate.mem.ptr)],
             false,
             true,
+            refine,
         )
     }
 
@@ -788,6 +833,7 @@ impl CudaBackend {
             )],
             accumulate,
             false,
+            None,
         )
     }
 }

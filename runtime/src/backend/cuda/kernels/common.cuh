@@ -130,15 +130,19 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
 // A projection row's output from its dot product(s) `total` (and `up_total`: SwiGLU's up
 // row), times the fused norm's `scale` (1 without): y = silu(g)·u, or y (+)= v + bias.
 // Under SwiGLU both products were taken on x ⊙ w, so the one norm scale applies to each.
+// `extra` and `up_extra` are the rows' refinement (refine_epilogue.cuh), added after the
+// scale; `refined` false keeps the unrefined arithmetic exactly.
 template <bool SWIGLU>
 __device__ __forceinline__ void projection_out(float* o, float total, float up_total,
                                                float scale, const float* bias, int row,
-                                               int accumulate) {
+                                               int accumulate, bool refined = false,
+                                               float extra = 0.0f, float up_extra = 0.0f) {
     if (SWIGLU) {
-        const float gv = total * scale;
-        *o = (gv / (1.0f + expf(-gv))) * up_total * scale;
+        const float gv = total * scale + extra;
+        const float silu = gv / (1.0f + expf(-gv));
+        *o = refined ? silu * (up_total * scale + up_extra) : silu * up_total * scale;
     } else {
-        float v = total * scale;
+        float v = total * scale + extra;
         if (bias) v += bias[row];
         *o = accumulate ? *o + v : v;
     }

@@ -18,6 +18,7 @@
 // strided loads touch 32 lines each). Each next chunk's codes, scale and zero point are
 // loaded before the current chunk is multiplied.
 #include "common.cuh"
+#include "refine_epilogue.cuh"
 
 #define GQ_THREADS 256
 #define GQ_WARPS (GQ_THREADS / 32)
@@ -105,6 +106,7 @@ struct GqItem {
     float* y;               // [m, rows]
     int rows;
     int block_end;          // exclusive end of this item's blocks in the grid
+    RefineOp refine;        // a decode row's refinement (refine.sel null: none)
 };
 
 struct GqGroup {
@@ -267,6 +269,21 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
         if (base < chunks) fetch(base);
     }
 
+    // The block's rows' refinement (decode rows only: one token's selection), in shared
+    // memory after x's chunk sums, gate rows then up rows.
+    float* rdelta = xsum + chunks;
+    const int block_rows = sets * R;
+    bool refined[2] = {false, false};
+#pragma unroll
+    for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
+        const GqItem& it = k == 1 ? g.item[1] : item;
+        if (it.refine.sel != nullptr && gridDim.y == 1) {
+            refine_rows<GQ_THREADS>(it.refine, xt, nw, scale, cols, tile0, block_rows, it.rows,
+                                    rdelta + k * block_rows);
+            refined[k] = true;
+        }
+    }
+
     // Sum over the tpr threads of each row set: within the set's lanes (tpr ≤ 32), or within
     // warps and then across the set's warps.
     const int seg = min(tpr, 32);
@@ -277,8 +294,11 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
     auto emit = [&](int st, int r, float total, float up_total) {
         const int out_row = tile0 + st * R + r;
         if (out_row >= item.rows) return;
+        const int i = st * R + r;
+        const float extra = (refined[0] ? rdelta[i] : 0.0f) + lagged_at(item.refine, out_row);
         projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
-                               scale, item.bias, out_row, accumulate);
+                               scale, item.bias, out_row, accumulate, refined[0] || refined[1],
+                               extra, refined[1] ? rdelta[block_rows + i] : 0.0f);
     };
     if (tpr <= 32) {
         if (sub == 0) {

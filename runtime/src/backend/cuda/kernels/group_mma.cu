@@ -27,6 +27,7 @@
 // bits | (bf16 bits of 128 + z) << 16. Rows and columns past the matrix are zero codes with
 // zero scales (their x is zero, their outputs are not written).
 #include "common.cuh"
+#include "refine_epilogue.cuh"
 
 #define GT_MAX_ITEMS 3
 
@@ -37,6 +38,7 @@ struct GtItem {
     float* y;                // [m, rows]
     int rows;
     int block_end;           // exclusive end of this item's blocks in the grid
+    RefineOp refine;         // a decode row's refinement (refine.sel null: none)
 };
 
 struct GtGroup {
@@ -452,6 +454,23 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         scale = 1.0f / sqrtf(total / (float)cols + eps);
     }
 
+    // The block's rows' refinement (decode rows only), in shared memory after the warps'
+    // rings, gate rows then up rows; taken before the loop so the epilogues below only read it.
+    float* rdelta = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
+                                             (size_t)WARPS * S * Slot::BYTES);
+    const int block_rows = seq * R * 16;
+    bool refined[2] = {false, false};
+#pragma unroll
+    for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
+        const GtItem& it = k == 1 ? g.item[1] : item;
+        if (it.refine.sel != nullptr && gridDim.y == 1) {
+            refine_rows<WARPS * 32>(it.refine, x + (size_t)t * cols, nw, scale, cols,
+                                    tile_first * 16, block_rows, it.rows,
+                                    rdelta + k * block_rows);
+            refined[k] = true;
+        }
+    }
+
     // Lanes 0..11 read the three x planes as B columns 0..2; the others read plane 2 again,
     // and the output columns 3..7 they feed are dropped at the end (cheaper than zeroing B).
     const uint32_t* bplane0 = gt_planes + min(gq, 2) * pstride + tq + warp * (CHUNKS * 16);
@@ -546,8 +565,13 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
                     total += red[set & 1][k][r][i];
                     if (SWIGLU) up_total += red[set & 1][k][(R + r) % NT][i];
                 }
+                const int ri = out_row - tile_first * 16;
+                const float extra =
+                    (refined[0] ? rdelta[ri] : 0.0f) + lagged_at(item.refine, out_row);
                 projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
-                                       scale, item.bias, out_row, accumulate);
+                                       scale, item.bias, out_row, accumulate,
+                                       refined[0] || refined[1], extra,
+                                       refined[1] ? rdelta[block_rows + ri] : 0.0f);
             }
         }
 #pragma unroll

@@ -53,6 +53,7 @@
 // and chunk i of all 32 lanes lies contiguous: uint4 ((tile_row · units + unit) · K + i)·32 + c.
 // Columns past the matrix are zero bytes (their x is zero).
 #include "common.cuh"
+#include "refine_epilogue.cuh"
 
 #define TR_MAX_ITEMS 3
 #define TR_UNIT_TILES 16
@@ -441,7 +442,32 @@ struct TrFinishItem {
     int m;
     int n;
     float inv_sqrt_n;
+    // A decode row's refinement (refine_epilogue.cuh; refine.sel null: none) over the
+    // projection's input x[rlen] (its RMSNorm with weight rnw, eps reps), as the prologue
+    // normalised it.
+    RefineOp refine;
+    const float* rx;
+    const float* rnw;
+    float reps;
+    int rlen;
 };
+
+// The refinement of the block's output rows [row0, row0 + n) of item `it` into `delta` (every
+// thread calls it; nothing without a refinement or beyond one token), the norm's scale formed
+// as rms_norm forms it. Returns whether it ran.
+__device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int row0, int n,
+                                                  float* delta, float* red) {
+    if (it.refine.sel == nullptr || gridDim.z != 1) return false;
+    float inv = 1.0f;
+    if (it.rnw != nullptr) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < it.rlen; i += blockDim.x) ss = fmaf(it.rx[i], it.rx[i], ss);
+        ss = block_sum(ss, red);
+        inv = 1.0f / sqrtf(ss / (float)it.rlen + it.reps);
+    }
+    refine_rows<TR_ROW_MAX>(it.refine, it.rx, it.rnw, inv, it.rlen, row0, n, it.n, delta);
+    return true;
+}
 
 struct TrFinish {
     TrFinishItem item[TR_MAX_ITEMS];
@@ -470,10 +496,15 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
                                       s.c)
                             : 0.0f};
     row_fwht<1>(val, v.P, buf);
+    __shared__ float delta[TR_ROW_MAX];
+    const int row0 = (int)blockIdx.x * v.RB * v.P;
+    const bool refined = finish_refinement(it, row0, v.RB * v.P, delta, buf);
     if (!s.valid) return;
     const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
     float out = val[0] * scale * sv;
     if (it.bias) out += bias;
+    if (refined) out += delta[o - row0];
+    out += lagged_at(it.refine, o);
     float* y = it.y + (size_t)t * it.n;
     y[o] = accumulate ? y[o] + out : out;
 }
@@ -520,9 +551,15 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const 
         }
     }
     row_fwht<2>(val, v.P, buf);
+    __shared__ float delta[2][TR_ROW_MAX];
+    const int row0 = (int)blockIdx.x * v.RB * v.P;
+    const bool g_refined = finish_refinement(g, row0, v.RB * v.P, delta[0], buf);
+    const bool u_refined = finish_refinement(u, row0, v.RB * v.P, delta[1], buf);
     if (!s.valid) return;
-    const float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
-    const float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
+    float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
+    float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
+    if (g_refined) gv += delta[0][o - row0];
+    if (u_refined) uv += delta[1][o - row0];
     g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
 }
 // Prefill transforms: one block per (token, item) with the whole vector in shared memory, so
