@@ -1142,10 +1142,10 @@ pub fn cases() -> Vec<Case> {
             1e-5,
         );
     }
-    // The same with group-coded weights, whose launches apply a decode row's refinement
-    // themselves where the backend fuses it (CUDA): at s = 0 (each set selects on the
-    // stream), under fetch lead with o and down at s = 0, and with lag (o and down keep
-    // their branches).
+    // The same with group- and trellis-coded weights, whose launches apply a decode row's
+    // refinement themselves where the backend fuses it (CUDA): at s = 0 (each set selects on
+    // the stream), under fetch lead with o and down at s = 0, and with lag (o and down select
+    // and fetch on branches; their contributions land in a later o or down launch).
     let hyb = TrellisCode::Hyb { q: 9 };
     for (weights, k, s) in [
         (SyntheticWeights::Group { bits: 2, group: 32 }, 64, [0.0; 4]),

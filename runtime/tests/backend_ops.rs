@@ -42,14 +42,45 @@ fn main() {
         );
     }
     let cuda: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
+    // Refined decode steps once more with the engine's fused path on (off by default until
+    // measured on the H200): the coded projections' launches take the refinement.
+    let cuda_fused: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
     let mut trials = Vec::new();
     for (i, case) in cases().into_iter().enumerate() {
         let s = seed.wrapping_add(i as u64);
         let name = format!("{}::{}", case.op, case.family);
         let c = case.clone();
+        // Refined decode steps of float weights (the CPU's own matrices) once more with the
+        // engine's fused path: the projections take the refinement, which the CPU adds by
+        // separate ops.
+        if case.op == "model_decode" && case.family.contains("f32 refined") {
+            let c = case.clone();
+            trials.push(Trial::test(format!("cpu-fused::{name}"), move || {
+                let b = CpuBackend::new().with_fused_refinement(true);
+                verdict(run_case(&c, &b, true, s))
+            }));
+        }
         trials.push(Trial::test(format!("cpu::{name}"), move || {
             verdict(run_case(&c, &CpuBackend::new(), true, s))
         }));
+        if case.op == "model_decode" && case.family.contains("refined") {
+            let c = case.clone();
+            let cuda_fused = cuda_fused.clone();
+            trials.push(
+                Trial::test(format!("cuda-fused::{name}"), move || {
+                    let b = cuda_fused.get_or_init(|| {
+                        CudaBackend::new(0)
+                            .and_then(|b| b.with_fused_refinement(true))
+                            .map_err(|e| e.to_string())
+                    });
+                    match b {
+                        Ok(b) => verdict(run_case(&c, b, false, s)),
+                        Err(e) => Err(format!("CUDA backend: {e}").into()),
+                    }
+                })
+                .with_ignored_flag(!gpu),
+            );
+        }
         let cuda = cuda.clone();
         trials.push(
             Trial::test(format!("cuda::{name}"), move || {

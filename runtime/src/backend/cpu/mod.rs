@@ -127,6 +127,10 @@ impl CpuMatrix {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuBackend {
     simd: SimdLevel,
+    /// Whether the refinement engine hands a decode row's refinement to the projections
+    /// ([`Backend::fuses_refinement`]); the CPU's projections then add it by separate ops, so
+    /// this only exercises the engine's fused path against its branches (tests).
+    fused_refinement: bool,
 }
 
 impl Default for CpuBackend {
@@ -156,7 +160,10 @@ impl CpuBackend {
             .ok()
             .and_then(|s| SimdLevel::parse_supported(&s).ok())
             .map_or(detected, |l| l.min(detected));
-        Self { simd }
+        Self {
+            simd,
+            fused_refinement: false,
+        }
     }
 
     /// A backend pinned to `simd`; errors if this CPU lacks it.
@@ -168,7 +175,18 @@ impl CpuBackend {
                 SimdLevel::detect().as_str()
             )));
         }
-        Ok(Self { simd })
+        Ok(Self {
+            simd,
+            fused_refinement: false,
+        })
+    }
+
+    /// This backend with the refinement engine's fused path on or off (off by default).
+    pub fn with_fused_refinement(self, on: bool) -> Self {
+        Self {
+            fused_refinement: on,
+            ..self
+        }
     }
 
     pub fn simd(&self) -> SimdLevel {
@@ -702,6 +720,10 @@ impl Backend for CpuBackend {
         let out = &mut y.0[row * row_len..(row + 1) * row_len];
         refine_kernels::add_nibble_units(out, units, unit_bytes, weights, scales);
         Ok(())
+    }
+
+    fn fuses_refinement(&self, _w: &CpuMatrix) -> bool {
+        self.fused_refinement
     }
 
     fn select_channels(

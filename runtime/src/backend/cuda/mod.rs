@@ -280,8 +280,10 @@ struct Inner {
     /// Branches run on the side stream (`SFX_BRANCHES=0`, or kernel profiling, which times
     /// launches on the main stream: in order).
     branches: bool,
-    /// Group-code projections apply a decode row's refinement in their own launch
-    /// (`SFX_FUSED_REFINE=0` leaves it to the engine's branches, for comparison).
+    /// The refinement engine hands a decode row's refinement to the coded projections'
+    /// launches (`SFX_FUSED_REFINE=1`). Off by default until measured on the H200: the
+    /// engine's branches stay the path. The ops apply refinements handed to them in their
+    /// launches either way (the conformance suite checks those kernels).
     fused_refinement: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
@@ -343,6 +345,17 @@ fn blocks(n: usize, per: usize) -> u32 {
 impl CudaBackend {
     /// Whether a CUDA driver with at least one device is present and this build embeds
     /// kernels. Never panics (the driver library is probed before it is used).
+    /// This backend with the refinement engine's fused path on or off (`SFX_FUSED_REFINE`
+    /// sets the default); only a backend not yet shared (no clone, nothing built on it) can
+    /// change it.
+    pub fn with_fused_refinement(mut self, on: bool) -> Result<Self> {
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            RuntimeError::Unsupported("a shared CUDA backend keeps its settings".into())
+        })?;
+        inner.fused_refinement = on;
+        Ok(self)
+    }
+
     pub fn available() -> bool {
         Self::device_count() > 0 && kernels::embedded()
     }
@@ -435,7 +448,7 @@ impl CudaBackend {
                 kv_select_l2: std::env::var("SFX_KV_SELECT_L2").is_ok_and(|v| v == "1"),
                 branches: std::env::var("SFX_BRANCHES").map_or(true, |v| v != "0")
                     && std::env::var("SFX_PROFILE_KERNELS").map_or(true, |v| v != "1"),
-                fused_refinement: std::env::var("SFX_FUSED_REFINE").map_or(true, |v| v != "0"),
+                fused_refinement: std::env::var("SFX_FUSED_REFINE").is_ok_and(|v| v == "1"),
             }),
         })
     }
@@ -679,7 +692,7 @@ impl CudaBackend {
         items
             .iter()
             .map(|it| match &it.refine {
-                Some(r) if m == 1 && self.fuses_refinement(it.weight) => {
+                Some(r) if m == 1 && kernels_take_refinement(it.weight) => {
                     let w = &it.weight.inner;
                     RefineOperand::of(r, w.rows, w.cols).map(Some)
                 }
@@ -699,7 +712,7 @@ impl CudaBackend {
     ) -> Result<()> {
         for it in items.iter_mut() {
             if let Some(r) = &it.refine {
-                if m != 1 || !self.fuses_refinement(it.weight) {
+                if m != 1 || !kernels_take_refinement(it.weight) {
                     let row_len = it.weight.inner.cols;
                     crate::backend::refine::apply_fused_columns(self, x, row_len, norm, r, it.out)?;
                 }
@@ -937,6 +950,12 @@ fn dpl_index(d: usize) -> Result<usize> {
         65..=128 => 1,
         _ => 2,
     })
+}
+
+/// Whether `w`'s decode launches apply a [`FusedColumns`] themselves: group codes (the
+/// matvec's epilogue) and trellis codes (the output transform's launch), not float weights.
+fn kernels_take_refinement(w: &CudaMatrix) -> bool {
+    !matches!(w.inner.codes, Codes::Float)
 }
 
 impl Backend for CudaBackend {
@@ -1444,7 +1463,7 @@ impl Backend for CudaBackend {
     }
 
     fn fuses_refinement(&self, w: &CudaMatrix) -> bool {
-        self.inner.fused_refinement && !matches!(w.inner.codes, Codes::Float)
+        self.inner.fused_refinement && kernels_take_refinement(w)
     }
 
     fn matmul_t_refined(
@@ -1459,7 +1478,7 @@ impl Backend for CudaBackend {
         lagged: &[&CudaBuffer],
     ) -> Result<()> {
         self.check_matmul(x, m, w, bias, y)?;
-        if m != 1 || !self.fuses_refinement(w) || lagged.len() > 2 {
+        if m != 1 || !kernels_take_refinement(w) || lagged.len() > 2 {
             self.matmul_t(x, m, w, bias, y, out)?;
             if let Some(r) = refine {
                 let row_len = w.inner.cols;
@@ -1500,7 +1519,7 @@ impl Backend for CudaBackend {
         let (g, u) = (&w_gate.inner, &w_up.inner);
         let fused = m == 1
             && rows == 1
-            && self.fuses_refinement(w_gate)
+            && kernels_take_refinement(w_gate)
             && g.rows == u.rows
             && g.same_format(u)
             && g.rows > 0;
