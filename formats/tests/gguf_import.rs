@@ -426,3 +426,28 @@ fn small_model_writes_a_loadable_folder() {
     assert_eq!(cfg, m.hf_config);
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 5);
 }
+
+/// Writes this file's one-layer Llama model (tokenizer included) as the seed of the
+/// `gguf_file` fuzz target: `SFX_WRITE_FUZZ_SEEDS=1 cargo test -p sfx-formats --test
+/// gguf_import -- --ignored fuzz_seed`.
+#[test]
+#[ignore = "writes fuzz/seeds; run by hand"]
+fn fuzz_seed() {
+    if std::env::var("SFX_WRITE_FUZZ_SEEDS").as_deref() != Ok("1") {
+        return;
+    }
+    let spec = Spec {
+        arch: "llama",
+        head_dim: 8,
+        biases: false,
+        qk_norm: false,
+        lm_head: true,
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/gguf_file");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (g, hf) = model(&spec);
+    let path = g.write(&dir, "llama-one-layer.gguf");
+    // The seed is a file the importer takes, so the fuzzer starts from the deep paths.
+    let gguf = sfx_formats::gguf::GgufFile::open(&path).unwrap();
+    check_tensors(&sfx_formats::gguf::import_from_gguf(&gguf).unwrap(), &hf);
+}

@@ -504,3 +504,22 @@ fn sfx_neuron_bundles_round_trip_and_length_is_enforced() {
         .unwrap();
     assert!(b3.iter().all(|&v| v == 3));
 }
+
+/// Writes the standard test file as the seed of the `sfx_container` fuzz target:
+/// `SFX_WRITE_FUZZ_SEEDS=1 cargo test -p sfx-formats --test sfx_container -- --ignored
+/// fuzz_seed`.
+#[test]
+#[ignore = "writes fuzz/seeds; run by hand"]
+fn fuzz_seed() {
+    if std::env::var("SFX_WRITE_FUZZ_SEEDS").as_deref() != Ok("1") {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/sfx_container");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_sample(&dir.join("sample.sfx"), 97);
+    // The seed is a valid container, so the fuzzer starts from the deep paths.
+    SfxFile::open(dir.join("sample.sfx"))
+        .unwrap()
+        .verify()
+        .unwrap();
+}

@@ -417,18 +417,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         up: &mut Self::Buffer,
         refine: [&refine::FusedColumns<'_, Self>; 2],
     ) -> Result<()> {
-        let items = &mut [
-            GroupItem {
-                refine: Some(*refine[0]),
-                ..GroupItem::new(w_gate, None, gate)
-            },
-            GroupItem {
-                refine: Some(*refine[1]),
-                ..GroupItem::new(w_up, None, up)
-            },
-        ];
-        self.rms_norm_matmul_group(x, norm, eps, normed, m, items)?;
-        self.silu_mul(gate, up)
+        refine::swiglu_refined_by_ops(
+            self, x, norm, eps, normed, m, w_gate, w_up, gate, up, refine,
+        )
     }
 
     /// SwiGLU MLP input: `gate ← silu(x·w_gateᵀ) ⊙ (x·w_upᵀ)`; `up` is scratch (its contents

@@ -295,6 +295,37 @@ pub fn columns_check<B: Backend>(
     Ok(ColumnCheck { out_dims })
 }
 
+/// [`Backend::rms_norm_swiglu_refined`] by separate ops: the norm, gate and up with their
+/// refinements ([`Backend::rms_norm_matmul_group`]), then SwiGLU. The default, and the
+/// devices' path where their launches cannot take it.
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_refined_by_ops<B: Backend>(
+    b: &B,
+    x: &B::Buffer,
+    norm: &B::Buffer,
+    eps: f32,
+    normed: &mut B::Buffer,
+    m: usize,
+    w_gate: &B::Matrix,
+    w_up: &B::Matrix,
+    gate: &mut B::Buffer,
+    up: &mut B::Buffer,
+    refine: [&FusedColumns<'_, B>; 2],
+) -> Result<()> {
+    let items = &mut [
+        super::GroupItem {
+            refine: Some(*refine[0]),
+            ..super::GroupItem::new(w_gate, None, gate)
+        },
+        super::GroupItem {
+            refine: Some(*refine[1]),
+            ..super::GroupItem::new(w_up, None, up)
+        },
+    ];
+    b.rms_norm_matmul_group(x, norm, eps, normed, m, items)?;
+    b.silu_mul(gate, up)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

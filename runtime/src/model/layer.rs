@@ -288,20 +288,14 @@ impl<B: Backend> DecoderLayer<B> {
             .is_some_and(|(w, _)| refiner.as_deref().is_some_and(|r| r.takes_lagged(b, n, w)));
         match (o_parts, refiner.as_deref_mut()) {
             (Some((w, bias)), Some(r)) if fuse_o || lag_into_o => {
-                let input = SetInput::Plain(&s.attn);
-                if fuse_o {
-                    r.prepare_fused(b, layer, ProjectionSet::O, input)?;
-                } else {
-                    r.start_set(b, layer, ProjectionSet::O, input)?;
-                }
-                r.take_lagged_due(b, 2 * layer + 1)?;
-                let f = match fuse_o {
-                    true => r.fused_columns(layer, ProjectionSet::O)?,
-                    false => Vec::new(),
+                let proj = InLaunch {
+                    layer,
+                    set: ProjectionSet::O,
+                    fuse: fuse_o,
+                    w,
+                    bias,
                 };
-                let lagged = r.lagged_due();
-                let acc = MatmulOut::Accumulate;
-                b.matmul_t_refined(&s.attn, n, w, bias, h, acc, f.first(), &lagged)?;
+                proj.residual_add(b, r, &s.attn, n, h)?;
             }
             (_, r) => {
                 if let Some(r) = r {
@@ -425,20 +419,14 @@ impl<B: Backend> DecoderLayer<B> {
                     let lag_into_down = parts.is_some_and(|(w, _)| r.takes_lagged(b, n, w));
                     match parts {
                         Some((w, bias)) if fuse_down || lag_into_down => {
-                            let input = SetInput::Plain(&s.gate);
-                            if fuse_down {
-                                r.prepare_fused(b, layer, ProjectionSet::Down, input)?;
-                            } else {
-                                r.start_set(b, layer, ProjectionSet::Down, input)?;
-                            }
-                            r.take_lagged_due(b, 2 * layer + 2)?;
-                            let f = match fuse_down {
-                                true => r.fused_columns(layer, ProjectionSet::Down)?,
-                                false => Vec::new(),
+                            let proj = InLaunch {
+                                layer,
+                                set: ProjectionSet::Down,
+                                fuse: fuse_down,
+                                w,
+                                bias,
                             };
-                            let lagged = r.lagged_due();
-                            let acc = MatmulOut::Accumulate;
-                            b.matmul_t_refined(&s.gate, n, w, bias, h, acc, f.first(), &lagged)?;
+                            proj.residual_add(b, r, &s.gate, n, h)?;
                         }
                         _ => {
                             r.start_set(b, layer, ProjectionSet::Down, SetInput::Plain(&s.gate))?;
@@ -452,6 +440,46 @@ impl<B: Backend> DecoderLayer<B> {
             }
         }
         Ok(())
+    }
+}
+
+/// o or down of a decode row whose launch adds, besides its product, its own refinement
+/// (`fuse`) and fetch lag's contributions due where its residual add lands.
+struct InLaunch<'a, B: Backend> {
+    layer: usize,
+    set: ProjectionSet,
+    fuse: bool,
+    w: &'a B::Matrix,
+    bias: Option<&'a B::Buffer>,
+}
+
+impl<B: Backend> InLaunch<'_, B> {
+    /// `h += W·x (+ b)` with the refinement and the lagged contributions, in one launch where
+    /// the backend can.
+    fn residual_add(
+        &self,
+        b: &B,
+        r: &mut Refiner<B>,
+        x: &B::Buffer,
+        n: usize,
+        h: &mut B::Buffer,
+    ) -> Result<()> {
+        let (layer, set) = (self.layer, self.set);
+        if self.fuse {
+            r.prepare_fused(b, layer, set, SetInput::Plain(x))?;
+        } else {
+            r.start_set(b, layer, set, SetInput::Plain(x))?;
+        }
+        // o lands at stream position 2l + 1, down at 2l + 2 (refine::engine::stream_position).
+        let lands = 2 * layer + 1 + usize::from(set == ProjectionSet::Down);
+        r.take_lagged_due(b, lands)?;
+        let f = match self.fuse {
+            true => r.fused_columns(layer, set)?,
+            false => Vec::new(),
+        };
+        let lagged = r.lagged_due();
+        let acc = MatmulOut::Accumulate;
+        b.matmul_t_refined(x, n, self.w, self.bias, h, acc, f.first(), &lagged)
     }
 }
 

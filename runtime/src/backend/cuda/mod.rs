@@ -1524,18 +1524,9 @@ impl Backend for CudaBackend {
             && g.same_format(u)
             && g.rows > 0;
         if !fused {
-            let items = &mut [
-                GroupItem {
-                    refine: Some(*refine[0]),
-                    ..GroupItem::new(w_gate, None, gate)
-                },
-                GroupItem {
-                    refine: Some(*refine[1]),
-                    ..GroupItem::new(w_up, None, up)
-                },
-            ];
-            self.rms_norm_matmul_group(x, norm, eps, normed, m, items)?;
-            return self.silu_mul(gate, up);
+            return crate::backend::refine::swiglu_refined_by_ops(
+                self, x, norm, eps, normed, m, w_gate, w_up, gate, up, refine,
+            );
         }
         let ops = [
             RefineOperand::of(refine[0], g.rows, g.cols)?,
