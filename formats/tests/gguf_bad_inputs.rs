@@ -460,3 +460,16 @@ fn import_rejects_unsupported_architecture_and_tokenizer() {
         .into();
     assert_contains(&fe.to_string(), &["unsupported architecture 'gemma2'"]);
 }
+
+/// Found by the `gguf_file` fuzz target (2026-12-05): a block-quantized tensor of no
+/// dimensions made the row-length error index its empty dimension list and panic.
+#[test]
+fn block_tensor_without_dimensions_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = GgufBuilder::new()
+        .kv("general.architecture", s("llama"))
+        .tensor("t.scalar_q4_0", &[], 2, vec![0u8; 18])
+        .build();
+    let msg = open_err(&write(dir.path(), "no_dims.gguf", &bytes));
+    assert_contains(&msg, &["t.scalar_q4_0", "row length 1", "block size 32"]);
+}

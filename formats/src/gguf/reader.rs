@@ -702,12 +702,13 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
                     format!("dimensions {dims:?}: element count overflows"),
                 )
             })?;
-        if dims.first().copied().unwrap_or(1) % ggml_type.block_size() as u64 != 0 {
+        // A tensor of no dimensions is one element: one row of length 1.
+        let row_len = dims.first().copied().unwrap_or(1);
+        if row_len % ggml_type.block_size() as u64 != 0 {
             return Err(GgufError::tensor(
                 &name,
                 format!(
-                    "row length {} is not a multiple of the {ggml_type} block size {}",
-                    dims[0],
+                    "row length {row_len} is not a multiple of the {ggml_type} block size {}",
                     ggml_type.block_size()
                 ),
             ));
