@@ -20,6 +20,9 @@ fi
 run() {
     local t="$1"
     mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t"
+    # Built first and on its own, so a build failure fails the run (the run's output below
+    # is filtered, and its status comes from the artifacts).
+    cargo +nightly fuzz build "$t"
     echo "fuzz $t for ${seconds}s"
     # -rss_limit_mb / -malloc_limit_mb: an allocation over 2 GiB is a finding (a size read
     # from the input must be checked before it is allocated).
