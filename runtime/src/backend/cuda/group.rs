@@ -119,7 +119,7 @@ impl RefineOperand {
     }
 
     /// Whether the launch computes refinement deltas (needs their shared memory).
-    fn has_columns(&self) -> bool {
+    pub(super) fn has_columns(&self) -> bool {
         self.sel != 0
     }
 
@@ -168,6 +168,13 @@ impl RefineOperand {
             lagged: [0; 2],
         })
     }
+}
+
+/// Shared-memory bytes of the kernels' `refine_rows` scratch for a block of `threads` threads
+/// (`RE_SCRATCH_BYTES`): only refined launches ask for it, so unrefined ones keep the
+/// occupancy their plans assume.
+pub(super) const fn refine_scratch_bytes(threads: usize) -> usize {
+    128 * 8 + threads * 8
 }
 
 /// The kernels' `GqItem` / `GqGroup` (kernels/group.cu), passed by value.
@@ -503,12 +510,17 @@ impl CudaBackend {
         if norm.is_none() {
             args.push(Arg::I32(accumulate as i32));
         }
-        let deltas = if refined { sched.rows_per_block() } else { 0 };
+        // Refined: the block's row deltas and refine_rows' scratch (kernels/group.cu).
+        let refine_smem = if refined {
+            4 * sched.rows_per_block() + refine_scratch_bytes(THREADS)
+        } else {
+            0
+        };
         self.launch_projection(
             kernel,
             (blocks(end, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
-            Self::group_smem(w0.cols) + 4 * deltas,
+            Self::group_smem(w0.cols) + refine_smem,
             &mut args,
         )
     }
@@ -560,8 +572,8 @@ impl CudaBackend {
             }
         };
         args.extend(self.group_shape_args(g, gc, sched.tpr)?);
-        let deltas = if refine.is_some() {
-            2 * sched.rows_per_block()
+        let refine_smem = if refine.is_some() {
+            4 * 2 * sched.rows_per_block() + refine_scratch_bytes(THREADS)
         } else {
             0
         };
@@ -569,7 +581,7 @@ impl CudaBackend {
             kernel,
             (blocks(grid, 1), m as u32, 1),
             (THREADS as u32, 1, 1),
-            Self::group_smem(g.cols) + 4 * deltas,
+            Self::group_smem(g.cols) + refine_smem,
             &mut args,
         )
     }
@@ -953,12 +965,13 @@ impl CudaBackend {
             .iter()
             .filter(|it| it.refine.is_some_and(|r| r.has_columns()))
             .count();
-        let deltas = if refined > 0 {
-            plan.seq * plan.tiles * TILE_ROWS * if swiglu { 2 } else { 1 }
+        let refine_smem = if refined > 0 {
+            let deltas = plan.seq * plan.tiles * TILE_ROWS * if swiglu { 2 } else { 1 };
+            4 * deltas + refine_scratch_bytes(32 * plan.warps)
         } else {
             0
         };
-        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu) + 4 * deltas;
+        let smem = Self::tile_smem(super_chunks, c.bits, plan, swiglu) + refine_smem;
         if smem > self.dev().smem_optin {
             return Err(RuntimeError::Unsupported(format!(
                 "tile matvec: {} columns need {smem} B of shared memory, this GPU allows {}",

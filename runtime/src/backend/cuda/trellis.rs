@@ -10,7 +10,7 @@
 //! tokens.
 
 use super::device::DeviceMem;
-use super::group::RefineOperand;
+use super::group::{refine_scratch_bytes, RefineOperand};
 use super::resident::CudaResidentLinear;
 use super::trellis_layout::{pack_units, units, UNIT_COLS};
 use super::{
@@ -521,7 +521,14 @@ impl CudaBackend {
             }
         }
         let (grid, block) = transform_grid("trellis finish", views.into_iter(), launched, m)?;
-        self.launch_dependent(self.inner.pdl.trellis, kernel, grid, block, 0, &mut args)
+        // A refined finish's deltas ([items][ROW_MAX]) and refine_rows' scratch.
+        let refined = f.item.iter().any(|it| it.refine.has_columns());
+        let smem = if refined {
+            4 * ROW_MAX * if swiglu { 2 } else { 1 } + refine_scratch_bytes(block.0 as usize)
+        } else {
+            0
+        };
+        self.launch_dependent(self.inner.pdl.trellis, kernel, grid, block, smem, &mut args)
     }
 
     /// The launch of a prefill transform (`tr_prepare_tokens`, `tr_finish_tokens`) over items

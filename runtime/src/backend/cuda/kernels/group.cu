@@ -270,16 +270,18 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
     }
 
     // The block's rows' refinement (decode rows only: one token's selection), in shared
-    // memory after x's chunk sums, gate rows then up rows.
+    // memory after x's chunk sums, gate rows then up rows, then refine_rows' scratch (the
+    // host sizes both only for refined launches).
     float* rdelta = xsum + chunks;
     const int block_rows = sets * R;
+    float* rscratch = rdelta + (SWIGLU ? 2 : 1) * block_rows;
     bool refined[2] = {false, false};
 #pragma unroll
     for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
         const GqItem& it = k == 1 ? g.item[1] : item;
         if (it.refine.sel != nullptr && gridDim.y == 1) {
-            refine_rows<GQ_THREADS>(it.refine, xt, nw, scale, cols, tile0, block_rows, it.rows,
-                                    rdelta + k * block_rows);
+            refine_rows(it.refine, xt, nw, scale, cols, tile0, block_rows, it.rows,
+                        rdelta + k * block_rows, rscratch);
             refined[k] = true;
         }
     }

@@ -459,14 +459,14 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     float* rdelta = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
                                              (size_t)WARPS * S * Slot::BYTES);
     const int block_rows = seq * R * 16;
+    float* rscratch = rdelta + (SWIGLU ? 2 : 1) * block_rows;
     bool refined[2] = {false, false};
 #pragma unroll
     for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
         const GtItem& it = k == 1 ? g.item[1] : item;
         if (it.refine.sel != nullptr && gridDim.y == 1) {
-            refine_rows<WARPS * 32>(it.refine, x + (size_t)t * cols, nw, scale, cols,
-                                    tile_first * 16, block_rows, it.rows,
-                                    rdelta + k * block_rows);
+            refine_rows(it.refine, x + (size_t)t * cols, nw, scale, cols, tile_first * 16,
+                        block_rows, it.rows, rdelta + k * block_rows, rscratch);
             refined[k] = true;
         }
     }

@@ -31,18 +31,22 @@ __device__ __forceinline__ float lagged_at(const RefineOp& op, int row) {
 // Selected entries staged in shared memory at a time.
 #define RE_TILE 128
 
+// Bytes of shared-memory scratch refine_rows needs for a block of `threads` threads (the
+// launch adds it to its dynamic shared memory only when it refines, so an unrefined launch
+// keeps the occupancy it was planned for). Mirrored by the host's `refine_scratch_bytes`.
+#define RE_SCRATCH_BYTES(threads) (RE_TILE * 8 + (threads) * 8)
+
 // delta[i] = s[row0 + i] · Σ_j x̂[c_j] · C_j[row0 + i] for i < n (0 for rows past `rows`),
 // x̂ = x · inv · nw (x where nw is null). Every thread of the block calls it (it
-// synchronises); the block has at most MAX_THREADS threads. Threads split
+// synchronises); `scratch` is RE_SCRATCH_BYTES(blockDim.x) of shared memory. Threads split
 // into byte lanes (consecutive bytes of a column, so a warp's loads are one segment) × entry
 // lanes, whose partial sums are added in a fixed order: the result does not depend on timing.
-template <int MAX_THREADS>
 __device__ void refine_rows(const RefineOp& op, const float* __restrict__ x,
                             const float* __restrict__ nw, float inv, int row_len, int row0,
-                            int n, int rows, float* __restrict__ delta) {
-    __shared__ float xv[RE_TILE];
-    __shared__ uint32_t cj[RE_TILE];
-    __shared__ float part[2 * MAX_THREADS];
+                            int n, int rows, float* __restrict__ delta, float* scratch) {
+    float* xv = scratch;                                            // [RE_TILE]
+    uint32_t* cj = reinterpret_cast<uint32_t*>(scratch + RE_TILE);  // [RE_TILE]
+    float* part = scratch + 2 * RE_TILE;                            // [2 · threads]
     const int tid = threadIdx.x, threads = blockDim.x;
     const int b0 = row0 >> 1;
     const int nb = ((row0 + n - 1) >> 1) - b0 + 1;

@@ -452,11 +452,15 @@ struct TrFinishItem {
     int rlen;
 };
 
+// Dynamic shared memory of a refined finish: the deltas of its items' rows
+// ([items][TR_ROW_MAX]), then refine_rows' scratch. An unrefined finish has none.
+extern __shared__ __align__(16) float tr_finish_smem[];
+
 // The refinement of the block's output rows [row0, row0 + n) of item `it` into `delta` (every
 // thread calls it; nothing without a refinement or beyond one token), the norm's scale formed
-// as rms_norm forms it. Returns whether it ran.
+// as rms_norm forms it; `scratch` is refine_rows'. Returns whether it ran.
 __device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int row0, int n,
-                                                  float* delta, float* red) {
+                                                  float* delta, float* red, float* scratch) {
     if (it.refine.sel == nullptr || gridDim.z != 1) return false;
     float inv = 1.0f;
     if (it.rnw != nullptr) {
@@ -465,7 +469,7 @@ __device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int ro
         ss = block_sum(ss, red);
         inv = 1.0f / sqrtf(ss / (float)it.rlen + it.reps);
     }
-    refine_rows<TR_ROW_MAX>(it.refine, it.rx, it.rnw, inv, it.rlen, row0, n, it.n, delta);
+    refine_rows(it.refine, it.rx, it.rnw, inv, it.rlen, row0, n, it.n, delta, scratch);
     return true;
 }
 
@@ -496,9 +500,10 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
                                       s.c)
                             : 0.0f};
     row_fwht<1>(val, v.P, buf);
-    __shared__ float delta[TR_ROW_MAX];
+    float* delta = tr_finish_smem;
     const int row0 = (int)blockIdx.x * v.RB * v.P;
-    const bool refined = finish_refinement(it, row0, v.RB * v.P, delta, buf);
+    const bool refined =
+        finish_refinement(it, row0, v.RB * v.P, delta, buf, tr_finish_smem + TR_ROW_MAX);
     if (!s.valid) return;
     const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
     float out = val[0] * scale * sv;
@@ -551,15 +556,17 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const 
         }
     }
     row_fwht<2>(val, v.P, buf);
-    __shared__ float delta[2][TR_ROW_MAX];
+    float* delta = tr_finish_smem;  // [2][TR_ROW_MAX]
+    float* scratch = tr_finish_smem + 2 * TR_ROW_MAX;
     const int row0 = (int)blockIdx.x * v.RB * v.P;
-    const bool g_refined = finish_refinement(g, row0, v.RB * v.P, delta[0], buf);
-    const bool u_refined = finish_refinement(u, row0, v.RB * v.P, delta[1], buf);
+    const bool g_refined = finish_refinement(g, row0, v.RB * v.P, delta, buf, scratch);
+    const bool u_refined =
+        finish_refinement(u, row0, v.RB * v.P, delta + TR_ROW_MAX, buf, scratch);
     if (!s.valid) return;
     float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
     float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
-    if (g_refined) gv += delta[0][o - row0];
-    if (u_refined) uv += delta[1][o - row0];
+    if (g_refined) gv += delta[o - row0];
+    if (u_refined) uv += delta[TR_ROW_MAX + o - row0];
     g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
 }
 // Prefill transforms: one block per (token, item) with the whole vector in shared memory, so
