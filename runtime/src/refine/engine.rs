@@ -149,6 +149,15 @@ pub enum SetInput<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> SetInput<'a, B> {
+    /// What the backend's selection and gathers read: the raw input and, for a normed set,
+    /// the norm they apply themselves.
+    pub(super) fn raw_and_norm(&self) -> (&'a B::Buffer, Option<(&'a B::Buffer, f32)>) {
+        match *self {
+            SetInput::Plain(x) => (x, None),
+            SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
+        }
+    }
+
     /// [`SetInput::Normed`].
     pub fn normed(
         raw: &'a B::Buffer,

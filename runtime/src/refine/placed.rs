@@ -615,10 +615,7 @@ impl<B: Backend> Placed<B> {
         inp: usize,
         input: &SetInput<'_, B>,
     ) -> Result<()> {
-        let (raw, norm) = match *input {
-            SetInput::Plain(x) => (x, None),
-            SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
-        };
+        let (raw, norm) = input.raw_and_norm();
         let selected = selected_count(k, inp);
         let (Some(sel), Some(delta)) = (
             self.lag_selections[layer][slot].as_mut(),
@@ -690,10 +687,7 @@ impl<B: Backend> Placed<B> {
                 )))
             }
             None => {
-                let (raw, norm) = match *input {
-                    SetInput::Plain(x) => (x, None),
-                    SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
-                };
+                let (raw, norm) = input.raw_and_norm();
                 b.select_channels(
                     raw,
                     inp,
@@ -725,30 +719,24 @@ impl<B: Backend> Placed<B> {
         };
         let selected = selected_count(k, inp);
         let cols = &self.layers[l][s.index()];
-        if !staged {
-            return Ok(cols
-                .iter()
-                .map(|c| FusedColumns {
-                    sel: &self.fused_sel,
-                    selected,
-                    store: &c.store,
-                    staged: false,
-                    unit_bytes: c.unit_bytes,
-                    scales: &c.scales,
-                })
-                .collect());
-        }
-        let stage = lead_index(s)
-            .and_then(|slot| self.lead_stages[l][slot].as_ref())
-            .ok_or(RuntimeError::EmptyInput)?;
+        // On the stream: each projection's own columns at their channels; fetch lead's: the
+        // copies staged in selection order.
+        let (sel, stores): (&B::Index, Vec<&B::ByteStore>) = if staged {
+            let stage = lead_index(s)
+                .and_then(|slot| self.lead_stages[l][slot].as_ref())
+                .ok_or(RuntimeError::EmptyInput)?;
+            (&stage.sel, stage.staged.iter().collect())
+        } else {
+            (&self.fused_sel, cols.iter().map(|c| &c.store).collect())
+        };
         Ok(cols
             .iter()
-            .zip(&stage.staged)
+            .zip(stores)
             .map(|(c, store)| FusedColumns {
-                sel: &stage.sel,
+                sel,
                 selected,
                 store,
-                staged: true,
+                staged,
                 unit_bytes: c.unit_bytes,
                 scales: &c.scales,
             })
@@ -849,10 +837,7 @@ impl<B: Backend> Placed<B> {
                 None => return Err(RuntimeError::EmptyInput),
             }
         };
-        let (raw, norm) = match *input {
-            SetInput::Plain(x) => (x, None),
-            SetInput::Normed { raw, norm, eps, .. } => (raw, Some((norm, eps))),
-        };
+        let (raw, norm) = input.raw_and_norm();
         let cols = &self.layers[layer][set.index()];
         match self.led.remove(&(layer, set.index())) {
             Some(Led::Staged(_)) => {
