@@ -2,8 +2,8 @@
 //! architecture (random weights generated on the device; nothing to download).
 
 use crate::device::{with_backend, DeviceChoice, OnBackend};
+use crate::model_open::load_checkpoint_model;
 use anyhow::{bail, Context, Result};
-use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::DType;
@@ -225,9 +225,7 @@ fn load<B: ResidentKernels>(
             .with_context(|| format!("loading model {spec}"))?;
         return Ok((m, spec.to_string()));
     }
-    let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
-    let m = Model::load(backend, &ckpt.config, ckpt.tensors.as_ref(), options)
-        .with_context(|| format!("loading model {spec}"))?;
+    let (m, ckpt) = load_checkpoint_model(backend, spec, options)?;
     Ok((m, ckpt.origin))
 }
 

@@ -2,6 +2,7 @@
 //! CUDA driver is probed at run time.
 
 use anyhow::{bail, Result};
+use sfx_runtime::backend::cpu::DecodeActivations;
 use sfx_runtime::backend::cuda::CudaBackend;
 use sfx_runtime::resident::ResidentKernels;
 use sfx_runtime::CpuBackend;
@@ -57,10 +58,31 @@ pub trait OnBackend {
     fn run<B: ResidentKernels>(self, backend: B) -> Result<Self::Output>;
 }
 
-/// Opens the chosen backend and runs `task` on it.
+/// How the tools' CPU decode feeds coded projections: int8 activation blocks (as llama.cpp
+/// does; several times faster), or f32 with `SFX_CPU_ACTIVATIONS=f32` (the reference numerics
+/// the GPU kernels are checked against).
+pub fn cpu_decode_activations() -> Result<DecodeActivations> {
+    match std::env::var("SFX_CPU_ACTIVATIONS") {
+        Ok(v) => {
+            DecodeActivations::parse(&v).map_err(|e| anyhow::anyhow!("SFX_CPU_ACTIVATIONS: {e}"))
+        }
+        Err(_) => Ok(DecodeActivations::Int8),
+    }
+}
+
+/// Opens the chosen backend and runs `task` on it (the CPU with [`cpu_decode_activations`]).
 pub fn with_backend<T: OnBackend>(choice: DeviceChoice, task: T) -> Result<T::Output> {
+    with_backend_using(choice, cpu_decode_activations()?, task)
+}
+
+/// [`with_backend`] with the CPU's decode activations chosen by the caller.
+pub fn with_backend_using<T: OnBackend>(
+    choice: DeviceChoice,
+    cpu_activations: DecodeActivations,
+    task: T,
+) -> Result<T::Output> {
     match choice.resolve() {
-        Resolved::Cpu => task.run(CpuBackend::new()),
+        Resolved::Cpu => task.run(CpuBackend::new().with_decode_activations(cpu_activations)),
         Resolved::Cuda(n) => {
             let b = match CudaBackend::new(n) {
                 Ok(b) => b,

@@ -1,8 +1,9 @@
 //! Shared pieces of the StrataFlux command-line tools (`sfx`, `sfx-run`, `sfx-convert`): device
-//! selection and the `sfx bench` / `sfx test-backend` / `sfx tune` commands. The tools stay thin; the work
+//! selection, opening checkpoints, and the `sfx bench` / `sfx test-backend` / `sfx tune` commands. The tools stay thin; the work
 //! is in the `sfx-formats`, `sfx-calibration` and `sfx-runtime` crates.
 
 pub mod bench;
 pub mod device;
+pub mod model_open;
 pub mod test_backend;
 pub mod tune;

@@ -2,8 +2,9 @@
 //! GPU (every op against the CPU backend with its stated bound) or the CPU backend itself
 //! (against plain f64 loops).
 
-use crate::device::{with_backend, DeviceChoice, OnBackend, Resolved};
+use crate::device::{with_backend_using, DeviceChoice, OnBackend, Resolved};
 use anyhow::{bail, Result};
+use sfx_runtime::backend::cpu::DecodeActivations;
 use sfx_runtime::conformance::{cases, run_case, CaseResult};
 use sfx_runtime::resident::ResidentKernels;
 
@@ -104,8 +105,11 @@ pub fn run(args: TestArgs) -> Result<()> {
         println!("| op | shape family | reference | error | bound | result |");
         println!("| --- | --- | --- | ---: | ---: | --- |");
     }
-    let results = with_backend(
+    // The suite checks the reference numerics: f32 activations on the CPU (the int8 decode
+    // kernels have their own cases in the runtime's backend_ops tests).
+    let results = with_backend_using(
         args.device,
+        DecodeActivations::F32,
         Task {
             args: &args,
             is_cpu,

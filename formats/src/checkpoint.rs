@@ -6,6 +6,7 @@
 //! never copied before the runtime lays it out for its kernels.
 
 use crate::config::ModelConfig;
+use crate::gguf::{BlockTensor, GgmlType};
 use crate::tensor::{DType, TensorSource, TensorView};
 use crate::FormatError;
 use memmap2::Mmap;
@@ -27,6 +28,9 @@ pub struct Checkpoint {
     pub tokenizer_config: Option<Value>,
     /// `generation_config.json`, if present.
     pub generation_config: Option<Value>,
+    /// Weights a GGUF file holds in blocks the runtime runs as they are
+    /// ([`Checkpoint::open_keeping_blocks`]), by Hugging Face name; not in `tensors`.
+    pub blocks: BTreeMap<String, BlockTensor>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -68,9 +72,30 @@ impl Checkpoint {
         ))
     }
 
+    /// [`Checkpoint::open`], except that a GGUF file's 2-D weights of the types `keep`
+    /// accepts stay in their blocks ([`Checkpoint::blocks`]) for a runtime with kernels for
+    /// them.
+    pub fn open_keeping_blocks(
+        spec: &str,
+        keep: impl Fn(GgmlType) -> bool + Sync,
+    ) -> Result<Self, FormatError> {
+        let path = Path::new(spec);
+        if path.is_file() && has_extension(path, "gguf") {
+            return Self::from_gguf_keeping(path, keep);
+        }
+        Self::open(spec)
+    }
+
     /// A GGUF file, dequantized to F32 in memory with Hugging Face names and layout.
     pub fn from_gguf(path: &Path) -> Result<Self, FormatError> {
-        let imported = crate::gguf::import_gguf(path)?;
+        Self::from_gguf_keeping(path, |_| false)
+    }
+
+    fn from_gguf_keeping(
+        path: &Path,
+        keep: impl Fn(GgmlType) -> bool + Sync,
+    ) -> Result<Self, FormatError> {
+        let imported = crate::gguf::import_gguf_keeping(path, keep)?;
         let config = ModelConfig::from_hf_json(&imported.hf_config, path)?;
         Ok(Checkpoint {
             origin: path.display().to_string(),
@@ -79,6 +104,7 @@ impl Checkpoint {
             tokenizer_json: Some(imported.tokenizer_json),
             tokenizer_config: Some(imported.tokenizer_config),
             generation_config: Some(imported.generation_config),
+            blocks: imported.blocks,
         })
     }
 
@@ -94,6 +120,7 @@ impl Checkpoint {
             tokenizer_json: read_optional(&dir.join("tokenizer.json"))?,
             tokenizer_config: read_optional_json(&dir.join("tokenizer_config.json"))?,
             generation_config: read_optional_json(&dir.join("generation_config.json"))?,
+            blocks: BTreeMap::new(),
         })
     }
 

@@ -3,7 +3,6 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::corpus;
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::ModelConfig;
@@ -30,6 +29,7 @@ use std::io::Write;
 use std::time::Instant;
 use strataflux::bench::per_set;
 use strataflux::device::{with_backend, DeviceChoice, OnBackend};
+use strataflux::model_open::load_checkpoint_model;
 use tokenizers::Tokenizer;
 
 #[derive(Parser, Clone)]
@@ -107,7 +107,9 @@ struct Cli {
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (the GPU for float models when one
-    /// is present; a .sfx runs on the CPU until its low-bit formats have CUDA kernels).
+    /// is present; a .sfx runs on the CPU until its low-bit formats have CUDA kernels). On
+    /// the CPU, coded projections decode against int8 activation blocks of 32 (as llama.cpp
+    /// does); SFX_CPU_ACTIVATIONS=f32 keeps f32 activations (the reference numerics).
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
     /// Device of the --kl-ref model (default: the same as --device).
@@ -503,10 +505,8 @@ fn load<B: ResidentKernels>(backend: B, spec: &str, cli: &Cli) -> Result<Loaded<
         return load_sfx(backend, spec, cli);
     }
     let t0 = Instant::now();
-    let ckpt = Checkpoint::open(spec).with_context(|| format!("opening model {spec}"))?;
     let options = model_options(cli)?;
-    let model = Model::load(backend, &ckpt.config, ckpt.tensors.as_ref(), &options)
-        .with_context(|| format!("loading model {spec}"))?;
+    let (model, ckpt) = load_checkpoint_model(backend, spec, &options)?;
     let json = ckpt
         .tokenizer_json
         .as_deref()

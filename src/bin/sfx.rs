@@ -150,7 +150,8 @@ enum Command {
         /// Timed repetitions per test (after one warm-up).
         #[arg(short = 'r', long, default_value_t = 3)]
         repetitions: usize,
-        /// cpu, cuda, cuda:N or auto.
+        /// cpu, cuda, cuda:N or auto. The CPU decodes coded projections against int8
+        /// activation blocks (SFX_CPU_ACTIVATIONS=f32: f32 activations, the reference).
         #[arg(long, default_value = "auto")]
         device: strataflux::device::DeviceChoice,
         /// Decode step graphs: on, off, or both (each row measured both ways).

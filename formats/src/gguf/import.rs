@@ -9,7 +9,7 @@
 
 use super::reader::GgufTensorInfo;
 use super::tokenizer::tokenizer_from_gguf;
-use super::{dequantize, GgufError, GgufFile};
+use super::{dequantize, GgmlType, GgufError, GgufFile};
 use crate::atomic::{write_atomic, AtomicFile};
 use crate::tensor::{OwnedTensors, TensorSource};
 use rayon::prelude::*;
@@ -24,11 +24,36 @@ pub struct ImportedModel {
     pub hf_config: Value,
     /// F32 tensors with Hugging Face names and shapes.
     pub tensors: OwnedTensors,
+    /// Weight matrices kept in their GGUF blocks ([`import_gguf_keeping`]), by Hugging Face
+    /// name; absent from `tensors`. Empty for a plain import.
+    pub blocks: BTreeMap<String, BlockTensor>,
     pub tokenizer_json: String,
     pub tokenizer_config: Value,
     pub generation_config: Value,
     /// sha256 (lowercase hex) of the GGUF file, for provenance.
     pub source_sha256: Option<String>,
+}
+
+/// A weight matrix in llama.cpp's own blocks: `rows` rows of `cols / block_size` blocks of
+/// `ty`, rows in Hugging Face order (Q/K rows un-permuted like the dequantized tensors).
+#[derive(Debug, Clone)]
+pub struct BlockTensor {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: Vec<u8>,
+}
+
+impl BlockTensor {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+
+    /// Dequantizes to f32 values in row-major order.
+    pub fn dequantize(&self) -> Result<Vec<f32>, GgufError> {
+        super::dequantize_to_vec(self.ty, &self.bytes, self.rows * self.cols)
+    }
 }
 
 /// The architectures this importer understands.
@@ -273,9 +298,22 @@ fn expected_shape(hf_name: &str, d: &Dims) -> Option<Vec<usize>> {
 /// Opens, validates and converts a GGUF file; also hashes it (in parallel with the
 /// conversion).
 pub fn import_gguf(path: impl AsRef<Path>) -> Result<ImportedModel, GgufError> {
+    import_gguf_keeping(path, |_| false)
+}
+
+/// [`import_gguf`], keeping every 2-D weight whose type `keep` accepts in its GGUF blocks
+/// ([`ImportedModel::blocks`]) instead of dequantizing it: for a runtime with kernels for
+/// those blocks, which then holds no f32 copy of them.
+pub fn import_gguf_keeping(
+    path: impl AsRef<Path>,
+    keep: impl Fn(GgmlType) -> bool + Sync,
+) -> Result<ImportedModel, GgufError> {
     let path = path.as_ref();
     let gguf = GgufFile::open(path)?;
-    let (sha, model) = rayon::join(|| sha256_hex(gguf.bytes()), || import_from_gguf(&gguf));
+    let (sha, model) = rayon::join(
+        || sha256_hex(gguf.bytes()),
+        || import_from_gguf_keeping(&gguf, &keep),
+    );
     let mut model = model.map_err(|e| match e {
         e @ (GgufError::Io { .. } | GgufError::InFile { .. }) => e,
         e => GgufError::InFile {
@@ -295,6 +333,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Converts an already open GGUF (no hashing: `source_sha256` is `None`).
 pub fn import_from_gguf(gguf: &GgufFile) -> Result<ImportedModel, GgufError> {
+    import_from_gguf_keeping(gguf, &|_| false)
+}
+
+fn import_from_gguf_keeping(
+    gguf: &GgufFile,
+    keep: &(dyn Fn(GgmlType) -> bool + Sync),
+) -> Result<ImportedModel, GgufError> {
     let arch_name = gguf.get_str("general.architecture")?;
     let arch = GgufArch::from_name(arch_name)?;
     let dims = read_dims(gguf, arch, arch_name)?;
@@ -357,18 +402,38 @@ pub fn import_from_gguf(gguf: &GgufFile) -> Result<ImportedModel, GgufError> {
     let rope_scaling = rope_scaling(gguf, arch_name, &dims, rope_freqs)?;
 
     let mut tensors = OwnedTensors::new();
+    let mut blocks = BTreeMap::new();
     for (hf, info) in &plan {
-        let mut bytes = dequantize_le_bytes(gguf, info)?;
+        let shape = info.shape();
+        let keep_blocks = shape.len() == 2 && hf.ends_with(".weight") && keep(info.ggml_type);
+        let mut bytes = if keep_blocks {
+            gguf.tensor_bytes(info)?.to_vec()
+        } else {
+            dequantize_le_bytes(gguf, info)?
+        };
         let heads = match hf.rsplit('.').nth(1) {
             Some("q_proj") => Some(dims.heads),
             Some("k_proj") => Some(dims.kv_heads),
             _ => None,
         };
         if let (true, Some(n_head)) = (arch.qk_permuted(), heads) {
-            let shape = info.shape();
+            // Whole rows move, so block bytes un-permute like f32 ones.
             let rows = shape[0];
             bytes = unpermute_rows(&bytes, rows, bytes.len() / rows, n_head)
                 .map_err(|m| GgufError::tensor(&info.name, m))?;
+        }
+        if keep_blocks {
+            let (rows, cols) = (shape[0], shape[1]);
+            blocks.insert(
+                hf.clone(),
+                BlockTensor {
+                    ty: info.ggml_type,
+                    rows,
+                    cols,
+                    bytes,
+                },
+            );
+            continue;
         }
         tensors
             .insert_raw(hf.clone(), crate::DType::F32, info.shape(), bytes)
@@ -418,6 +483,7 @@ pub fn import_from_gguf(gguf: &GgufFile) -> Result<ImportedModel, GgufError> {
 
     Ok(ImportedModel {
         hf_config: Value::Object(cfg),
+        blocks,
         tensors,
         tokenizer_json: tok.tokenizer_json,
         tokenizer_config: tok.tokenizer_config,
@@ -697,6 +763,11 @@ impl ImportedModel {
         progress: impl Fn(usize, usize),
     ) -> Result<(), GgufError> {
         let dir = dir.as_ref();
+        if let Some(name) = self.blocks.keys().next() {
+            return Err(GgufError::Import(format!(
+                "{name} was kept in GGUF blocks; a checkpoint folder needs a plain import"
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|e| GgufError::Io {
             path: dir.to_path_buf(),
             source: e,

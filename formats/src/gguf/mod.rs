@@ -18,8 +18,8 @@ mod tokenizer;
 pub use dequant::{dequantize, dequantize_to_vec, GgmlType, DEQUANTIZABLE, QK_K};
 pub use error::GgufError;
 pub use import::{
-    hf_tensor_name, import_from_gguf, import_gguf, llama3_rope_scaling_from_factors,
-    unpermute_rows, GgufArch, ImportedModel,
+    hf_tensor_name, import_from_gguf, import_gguf, import_gguf_keeping,
+    llama3_rope_scaling_from_factors, unpermute_rows, BlockTensor, GgufArch, ImportedModel,
 };
 pub use reader::{
     GgufFile, GgufTensorInfo, MetaArray, MetaValue, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC,

@@ -14,12 +14,13 @@
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::multiversioned;
-use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, SimdLevel};
+use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, DecodeActivations, SimdLevel};
 use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
     check_shape, load_bias, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
 };
+use crate::resident::group_q8;
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::resident::{minmax_grid, GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
@@ -56,6 +57,29 @@ impl GroupQuantLinear {
         &self.weight
     }
 
+    /// `y = Ŵ·x̃` for one token with `x` quantized to int8 blocks ([`group_q8`]), or `None`
+    /// when the shape is off the int8 kernels' grid.
+    fn matvec_int8(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) -> Option<()> {
+        let w = &self.weight;
+        if !group_q8::takes(w.cols(), w.group_size()) {
+            return None;
+        }
+        let prepared = group_q8::Prepared::new(x, w.group_size(), w.bits());
+        let (rb, gpr) = (w.row_bytes(), w.groups_per_row());
+        let block = |r0: usize, yb: &mut [f32]| {
+            let n = yb.len();
+            let rows = group_q8::CodeRows {
+                codes: &w.codes()[r0 * rb..(r0 + n) * rb],
+                scales: &w.scales()[r0 * gpr..(r0 + n) * gpr],
+                zeros: &w.zeros()[r0 * gpr..(r0 + n) * gpr],
+                bits: w.bits(),
+            };
+            group_q8::rows(level, &rows, &prepared, yb);
+        };
+        run_row_blocks(w.codes().len(), y, block);
+        Some(())
+    }
+
     /// `y = Ŵ·x` for one token (`x.len() == cols`, `y.len() == rows`), bias excluded.
     pub fn matvec(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) {
         let w = &self.weight;
@@ -84,15 +108,7 @@ impl GroupQuantLinear {
                 _ => rows_b2(level, &args, yb),
             }
         };
-        let threads = rayon::current_num_threads();
-        if w.codes().len() < MIN_PARALLEL_BYTES || threads == 1 {
-            block(0, y);
-            return;
-        }
-        let per_task = rows.div_ceil(threads * 4).max(1);
-        y.par_chunks_mut(per_task)
-            .enumerate()
-            .for_each(|(b, yb)| block(b * per_task, yb));
+        run_row_blocks(w.codes().len(), y, block);
     }
 
     /// `y[m, rows] = x[m, cols] · Ŵᵀ` through dequantized panels and faer, bias excluded.
@@ -132,8 +148,11 @@ impl Linear<CpuBackend> for GroupQuantLinear {
         }
         let (x, y) = (x.as_slice(), y.as_mut_slice());
         if m <= MATVEC_MAX_ROWS {
+            let int8 = backend.decode_activations() == DecodeActivations::Int8;
             for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
-                self.matvec(backend.simd(), xr, yr);
+                if !int8 || self.matvec_int8(backend.simd(), xr, yr).is_none() {
+                    self.matvec(backend.simd(), xr, yr);
+                }
             }
         } else {
             self.matmul_panels(x, m, y);
@@ -182,6 +201,24 @@ impl Linear<CpuBackend> for GroupQuantLinear {
             if self.bias.is_some() { " +bias" } else { "" }
         )
     }
+}
+
+/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per rayon thread, or on the
+/// calling thread below [`MIN_PARALLEL_BYTES`] of codes (a fork/join costs a few µs).
+pub(crate) fn run_row_blocks(
+    code_bytes: usize,
+    y: &mut [f32],
+    block: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let threads = rayon::current_num_threads();
+    if code_bytes < MIN_PARALLEL_BYTES || threads == 1 {
+        block(0, y);
+        return;
+    }
+    let per_task = y.len().div_ceil(threads * 4).max(1);
+    y.par_chunks_mut(per_task)
+        .enumerate()
+        .for_each(|(b, yb)| block(b * per_task, yb));
 }
 
 /// One block of rows for the decode kernel.

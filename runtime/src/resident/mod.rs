@@ -8,17 +8,27 @@
 //! - [`hadamard`], [`trellis`]: QTIP's rotations and bitshift-trellis codes / Viterbi.
 //! - [`trellis_linear`]: trellis-coded weights (`TrellisQuantized`, QTIP / YAQA) — decode
 //!   matvec decoding tiles on the fly between the input and output Hadamard transforms.
+//! - [`gguf_blocks`]: a llama.cpp GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights run in their own
+//!   blocks (CPU; CUDA dequantizes them at load).
+//!
+//! On the CPU, coded projections' decode matvecs take int8 activation blocks when the backend
+//! asks for them (`CpuBackend::with_decode_activations`; the tools' default): integer dot
+//! products per 32 inputs ([`group_q8`], `gguf_blocks_kernel`), f32 otherwise.
 //!
 //! On CUDA both formats run through `backend::cuda::CudaResidentLinear` (the backend's own
 //! kernels over the same codes).
 
+pub mod gguf_blocks;
+mod gguf_blocks_kernel;
 pub mod group;
+mod group_q8;
 pub mod hadamard;
 pub mod trellis;
 pub mod trellis_kernel;
 pub mod trellis_linear;
 mod viterbi_kernel;
 
+pub use gguf_blocks::{GgufBlockFactory, GgufBlockLinear, LegacyBlocks};
 pub use group::{GroupQuantLinear, RtnFactory};
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
 
@@ -27,6 +37,7 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::linear::Linear;
+use sfx_formats::gguf::BlockTensor;
 use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
 
 /// Which resident formats a backend has kernels for: the `.sfx` loader builds each projection
@@ -48,6 +59,14 @@ pub trait ResidentKernels: Backend {
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Box<dyn Linear<Self>>>;
+    /// A GGUF weight in its own blocks, or `None` where this backend has no kernels for
+    /// `t`'s type (the caller then dequantizes it).
+    fn gguf_block_linear(
+        &self,
+        t: &BlockTensor,
+        bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>>;
 }
 
 impl ResidentKernels for CpuBackend {
@@ -66,6 +85,18 @@ impl ResidentKernels for CpuBackend {
         _what: &str,
     ) -> Result<Box<dyn Linear<Self>>> {
         Ok(Box::new(TrellisLinear::new(q, bias)?))
+    }
+    fn gguf_block_linear(
+        &self,
+        t: &BlockTensor,
+        bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>> {
+        if !LegacyBlocks::supports(t.ty) {
+            return Ok(None);
+        }
+        let w = LegacyBlocks::from_gguf(t)?;
+        Ok(Some(Box::new(GgufBlockLinear::new(w, bias)?)))
     }
 }
 
@@ -93,5 +124,14 @@ impl ResidentKernels for CudaBackend {
             bias.as_deref(),
             what,
         )?))
+    }
+    /// No CUDA kernels read GGUF blocks yet: the weight is dequantized at load, as before.
+    fn gguf_block_linear(
+        &self,
+        _t: &BlockTensor,
+        _bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>> {
+        Ok(None)
     }
 }

@@ -37,17 +37,7 @@ pub(crate) struct Tables {
 
 /// Whether the running CPU has everything the kernel uses.
 pub(crate) fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vbmi")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::backend::cpu::simd::avx512_int8_supported()
 }
 
 impl Tables {

@@ -7,10 +7,12 @@ pub(crate) mod gemm;
 mod kvarn;
 pub mod math;
 mod matvec;
+pub mod q8_activations;
 mod refine_kernels;
 mod scratch;
-mod simd;
+pub(crate) mod simd;
 
+pub use q8_activations::DecodeActivations;
 pub use simd::SimdLevel;
 
 use crate::backend::{
@@ -123,10 +125,14 @@ impl CpuMatrix {
     }
 }
 
-/// CPU compute. Cheap to copy; holds only the SIMD tier its kernels dispatch to.
+/// CPU compute. Cheap to copy; holds the SIMD tier its kernels dispatch to and how decode
+/// activations meet coded weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuBackend {
     simd: SimdLevel,
+    /// f32 (the reference, [`CpuBackend::new`]'s) or int8 blocks for coded projections'
+    /// decode matvecs.
+    decode_activations: DecodeActivations,
     /// Whether the refinement engine hands a decode row's refinement to the projections
     /// ([`Backend::fuses_refinement`]); the CPU's projections then add it by separate ops, so
     /// this only exercises the engine's fused path against its branches (tests).
@@ -162,6 +168,7 @@ impl CpuBackend {
             .map_or(detected, |l| l.min(detected));
         Self {
             simd,
+            decode_activations: DecodeActivations::F32,
             fused_refinement: false,
         }
     }
@@ -177,6 +184,7 @@ impl CpuBackend {
         }
         Ok(Self {
             simd,
+            decode_activations: DecodeActivations::F32,
             fused_refinement: false,
         })
     }
@@ -191,6 +199,18 @@ impl CpuBackend {
 
     pub fn simd(&self) -> SimdLevel {
         self.simd
+    }
+
+    /// This backend with coded projections' decode matvecs fed `activations`.
+    pub fn with_decode_activations(self, activations: DecodeActivations) -> Self {
+        Self {
+            decode_activations: activations,
+            ..self
+        }
+    }
+
+    pub fn decode_activations(&self) -> DecodeActivations {
+        self.decode_activations
     }
 
     /// `f(r, row)` for every row of `x`, or of its RMSNorm by `norm` as `rms_norm` computes
@@ -273,8 +293,12 @@ impl Backend for CpuBackend {
     type Graph = ();
 
     fn name(&self) -> String {
+        let acts = match self.decode_activations {
+            DecodeActivations::F32 => "",
+            DecodeActivations::Int8 => ", int8 decode activations",
+        };
         format!(
-            "cpu ({}, {} threads)",
+            "cpu ({}{acts}, {} threads)",
             self.simd.as_str(),
             rayon::current_num_threads()
         )

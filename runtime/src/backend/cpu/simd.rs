@@ -15,6 +15,24 @@ pub enum SimdLevel {
     Avx512,
 }
 
+/// Whether the AVX-512 tier also has the integer extensions the int8 kernels use (BW, VL,
+/// VBMI, VNNI: Ice Lake, Zen 4 and later). Cached by std's feature detection.
+pub(crate) fn avx512_int8_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        SimdLevel::Avx512.is_supported()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl SimdLevel {
     /// The best tier this CPU supports.
     pub fn detect() -> Self {

@@ -1,0 +1,490 @@
+//! [`GgufBlockLinear`]: a llama.cpp GGUF weight run in its own 32-weight blocks (Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0) — no f32 copy of the matrix is made at load.
+//!
+//! At load each block's fields are split into arrays ([`LegacyBlocks`]): code bytes, fifth
+//! bits, f16 scales and minimums, so the kernels read each kind with aligned, contiguous
+//! loads. The bytes held equal the file's.
+//!
+//! - Decode (m ≤ 2) with int8 activations (the CPU tools' default): integer dots per block
+//!   ([`super::gguf_blocks_kernel`]), as llama.cpp runs these files.
+//! - Decode with f32 activations (the reference numerics): each row dequantized into a
+//!   buffer, then an f32 dot.
+//! - Prefill: panels of rows dequantized into faer's f32 GEMM, as the group codes do.
+//! - A tied embedding gathers its rows from the same blocks.
+//!
+//! Other GGUF types (the K-quants, F16/BF16) are dequantized at load as before.
+
+use crate::backend::cpu::gemm::matmul_t_panels;
+use crate::backend::cpu::math::dot;
+use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, DecodeActivations, SimdLevel};
+use crate::backend::WeightPrecision;
+use crate::error::{check_len, Result, RuntimeError};
+use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearSpec};
+use crate::resident::gguf_blocks_kernel::{self as kernel, BlockRows, CodeLayout, Prepared};
+use crate::resident::group::run_row_blocks;
+use crate::resident::ResidentKernels;
+use half::f16;
+use sfx_formats::gguf::{BlockTensor, GgmlType};
+use sfx_formats::{OwnedTensors, TensorSource};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Token counts up to this run the decode matvec once per token (as the other formats).
+const MATVEC_MAX_ROWS: usize = 2;
+/// Weights per block.
+const BLOCK: usize = 32;
+
+/// One GGUF matrix of 32-weight blocks, fields split into arrays.
+#[derive(Debug, Clone)]
+pub struct LegacyBlocks {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Code bytes per block: 16 (byte `j` = codes `j` and `j + 16`) or, for Q8_0, 32 (code
+    /// + 128, so every type's codes are unsigned).
+    qs: Vec<u8>,
+    /// Q5_0/Q5_1: bit `j` is bit 4 of code `j`.
+    qh: Vec<u32>,
+    d: Vec<f16>,
+    /// Q4_1/Q5_1 minimums; empty otherwise.
+    m: Vec<f16>,
+}
+
+impl LegacyBlocks {
+    /// The types this layout holds.
+    pub const TYPES: [GgmlType; 5] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ];
+
+    pub fn supports(ty: GgmlType) -> bool {
+        Self::TYPES.contains(&ty)
+    }
+
+    /// Splits `t`'s blocks into arrays, checking type and sizes.
+    pub fn from_gguf(t: &BlockTensor) -> Result<Self> {
+        let bad = |msg: String| RuntimeError::Shape {
+            op: "LegacyBlocks::from_gguf",
+            msg,
+        };
+        if !Self::supports(t.ty) {
+            return Err(bad(format!("{} blocks have no block kernels", t.ty)));
+        }
+        if !t.cols.is_multiple_of(BLOCK) {
+            return Err(bad(format!(
+                "{} columns is not a whole number of blocks",
+                t.cols
+            )));
+        }
+        let n = t
+            .rows
+            .checked_mul(t.cols / BLOCK)
+            .ok_or_else(|| bad("block count overflows".into()))?;
+        let ts = t.ty.type_size();
+        if n.checked_mul(ts) != Some(t.bytes.len()) {
+            return Err(bad(format!(
+                "{}×{} {} needs {} bytes, got {}",
+                t.rows,
+                t.cols,
+                t.ty,
+                n.saturating_mul(ts),
+                t.bytes.len()
+            )));
+        }
+        let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
+        let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let (has_min, has_high) = match t.ty {
+            GgmlType::Q4_1 => (true, false),
+            GgmlType::Q5_0 => (false, true),
+            GgmlType::Q5_1 => (true, true),
+            _ => (false, false),
+        };
+        let code_bytes = if t.ty == GgmlType::Q8_0 { 32 } else { 16 };
+        let mut w = Self {
+            ty: t.ty,
+            rows: t.rows,
+            cols: t.cols,
+            qs: Vec::with_capacity(n * code_bytes),
+            qh: Vec::with_capacity(if has_high { n } else { 0 }),
+            d: Vec::with_capacity(n),
+            m: Vec::with_capacity(if has_min { n } else { 0 }),
+        };
+        for b in t.bytes.chunks_exact(ts) {
+            w.d.push(f16_at(b, 0));
+            let mut at = 2;
+            if has_min {
+                w.m.push(f16_at(b, at));
+                at += 2;
+            }
+            if has_high {
+                w.qh.push(u32_at(b, at));
+                at += 4;
+            }
+            let codes = &b[at..at + code_bytes];
+            if t.ty == GgmlType::Q8_0 {
+                w.qs.extend(codes.iter().map(|&q| q ^ 0x80));
+            } else {
+                w.qs.extend_from_slice(codes);
+            }
+        }
+        Ok(w)
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (the file's block bytes).
+    pub fn size_in_bytes(&self) -> usize {
+        self.qs.len() + 4 * self.qh.len() + 2 * (self.d.len() + self.m.len())
+    }
+
+    pub(crate) fn layout(&self) -> CodeLayout {
+        match self.ty {
+            GgmlType::Q8_0 => CodeLayout::Bytes,
+            GgmlType::Q5_0 | GgmlType::Q5_1 => CodeLayout::NibblesHigh,
+            _ => CodeLayout::Nibbles,
+        }
+    }
+
+    /// `o` of `ŵ = d·(u − o)` for the `_0` types.
+    fn offset(&self) -> f32 {
+        match self.ty {
+            GgmlType::Q4_0 => 8.0,
+            GgmlType::Q5_0 => 16.0,
+            GgmlType::Q8_0 => 128.0,
+            _ => 0.0,
+        }
+    }
+
+    fn code_bytes(&self) -> usize {
+        if self.layout() == CodeLayout::Bytes {
+            32
+        } else {
+            16
+        }
+    }
+
+    /// Rows `r0..r0 + n` as the kernels read them.
+    pub(crate) fn block_rows(&self, r0: usize, n: usize) -> BlockRows<'_> {
+        let bpr = self.cols / BLOCK;
+        let (b0, b1) = (r0 * bpr, (r0 + n) * bpr);
+        let cb = self.code_bytes();
+        BlockRows {
+            layout: self.layout(),
+            qs: &self.qs[b0 * cb..b1 * cb],
+            qh: if self.qh.is_empty() {
+                &[]
+            } else {
+                &self.qh[b0..b1]
+            },
+            d: &self.d[b0..b1],
+            m: if self.m.is_empty() {
+                &[]
+            } else {
+                &self.m[b0..b1]
+            },
+            offset: self.offset(),
+        }
+    }
+
+    /// Row `r` as f32 values (`out.len() == cols`), llama.cpp's dequantization.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let bpr = self.cols / BLOCK;
+        for (k, ob) in out.chunks_exact_mut(BLOCK).enumerate() {
+            self.dequantize_block(r * bpr + k, ob);
+        }
+    }
+
+    /// Block `b` (row-major over the whole matrix) as 32 f32 values.
+    #[inline(always)]
+    fn dequantize_block(&self, b: usize, out: &mut [f32]) {
+        let cb = self.code_bytes();
+        let d = self.d[b].to_f32();
+        let c = match self.m.get(b) {
+            Some(m) => m.to_f32(),
+            None => -self.offset() * d,
+        };
+        let qs = &self.qs[b * cb..(b + 1) * cb];
+        if cb == 32 {
+            for (o, &u) in out.iter_mut().zip(qs) {
+                *o = d * f32::from(u) + c;
+            }
+        } else {
+            let qh = self.qh.get(b).copied().unwrap_or(0);
+            for j in 0..16 {
+                let lo = (qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                let hi = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                out[j] = d * f32::from(lo) + c;
+                out[j + 16] = d * f32::from(hi) + c;
+            }
+        }
+    }
+}
+
+/// A GGUF-block projection with an optional f32 bias, on the CPU backend.
+#[derive(Debug, Clone)]
+pub struct GgufBlockLinear {
+    weight: LegacyBlocks,
+    bias: Option<Vec<f32>>,
+}
+
+impl GgufBlockLinear {
+    pub fn new(weight: LegacyBlocks, bias: Option<Vec<f32>>) -> Result<Self> {
+        if let Some(b) = &bias {
+            check_len("GgufBlockLinear::new", "bias", b.len(), weight.rows)?;
+        }
+        Ok(Self { weight, bias })
+    }
+
+    pub fn weight(&self) -> &LegacyBlocks {
+        &self.weight
+    }
+
+    /// `y = Ŵ·x̃` for one token with `x` in int8 blocks, or `None` off the kernels' grid.
+    fn matvec_int8(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) -> Option<()> {
+        let w = &self.weight;
+        if !kernel::takes(w.cols) {
+            return None;
+        }
+        let prepared = Prepared::new(x, w.layout());
+        run_row_blocks(w.size_in_bytes(), y, |r0, yb| {
+            kernel::rows(level, &w.block_rows(r0, yb.len()), &prepared, yb);
+        });
+        Some(())
+    }
+
+    /// `y = Ŵ·x` for one token with f32 activations (the reference numerics).
+    fn matvec_f32(&self, x: &[f32], y: &mut [f32]) {
+        let w = &self.weight;
+        let bpr = w.cols / BLOCK;
+        run_row_blocks(w.size_in_bytes(), y, |r0, yb| {
+            let mut block = [0.0f32; BLOCK];
+            for (i, yr) in yb.iter_mut().enumerate() {
+                let mut total = 0.0f32;
+                for (k, xb) in x.chunks_exact(BLOCK).enumerate() {
+                    w.dequantize_block((r0 + i) * bpr + k, &mut block);
+                    total += dot(&block, xb);
+                }
+                *yr = total;
+            }
+        });
+    }
+}
+
+impl Linear<CpuBackend> for GgufBlockLinear {
+    fn in_dim(&self) -> usize {
+        self.weight.cols
+    }
+    fn out_dim(&self) -> usize {
+        self.weight.rows
+    }
+    fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+    fn forward(
+        &self,
+        backend: &CpuBackend,
+        x: &CpuBuffer,
+        m: usize,
+        y: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (rows, cols) = (self.weight.rows, self.weight.cols);
+        check_len("GgufBlockLinear::forward", "input", x.len(), m * cols)?;
+        check_len("GgufBlockLinear::forward", "output", y.len(), m * rows)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let (x, y) = (x.as_slice(), y.as_mut_slice());
+        if m <= MATVEC_MAX_ROWS {
+            let int8 = backend.decode_activations() == DecodeActivations::Int8;
+            for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+                if !int8 || self.matvec_int8(backend.simd(), xr, yr).is_none() {
+                    self.matvec_f32(xr, yr);
+                }
+            }
+        } else {
+            let w = &self.weight;
+            matmul_t_panels(x, m, rows, y, |r0, panel| {
+                for (i, row) in panel.chunks_exact_mut(cols).enumerate() {
+                    w.dequantize_row(r0 + i, row);
+                }
+            });
+        }
+        if let Some(b) = &self.bias {
+            for yr in y.chunks_exact_mut(rows) {
+                for (v, bv) in yr.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn gather_rows(
+        &self,
+        _backend: &CpuBackend,
+        tokens: &CpuIndex,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (rows, cols) = (self.weight.rows, self.weight.cols);
+        let tokens = &tokens.0[..];
+        check_len("embedding", "output", out.len(), tokens.len() * cols)?;
+        if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
+            return Err(RuntimeError::TokenOutOfRange {
+                token: tokens[index],
+                index,
+                vocab: rows,
+            });
+        }
+        for (&t, row) in tokens.iter().zip(out.as_mut_slice().chunks_exact_mut(cols)) {
+            self.weight.dequantize_row(t as usize, row);
+        }
+        Ok(())
+    }
+    fn resident_bytes(&self) -> usize {
+        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| 4 * b.len())
+    }
+    fn describe(&self) -> String {
+        format!(
+            "gguf {} {}×{}{}",
+            self.weight.ty,
+            self.weight.cols,
+            self.weight.rows,
+            if self.bias.is_some() { " +bias" } else { "" }
+        )
+    }
+}
+
+/// Builds every weight a GGUF file kept in blocks ([`sfx_formats::Checkpoint::blocks`]) on
+/// the backend's block kernels, and the rest as float linears at `precision`. A backend
+/// without kernels for a block type gets that weight dequantized at load.
+pub struct GgufBlockFactory<'a> {
+    pub blocks: &'a BTreeMap<String, BlockTensor>,
+    pub precision: WeightPrecision,
+}
+
+impl GgufBlockFactory<'_> {
+    /// The weight as a float linear, dequantized from its blocks.
+    fn dequantized<B: ResidentKernels>(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+        t: &BlockTensor,
+    ) -> Result<FloatLinear<B>> {
+        let values = t.dequantize().map_err(|e| RuntimeError::Shape {
+            op: "GgufBlockFactory",
+            msg: format!("{}: {e}", spec.weight_name),
+        })?;
+        let mut one = OwnedTensors::new();
+        one.insert_f32(spec.weight_name, vec![t.rows, t.cols], &values);
+        if let Some(b) = load_bias(tensors, spec)? {
+            if let Some(name) = spec.bias_name {
+                one.insert_f32(name, vec![b.len()], &b);
+            }
+        }
+        FloatLinear::load(backend, &one, spec, self.precision)
+    }
+}
+
+impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
+    fn load(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+    ) -> Result<Box<dyn Linear<B>>> {
+        let Some(t) = self.blocks.get(spec.weight_name) else {
+            return Ok(Box::new(FloatLinear::load(
+                backend,
+                tensors,
+                spec,
+                self.precision,
+            )?));
+        };
+        check_dims(spec, t)?;
+        let bias = load_bias(tensors, spec)?;
+        match backend.gguf_block_linear(t, bias, spec.weight_name)? {
+            Some(linear) => Ok(linear),
+            None => Ok(Box::new(self.dequantized(backend, tensors, spec, t)?)),
+        }
+    }
+
+    fn load_embedding(
+        &self,
+        backend: &B,
+        tensors: &dyn TensorSource,
+        spec: &LinearSpec<'_>,
+        precision: WeightPrecision,
+    ) -> Result<Arc<dyn Linear<B>>> {
+        let Some(t) = self.blocks.get(spec.weight_name) else {
+            return Ok(Arc::new(FloatLinear::load(
+                backend, tensors, spec, precision,
+            )?));
+        };
+        check_dims(spec, t)?;
+        match backend.gguf_block_linear(t, None, spec.weight_name)? {
+            Some(linear) => Ok(Arc::from(linear)),
+            None => Ok(Arc::new(self.dequantized(backend, tensors, spec, t)?)),
+        }
+    }
+}
+
+fn check_dims(spec: &LinearSpec<'_>, t: &BlockTensor) -> Result<()> {
+    crate::linear::check_shape(
+        spec.weight_name,
+        &[t.rows, t.cols],
+        &[spec.out_dim, spec.in_dim],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resident::gguf_blocks_kernel::tests::random_blocks;
+
+    /// The split layout dequantizes to exactly llama.cpp's values (the formats crate's
+    /// dequantization, written from ggml's block definitions).
+    #[test]
+    fn rows_dequantize_as_the_gguf_blocks() {
+        let mut seed = 5u64;
+        for ty in LegacyBlocks::TYPES {
+            let (rows, cols) = (3, 96);
+            let t = random_blocks(ty, rows, cols, &mut seed);
+            let want = t.dequantize().unwrap();
+            let w = LegacyBlocks::from_gguf(&t).unwrap();
+            assert_eq!(w.size_in_bytes(), t.bytes.len(), "{ty}");
+            let mut row = vec![f32::NAN; cols];
+            for r in 0..rows {
+                w.dequantize_row(r, &mut row);
+                assert_eq!(row, want[r * cols..(r + 1) * cols], "{ty} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_blocks_are_refused_with_the_reason() {
+        let mut seed = 6u64;
+        let mut t = random_blocks(GgmlType::Q4_0, 2, 64, &mut seed);
+        t.bytes.pop();
+        let e = LegacyBlocks::from_gguf(&t).unwrap_err().to_string();
+        assert!(e.contains("needs 72 bytes, got 71"), "{e}");
+        let t = BlockTensor {
+            ty: GgmlType::Q6K,
+            rows: 1,
+            cols: 256,
+            bytes: vec![0; 210],
+        };
+        let e = LegacyBlocks::from_gguf(&t).unwrap_err().to_string();
+        assert!(e.contains("Q6_K blocks have no block kernels"), "{e}");
+    }
+}

@@ -1,0 +1,384 @@
+//! Decode matvec for llama.cpp's 32-weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against
+//! int8 activations ([`Q8Activations`], whose blocks are the same 32 inputs).
+//!
+//! Every block stores unsigned codes `u` (a nibble, a nibble plus a fifth bit, or an int8
+//! code offset by 128) with `ŵ = d·u + c`: `c = m` for the `_1` types and `c = −o·d` for the
+//! `_0` types (`o` = 8, 16, 128). So with activation block `x̃ = d_x·q`,
+//!
+//! `Σ_i ŵ_i·x̃_i = d·d_x·Σ_i u_i·q_i + c·(d_x·Σ_i q_i)`,
+//!
+//! an exact integer dot per block, one scale product, and one coefficient times a per-token
+//! block sum: `Ŵ·x̃` up to f32 rounding of the per-block terms.
+//!
+//! - AVX-512 with VNNI: two blocks (64 codes) per `vpdpbusd`. Nibble blocks keep GGUF's byte
+//!   order (byte `j` holds codes `j` and `j + 16`), so a pair's 32 bytes split into low and
+//!   high nibbles make the 64 codes `[a₀..₁₅, b₀..₁₅, a₁₆..₃₁, b₁₆..₃₁]`; the activations are
+//!   permuted that way once per token. Fifth bits come from the pair's `qh` words as a byte
+//!   mask (one masked OR). The block scale products of 16 blocks are formed in one vector,
+//!   and each pair's lanes pick theirs with one `vpermps`. Four rows share the activation
+//!   loads.
+//! - Other tiers: the same integer sums per block in portable Rust, compiled per tier.
+//!
+//! Shapes: input widths that are multiples of 64 (an even number of blocks; every Llama/Qwen
+//! width is); others run the f32 path.
+
+use crate::backend::cpu::math::multiversioned;
+use crate::backend::cpu::q8_activations::{Q8Activations, ACT_BLOCK};
+use crate::backend::cpu::SimdLevel;
+use half::f16;
+
+/// Inputs per kernel step (two blocks).
+const PAIR: usize = 2 * ACT_BLOCK;
+
+/// How a block's codes are stored once loaded (see [`super::gguf_blocks::LegacyBlocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CodeLayout {
+    /// 16 bytes per block, byte `j` = code `j` (low nibble) and `j + 16` (high nibble).
+    Nibbles,
+    /// [`CodeLayout::Nibbles`] plus a 32-bit word per block: bit `j` = bit 4 of code `j`.
+    NibblesHigh,
+    /// 32 bytes per block, code `j` in byte `j` (int8 codes stored offset by 128).
+    Bytes,
+}
+
+/// Whether the int8 kernels take a `cols`-wide matrix.
+pub(crate) fn takes(cols: usize) -> bool {
+    cols > 0 && cols.is_multiple_of(PAIR)
+}
+
+/// Per-token values every row shares.
+pub(crate) struct Prepared {
+    pub(crate) acts: Q8Activations,
+    /// `d_x·Σq` per block: what a block's coefficient `c` multiplies.
+    gx: Vec<f32>,
+    /// Nibble layouts: per pair of blocks, the activations in code order
+    /// `[a₀..₁₅, b₀..₁₅, a₁₆..₃₁, b₁₆..₃₁]`.
+    paired: Vec<i8>,
+}
+
+impl Prepared {
+    /// Quantizes `x` (`takes(x.len())` must hold) for codes stored as `layout`.
+    pub(crate) fn new(x: &[f32], layout: CodeLayout) -> Self {
+        let acts = Q8Activations::quantize(x);
+        let gx = acts
+            .d
+            .iter()
+            .zip(&acts.sums)
+            .map(|(&d, &s)| d * s as f32)
+            .collect();
+        let mut paired = Vec::new();
+        if layout != CodeLayout::Bytes {
+            paired.reserve(acts.q.len());
+            for pair in acts.q.chunks_exact(PAIR) {
+                let (a, b) = pair.split_at(ACT_BLOCK);
+                paired.extend_from_slice(&a[..16]);
+                paired.extend_from_slice(&b[..16]);
+                paired.extend_from_slice(&a[16..]);
+                paired.extend_from_slice(&b[16..]);
+            }
+        }
+        Self { acts, gx, paired }
+    }
+}
+
+/// A block of consecutive rows in the loaded layout.
+pub(crate) struct BlockRows<'a> {
+    pub(crate) layout: CodeLayout,
+    /// Code bytes: 16 (nibbles) or 32 (bytes) per block.
+    pub(crate) qs: &'a [u8],
+    /// Fifth bits per block ([`CodeLayout::NibblesHigh`] only).
+    pub(crate) qh: &'a [u32],
+    /// Scale per block.
+    pub(crate) d: &'a [f16],
+    /// Minimum per block for the `_1` types; empty for the `_0` types.
+    pub(crate) m: &'a [f16],
+    /// `o` of the `_0` types (`c = −o·d`).
+    pub(crate) offset: f32,
+}
+
+/// `y[r] = Σ_i ŵ[r, i]·x̃_i` for every row of `w`, on the best kernel `level` allows.
+pub(crate) fn rows(level: SimdLevel, w: &BlockRows<'_>, p: &Prepared, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 && crate::backend::cpu::simd::avx512_int8_supported() {
+        // SAFETY: AVX-512F/BW/VL/VBMI/VNNI detected; `w` holds `y.len()` rows of the layout's
+        // bytes, words and scales for `p.acts.q.len()` inputs (the caller's slices).
+        unsafe {
+            match w.layout {
+                CodeLayout::Nibbles => vnni::rows::<0>(w, p, y),
+                CodeLayout::NibblesHigh => vnni::rows::<1>(w, p, y),
+                CodeLayout::Bytes => vnni::rows::<2>(w, p, y),
+            }
+        }
+        return;
+    }
+    let args = (w, p);
+    match w.layout {
+        CodeLayout::Nibbles => int_rows_nibbles(level, &args, y),
+        CodeLayout::NibblesHigh => int_rows_nibbles_high(level, &args, y),
+        CodeLayout::Bytes => int_rows_bytes(level, &args, y),
+    }
+}
+
+/// Block `b`'s coefficient `c` in row `r`'s terms (`ŵ = d·u + c`).
+#[inline(always)]
+fn coefficient(w: &BlockRows<'_>, i: usize) -> f32 {
+    if w.m.is_empty() {
+        -w.offset * w.d[i].to_f32()
+    } else {
+        w.m[i].to_f32()
+    }
+}
+
+#[inline(always)]
+fn int_rows_generic<const L: u8>(args: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) {
+    let (w, p) = *args;
+    let blocks = p.acts.d.len();
+    let block_bytes = if L == 2 { 32 } else { 16 };
+    for (r, yr) in y.iter_mut().enumerate() {
+        let mut total = 0.0f32;
+        for b in 0..blocks {
+            let i = r * blocks + b;
+            let qs = &w.qs[i * block_bytes..(i + 1) * block_bytes];
+            let xq = &p.acts.q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
+            let mut dot = 0i32;
+            if L == 2 {
+                for (&u, &x) in qs.iter().zip(xq) {
+                    dot += i32::from(u) * i32::from(x);
+                }
+            } else {
+                let qh = if L == 1 { w.qh[i] } else { 0 };
+                for j in 0..16 {
+                    let lo = i32::from(qs[j] & 0x0F) | (((qh >> j) & 1) << 4) as i32;
+                    let hi = i32::from(qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32;
+                    dot += lo * i32::from(xq[j]) + hi * i32::from(xq[j + 16]);
+                }
+            }
+            total += w.d[i].to_f32() * p.acts.d[b] * dot as f32 + coefficient(w, i) * p.gx[b];
+        }
+        *yr = total;
+    }
+}
+
+#[inline(always)]
+fn int_rows_n(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) {
+    int_rows_generic::<0>(a, y)
+}
+#[inline(always)]
+fn int_rows_nh(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) {
+    int_rows_generic::<1>(a, y)
+}
+#[inline(always)]
+fn int_rows_b(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) {
+    int_rows_generic::<2>(a, y)
+}
+
+multiversioned! { fn int_rows_nibbles(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) = int_rows_n; }
+multiversioned! { fn int_rows_nibbles_high(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) = int_rows_nh; }
+multiversioned! { fn int_rows_bytes(a: &(&BlockRows<'_>, &Prepared), y: &mut [f32]) = int_rows_b; }
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{BlockRows, Prepared, PAIR};
+    use std::arch::x86_64::*;
+
+    /// Rows per interleaved block: they share the activation, index and block-sum loads.
+    const ROWS: usize = 4;
+    /// Blocks whose scales are converted and multiplied in one vector.
+    const CHUNK: usize = 16;
+
+    /// `vpermps` indices of pair `p` (0..8) of a chunk: which block's scale product each i32
+    /// lane of the pair's dot takes. Nibble layouts: lanes 0–3 and 8–11 are block `2p`, 4–7
+    /// and 12–15 block `2p + 1`; bytes: lanes 0–7 and 8–15.
+    fn lane_blocks(bytes: bool) -> [[i32; 16]; 8] {
+        std::array::from_fn(|p| {
+            std::array::from_fn(|l| {
+                let second = if bytes { l >= 8 } else { (l / 4) % 2 == 1 };
+                (2 * p + usize::from(second)) as i32
+            })
+        })
+    }
+
+    /// # Safety
+    /// AVX-512F/BW/VL/VBMI/VNNI and F16C must be available; `w` must hold `y.len()` rows of
+    /// `cols / 32` blocks (`cols = p.acts.q.len()`, `super::takes(cols)`) in layout `L`
+    /// (0 nibbles, 1 nibbles with fifth bits, 2 bytes).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
+    pub(super) unsafe fn rows<const L: u8>(w: &BlockRows<'_>, p: &Prepared, y: &mut [f32]) {
+        let index = lane_blocks(L == 2);
+        let n = y.len();
+        let whole = n - n % ROWS;
+        for r0 in (0..whole).step_by(ROWS) {
+            rows_block::<L, ROWS>(w, p, &index, r0, &mut y[r0..r0 + ROWS]);
+        }
+        for r0 in whole..n {
+            rows_block::<L, 1>(w, p, &index, r0, &mut y[r0..r0 + 1]);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
+    unsafe fn rows_block<const L: u8, const R: usize>(
+        w: &BlockRows<'_>,
+        p: &Prepared,
+        index: &[[i32; 16]; 8],
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        let blocks = p.acts.d.len();
+        let block_bytes = if L == 2 { 32 } else { 16 };
+        let has_min = !w.m.is_empty();
+        let neg_offset = _mm512_set1_ps(-w.offset);
+        let nib = _mm256_set1_epi8(0x0F);
+        let fifth = _mm512_set1_epi8(0x10);
+        let xs: *const i8 = if L == 2 {
+            p.acts.q.as_ptr()
+        } else {
+            p.paired.as_ptr()
+        };
+        let first: [usize; R] = std::array::from_fn(|i| (r0 + i) * blocks);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut side = [_mm512_setzero_ps(); R];
+        for c0 in (0..blocks).step_by(CHUNK) {
+            let nb = (blocks - c0).min(CHUNK);
+            let km: __mmask16 = if nb == CHUNK { !0 } else { (1u16 << nb) - 1 };
+            let dx = _mm512_maskz_loadu_ps(km, p.acts.d.as_ptr().add(c0));
+            let gx = _mm512_maskz_loadu_ps(km, p.gx.as_ptr().add(c0));
+            let mut s = [_mm512_setzero_ps(); R];
+            for i in 0..R {
+                let b = first[i] + c0;
+                let dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, w.d.as_ptr().add(b).cast()));
+                s[i] = _mm512_mul_ps(dw, dx);
+                let c = if has_min {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, w.m.as_ptr().add(b).cast()))
+                } else {
+                    _mm512_mul_ps(dw, neg_offset)
+                };
+                side[i] = _mm512_fmadd_ps(c, gx, side[i]);
+            }
+            for (pp, lanes) in index.iter().enumerate().take(nb / 2) {
+                let pair = c0 / 2 + pp;
+                let x = _mm512_loadu_si512(xs.add(PAIR * pair).cast());
+                let idx = _mm512_loadu_si512(lanes.as_ptr().cast());
+                for i in 0..R {
+                    let b = first[i] + 2 * pair;
+                    let codes = if L == 2 {
+                        _mm512_loadu_si512(w.qs.as_ptr().add(b * block_bytes).cast())
+                    } else {
+                        let raw = _mm256_loadu_si256(w.qs.as_ptr().add(b * block_bytes).cast());
+                        let lo = _mm256_and_si256(raw, nib);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
+                        let codes = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                        if L == 1 {
+                            let (qa, qb) = (
+                                u64::from(*w.qh.get_unchecked(b)),
+                                u64::from(*w.qh.get_unchecked(b + 1)),
+                            );
+                            let high = (qa & 0xFFFF)
+                                | (qb & 0xFFFF) << 16
+                                | (qa >> 16) << 32
+                                | (qb >> 16) << 48;
+                            _mm512_mask_add_epi8(codes, high, codes, fifth)
+                        } else {
+                            codes
+                        }
+                    };
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
+                    let sv = _mm512_permutexvar_ps(idx, s[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sv, acc[i]);
+                }
+            }
+        }
+        for i in 0..R {
+            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], side[i]));
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::resident::gguf_blocks::LegacyBlocks;
+    use crate::test_util::lcg;
+    use sfx_formats::gguf::{BlockTensor, GgmlType};
+
+    /// GGUF blocks of `ty` with random codes and scales (random bytes are valid blocks once
+    /// the f16 fields are finite).
+    pub(crate) fn random_blocks(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        seed: &mut u64,
+    ) -> BlockTensor {
+        let n = rows * cols / 32;
+        let ts = ty.type_size();
+        let mut bytes = vec![0u8; n * ts];
+        for blk in bytes.chunks_exact_mut(ts) {
+            for b in blk.iter_mut() {
+                *b = (lcg(seed).to_bits() >> 7) as u8;
+            }
+            let d = f16::from_f32(0.01 + 0.05 * lcg(seed).abs());
+            blk[0..2].copy_from_slice(&d.to_le_bytes());
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                let m = f16::from_f32(-0.2 * lcg(seed).abs());
+                blk[2..4].copy_from_slice(&m.to_le_bytes());
+            }
+        }
+        BlockTensor {
+            ty,
+            rows,
+            cols,
+            bytes,
+        }
+    }
+
+    /// Every type on every tier against the f64 product of llama.cpp's dequantization (the
+    /// formats crate's, written from ggml's block definitions) with the dequantized int8
+    /// activations: what the kernel computes exactly up to f32 rounding. Bound: 1e-5 of
+    /// Σ|ŵ·x̃| + 1e-5. Widths of 64 (one pair), 576 (18 blocks: a 16-block chunk and a
+    /// short one) and 1536.
+    #[test]
+    fn matches_the_f64_product_with_quantized_activations() {
+        let mut seed = 21u64;
+        for ty in LegacyBlocks::TYPES {
+            for &(rows, cols) in &[(7, 64), (9, 576), (5, 1536)] {
+                assert!(takes(cols));
+                let t = random_blocks(ty, rows, cols, &mut seed);
+                let deq = t.dequantize().unwrap();
+                let w = LegacyBlocks::from_gguf(&t).unwrap();
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| lcg(&mut seed) * (1.0 + (i % 5) as f32))
+                    .collect();
+                let p = Prepared::new(&x, w.layout());
+                let xt = p.acts.dequantized();
+                for level in SimdLevel::supported() {
+                    let mut y = vec![f32::NAN; rows];
+                    rows_of(level, &w, &p, &mut y);
+                    for r in 0..rows {
+                        let (mut want, mut mag) = (0.0f64, 0.0f64);
+                        for i in 0..cols {
+                            let t = f64::from(deq[r * cols + i]) * f64::from(xt[i]);
+                            want += t;
+                            mag += t.abs();
+                        }
+                        let got = f64::from(y[r]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * mag + 1e-5,
+                            "{level:?} {ty} {rows}x{cols} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn rows_of(level: SimdLevel, w: &LegacyBlocks, p: &Prepared, y: &mut [f32]) {
+        super::rows(level, &w.block_rows(0, y.len()), p, y);
+    }
+
+    #[test]
+    fn widths_off_the_pair_grid_are_not_taken() {
+        assert!(!takes(32));
+        assert!(!takes(0));
+        assert!(takes(576));
+    }
+}
