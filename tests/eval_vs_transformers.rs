@@ -176,10 +176,9 @@ fn long_context_decode_path_matches_transformers_per_token() {
 #[test]
 fn gguf_blocks_decode_matches_transformers_per_token() {
     use sfx_runtime::backend::cpu::DecodeActivations;
-    use sfx_runtime::resident::{GgufBlockFactory, LegacyBlocks};
+    use sfx_runtime::resident::{runs_in_blocks, GgufBlockFactory};
     use sfx_runtime::CpuBackend;
-    let ckpt =
-        Checkpoint::open_keeping_blocks(gguf().to_str().unwrap(), LegacyBlocks::supports).unwrap();
+    let ckpt = Checkpoint::open_keeping_blocks(gguf().to_str().unwrap(), runs_in_blocks).unwrap();
     assert!(
         ckpt.blocks
             .contains_key("model.layers.0.mlp.down_proj.weight")

@@ -1,18 +1,19 @@
-//! [`GgufBlockLinear`]: a llama.cpp GGUF weight run in its own 32-weight blocks (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0) — no f32 copy of the matrix is made at load.
+//! [`GgufBlockLinear`]: a llama.cpp GGUF weight run in its own blocks — the legacy 32-weight
+//! blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the K-quant super-blocks (Q2_K … Q6_K). No f32
+//! copy of the matrix is made at load; the bytes held equal the file's.
 //!
-//! At load each block's fields are split into arrays ([`LegacyBlocks`]): code bytes, fifth
-//! bits, f16 scales and minimums, so the kernels read each kind with aligned, contiguous
-//! loads. The bytes held equal the file's.
-//!
-//! - Decode (m ≤ 2) with int8 activations (the CPU tools' default): integer dots per block
-//!   ([`super::gguf_blocks_kernel`]), as llama.cpp runs these files.
-//! - Decode with f32 activations (the reference numerics): each row dequantized into a
-//!   buffer, then an f32 dot.
+//! - Legacy blocks are split into arrays at load ([`LegacyBlocks`]: codes, fifth bits, f16
+//!   scales and minimums), so the kernels read 16 blocks' scales in one load.
+//! - K-quant super-blocks stay as the file lays them out ([`KQuantBlocks`]); their kernels
+//!   decode scales per super-block.
+//! - Decode (m ≤ 2) with int8 activations (the CPU tools' default): integer dots
+//!   (`gguf_blocks_kernel`, `gguf_kquant_kernel`), as llama.cpp runs these files.
+//! - Decode with f32 activations (the reference numerics), and K-quants on machines without
+//!   AVX-512 VNNI: blocks dequantized on the fly into f32 dots.
 //! - Prefill: panels of rows dequantized into faer's f32 GEMM, as the group codes do.
 //! - A tied embedding gathers its rows from the same blocks.
 //!
-//! Other GGUF types (the K-quants, F16/BF16) are dequantized at load as before.
+//! Other GGUF types (F16, BF16, F32) are dequantized at load.
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::dot;
@@ -21,10 +22,11 @@ use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearSpec};
 use crate::resident::gguf_blocks_kernel::{self as kernel, BlockRows, CodeLayout, Prepared};
+use crate::resident::gguf_kquant_kernel as kquant;
 use crate::resident::group::run_row_blocks;
 use crate::resident::ResidentKernels;
 use half::f16;
-use sfx_formats::gguf::{BlockTensor, GgmlType};
+use sfx_formats::gguf::{dequantize, BlockTensor, GgmlType, QK_K};
 use sfx_formats::{OwnedTensors, TensorSource};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +35,11 @@ use std::sync::Arc;
 const MATVEC_MAX_ROWS: usize = 2;
 /// Weights per block.
 const BLOCK: usize = 32;
+
+/// Whether a GGUF weight of type `ty` runs in its blocks on the CPU.
+pub fn runs_in_blocks(ty: GgmlType) -> bool {
+    LegacyBlocks::supports(ty) || KQuantBlocks::supports(ty)
+}
 
 /// One GGUF matrix of 32-weight blocks, fields split into arrays.
 #[derive(Debug, Clone)]
@@ -207,7 +214,7 @@ impl LegacyBlocks {
 
     /// Block `b` (row-major over the whole matrix) as 32 f32 values.
     #[inline(always)]
-    fn dequantize_block(&self, b: usize, out: &mut [f32]) {
+    pub(crate) fn dequantize_block(&self, b: usize, out: &mut [f32]) {
         let cb = self.code_bytes();
         let d = self.d[b].to_f32();
         let c = match self.m.get(b) {
@@ -231,49 +238,200 @@ impl LegacyBlocks {
     }
 }
 
+/// One GGUF matrix of K-quant super-blocks (256 weights each), as the file stores them.
+#[derive(Debug, Clone)]
+pub struct KQuantBlocks {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl KQuantBlocks {
+    pub fn supports(ty: GgmlType) -> bool {
+        kquant::TYPES.contains(&ty)
+    }
+
+    /// Takes `t`'s super-blocks, checking type and sizes.
+    pub fn from_gguf(t: &BlockTensor) -> Result<Self> {
+        let bad = |msg: String| RuntimeError::Shape {
+            op: "KQuantBlocks::from_gguf",
+            msg,
+        };
+        if !Self::supports(t.ty) {
+            return Err(bad(format!("{} blocks have no block kernels", t.ty)));
+        }
+        if !t.cols.is_multiple_of(QK_K) {
+            return Err(bad(format!(
+                "{} columns is not a whole number of super-blocks",
+                t.cols
+            )));
+        }
+        let want = t
+            .rows
+            .checked_mul(t.cols / QK_K)
+            .and_then(|n| n.checked_mul(t.ty.type_size()));
+        if want != Some(t.bytes.len()) {
+            return Err(bad(format!(
+                "{}×{} {} needs {} bytes, got {}",
+                t.rows,
+                t.cols,
+                t.ty,
+                want.unwrap_or(usize::MAX),
+                t.bytes.len()
+            )));
+        }
+        Ok(Self {
+            ty: t.ty,
+            rows: t.rows,
+            cols: t.cols,
+            bytes: t.bytes.clone(),
+        })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / QK_K * self.ty.type_size()
+    }
+
+    /// Rows `r0..r0 + n`'s bytes.
+    fn rows_bytes(&self, r0: usize, n: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes[r0 * rb..(r0 + n) * rb]
+    }
+
+    /// Row `r` as f32 values (`out.len() == cols`), llama.cpp's dequantization.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        // Sizes were checked at construction, so this cannot fail; NaN would show it did.
+        if dequantize(self.ty, self.rows_bytes(r, 1), self.cols, out).is_err() {
+            out.fill(f32::NAN);
+        }
+    }
+}
+
+/// The weight of a [`GgufBlockLinear`].
+#[derive(Debug, Clone)]
+pub enum GgufWeight {
+    Legacy(LegacyBlocks),
+    KQuant(KQuantBlocks),
+}
+
+impl GgufWeight {
+    /// `t`'s blocks on the CPU kernels, or `None` for a type without them.
+    pub fn from_gguf(t: &BlockTensor) -> Result<Option<Self>> {
+        if LegacyBlocks::supports(t.ty) {
+            Ok(Some(Self::Legacy(LegacyBlocks::from_gguf(t)?)))
+        } else if KQuantBlocks::supports(t.ty) {
+            Ok(Some(Self::KQuant(KQuantBlocks::from_gguf(t)?)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        match self {
+            Self::Legacy(w) => w.ty,
+            Self::KQuant(w) => w.ty,
+        }
+    }
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Legacy(w) => w.rows,
+            Self::KQuant(w) => w.rows,
+        }
+    }
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::Legacy(w) => w.cols,
+            Self::KQuant(w) => w.cols,
+        }
+    }
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Legacy(w) => w.size_in_bytes(),
+            Self::KQuant(w) => w.bytes.len(),
+        }
+    }
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Self::Legacy(w) => w.dequantize_row(r, out),
+            Self::KQuant(w) => w.dequantize_row(r, out),
+        }
+    }
+}
+
 /// A GGUF-block projection with an optional f32 bias, on the CPU backend.
 #[derive(Debug, Clone)]
 pub struct GgufBlockLinear {
-    weight: LegacyBlocks,
+    weight: GgufWeight,
     bias: Option<Vec<f32>>,
 }
 
 impl GgufBlockLinear {
-    pub fn new(weight: LegacyBlocks, bias: Option<Vec<f32>>) -> Result<Self> {
+    pub fn new(weight: GgufWeight, bias: Option<Vec<f32>>) -> Result<Self> {
         if let Some(b) = &bias {
-            check_len("GgufBlockLinear::new", "bias", b.len(), weight.rows)?;
+            check_len("GgufBlockLinear::new", "bias", b.len(), weight.rows())?;
         }
         Ok(Self { weight, bias })
     }
 
-    pub fn weight(&self) -> &LegacyBlocks {
+    pub fn weight(&self) -> &GgufWeight {
         &self.weight
     }
 
-    /// `y = Ŵ·x̃` for one token with `x` in int8 blocks, or `None` off the kernels' grid.
+    /// `y = Ŵ·x̃` for one token with `x` in int8 blocks, or `None` where no int8 kernel takes
+    /// the shape on this machine.
     fn matvec_int8(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) -> Option<()> {
-        let w = &self.weight;
-        if !kernel::takes(w.cols) {
-            return None;
+        let bytes = self.weight.size_in_bytes();
+        match &self.weight {
+            GgufWeight::Legacy(w) => {
+                if !kernel::takes(w.cols) {
+                    return None;
+                }
+                let prepared = Prepared::new(x, w.layout());
+                run_row_blocks(bytes, y, |r0, yb| {
+                    kernel::rows(level, &w.block_rows(r0, yb.len()), &prepared, yb);
+                });
+            }
+            GgufWeight::KQuant(w) => {
+                if !kquant::takes(w.ty, w.cols) {
+                    return None;
+                }
+                let prepared = kquant::Prepared::new(x);
+                run_row_blocks(bytes, y, |r0, yb| {
+                    kquant::rows(w.ty, w.rows_bytes(r0, yb.len()), &prepared, yb);
+                });
+            }
         }
-        let prepared = Prepared::new(x, w.layout());
-        run_row_blocks(w.size_in_bytes(), y, |r0, yb| {
-            kernel::rows(level, &w.block_rows(r0, yb.len()), &prepared, yb);
-        });
         Some(())
     }
 
-    /// `y = Ŵ·x` for one token with f32 activations (the reference numerics).
+    /// `y = Ŵ·x` for one token with f32 activations (the reference numerics): blocks
+    /// dequantized on the fly (a legacy block or a K-quant super-block at a time).
     fn matvec_f32(&self, x: &[f32], y: &mut [f32]) {
         let w = &self.weight;
-        let bpr = w.cols / BLOCK;
+        let chunk = match w {
+            GgufWeight::Legacy(_) => BLOCK,
+            GgufWeight::KQuant(_) => QK_K,
+        };
+        let per_row = w.cols() / chunk;
         run_row_blocks(w.size_in_bytes(), y, |r0, yb| {
-            let mut block = [0.0f32; BLOCK];
+            let mut block = [0.0f32; QK_K];
+            let block = &mut block[..chunk];
             for (i, yr) in yb.iter_mut().enumerate() {
+                let r = r0 + i;
                 let mut total = 0.0f32;
-                for (k, xb) in x.chunks_exact(BLOCK).enumerate() {
-                    w.dequantize_block((r0 + i) * bpr + k, &mut block);
-                    total += dot(&block, xb);
+                for (k, xb) in x.chunks_exact(chunk).enumerate() {
+                    match w {
+                        GgufWeight::Legacy(l) => l.dequantize_block(r * per_row + k, block),
+                        GgufWeight::KQuant(q) => {
+                            let ts = q.ty.type_size();
+                            let at = (r * per_row + k) * ts;
+                            if dequantize(q.ty, &q.bytes[at..at + ts], QK_K, block).is_err() {
+                                block.fill(f32::NAN);
+                            }
+                        }
+                    }
+                    total += dot(block, xb);
                 }
                 *yr = total;
             }
@@ -283,10 +441,10 @@ impl GgufBlockLinear {
 
 impl Linear<CpuBackend> for GgufBlockLinear {
     fn in_dim(&self) -> usize {
-        self.weight.cols
+        self.weight.cols()
     }
     fn out_dim(&self) -> usize {
-        self.weight.rows
+        self.weight.rows()
     }
     fn has_bias(&self) -> bool {
         self.bias.is_some()
@@ -298,7 +456,7 @@ impl Linear<CpuBackend> for GgufBlockLinear {
         m: usize,
         y: &mut CpuBuffer,
     ) -> Result<()> {
-        let (rows, cols) = (self.weight.rows, self.weight.cols);
+        let (rows, cols) = (self.weight.rows(), self.weight.cols());
         check_len("GgufBlockLinear::forward", "input", x.len(), m * cols)?;
         check_len("GgufBlockLinear::forward", "output", y.len(), m * rows)?;
         if m == 0 {
@@ -335,7 +493,7 @@ impl Linear<CpuBackend> for GgufBlockLinear {
         tokens: &CpuIndex,
         out: &mut CpuBuffer,
     ) -> Result<()> {
-        let (rows, cols) = (self.weight.rows, self.weight.cols);
+        let (rows, cols) = (self.weight.rows(), self.weight.cols());
         let tokens = &tokens.0[..];
         check_len("embedding", "output", out.len(), tokens.len() * cols)?;
         if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
@@ -356,9 +514,9 @@ impl Linear<CpuBackend> for GgufBlockLinear {
     fn describe(&self) -> String {
         format!(
             "gguf {} {}×{}{}",
-            self.weight.ty,
-            self.weight.cols,
-            self.weight.rows,
+            self.weight.ty(),
+            self.weight.cols(),
+            self.weight.rows(),
             if self.bias.is_some() { " +bias" } else { "" }
         )
     }

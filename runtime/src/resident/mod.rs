@@ -8,18 +8,20 @@
 //! - [`hadamard`], [`trellis`]: QTIP's rotations and bitshift-trellis codes / Viterbi.
 //! - [`trellis_linear`]: trellis-coded weights (`TrellisQuantized`, QTIP / YAQA) — decode
 //!   matvec decoding tiles on the fly between the input and output Hadamard transforms.
-//! - [`gguf_blocks`]: a llama.cpp GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights run in their own
-//!   blocks (CPU; CUDA dequantizes them at load).
+//! - [`gguf_blocks`]: a llama.cpp GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q2_K–Q6_K weights run
+//!   in their own blocks (CPU; CUDA dequantizes them at load).
 //!
 //! On the CPU, coded projections' decode matvecs take int8 activation blocks when the backend
 //! asks for them (`CpuBackend::with_decode_activations`; the tools' default): integer dot
-//! products per 32 inputs ([`group_q8`], `gguf_blocks_kernel`), f32 otherwise.
+//! products per 32 inputs (`group_q8`, `gguf_blocks_kernel`, `gguf_kquant_kernel`), f32
+//! otherwise.
 //!
 //! On CUDA both formats run through `backend::cuda::CudaResidentLinear` (the backend's own
 //! kernels over the same codes).
 
 pub mod gguf_blocks;
 mod gguf_blocks_kernel;
+mod gguf_kquant_kernel;
 pub mod group;
 mod group_q8;
 pub mod hadamard;
@@ -28,7 +30,9 @@ pub mod trellis_kernel;
 pub mod trellis_linear;
 mod viterbi_kernel;
 
-pub use gguf_blocks::{GgufBlockFactory, GgufBlockLinear, LegacyBlocks};
+pub use gguf_blocks::{
+    runs_in_blocks, GgufBlockFactory, GgufBlockLinear, GgufWeight, KQuantBlocks, LegacyBlocks,
+};
 pub use group::{GroupQuantLinear, RtnFactory};
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
 
@@ -92,11 +96,10 @@ impl ResidentKernels for CpuBackend {
         bias: Option<Vec<f32>>,
         _what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
-        if !LegacyBlocks::supports(t.ty) {
-            return Ok(None);
+        match GgufWeight::from_gguf(t)? {
+            Some(w) => Ok(Some(Box::new(GgufBlockLinear::new(w, bias)?))),
+            None => Ok(None),
         }
-        let w = LegacyBlocks::from_gguf(t)?;
-        Ok(Some(Box::new(GgufBlockLinear::new(w, bias)?)))
     }
 }
 
