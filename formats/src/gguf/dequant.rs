@@ -446,12 +446,7 @@ fn block_q3_k(b: &[u8], y: &mut [f32]) {
     let qs = &b[32..96];
     let sc = &b[96..108];
     let d = f16_at(b, 108);
-    let mut scales = [0i32; 16];
-    for (i, s) in scales.iter_mut().enumerate() {
-        let low = if i < 8 { sc[i] & 0x0F } else { sc[i - 8] >> 4 };
-        let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *s = (low | (high << 4)) as i32 - 32;
-    }
+    let scales = q3k_scales(sc);
     for h in 0..2 {
         for j in 0..4 {
             let bit = 4 * h + j;
@@ -469,9 +464,19 @@ fn block_q3_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// Q3_K's 16 signed 6-bit scales (one per 16 weights) from their packed 12 bytes.
+#[inline]
+pub fn q3k_scales(sc: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|i| {
+        let low = if i < 8 { sc[i] & 0x0F } else { sc[i - 8] >> 4 };
+        let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i32 - 32
+    })
+}
+
 /// The 6-bit (scale, min) pair of sub-block `j` of Q4_K/Q5_K's packed 12 bytes.
 #[inline]
-fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
+pub fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

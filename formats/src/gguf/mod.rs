@@ -15,7 +15,9 @@ mod import;
 mod reader;
 mod tokenizer;
 
-pub use dequant::{dequantize, dequantize_to_vec, GgmlType, DEQUANTIZABLE, QK_K};
+pub use dequant::{
+    dequantize, dequantize_to_vec, k_scale_min, q3k_scales, GgmlType, DEQUANTIZABLE, QK_K,
+};
 pub use error::GgufError;
 pub use import::{
     hf_tensor_name, import_from_gguf, import_gguf, import_gguf_keeping,

@@ -17,22 +17,20 @@
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::dot;
-use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, DecodeActivations, SimdLevel};
+use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, SimdLevel};
 use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearSpec};
 use crate::resident::gguf_blocks_kernel::{self as kernel, BlockRows, CodeLayout, Prepared};
 use crate::resident::gguf_kquant_kernel as kquant;
 use crate::resident::group::run_row_blocks;
-use crate::resident::ResidentKernels;
+use crate::resident::{coded_forward, gather_decoded_rows, ResidentKernels};
 use half::f16;
 use sfx_formats::gguf::{dequantize, BlockTensor, GgmlType, QK_K};
 use sfx_formats::{OwnedTensors, TensorSource};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Token counts up to this run the decode matvec once per token (as the other formats).
-const MATVEC_MAX_ROWS: usize = 2;
 /// Weights per block.
 const BLOCK: usize = 32;
 
@@ -457,35 +455,23 @@ impl Linear<CpuBackend> for GgufBlockLinear {
         y: &mut CpuBuffer,
     ) -> Result<()> {
         let (rows, cols) = (self.weight.rows(), self.weight.cols());
-        check_len("GgufBlockLinear::forward", "input", x.len(), m * cols)?;
-        check_len("GgufBlockLinear::forward", "output", y.len(), m * rows)?;
-        if m == 0 {
-            return Ok(());
-        }
-        let (x, y) = (x.as_slice(), y.as_mut_slice());
-        if m <= MATVEC_MAX_ROWS {
-            let int8 = backend.decode_activations() == DecodeActivations::Int8;
-            for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
-                if !int8 || self.matvec_int8(backend.simd(), xr, yr).is_none() {
-                    self.matvec_f32(xr, yr);
-                }
-            }
-        } else {
-            let w = &self.weight;
-            matmul_t_panels(x, m, rows, y, |r0, panel| {
-                for (i, row) in panel.chunks_exact_mut(cols).enumerate() {
-                    w.dequantize_row(r0 + i, row);
-                }
-            });
-        }
-        if let Some(b) = &self.bias {
-            for yr in y.chunks_exact_mut(rows) {
-                for (v, bv) in yr.iter_mut().zip(b) {
-                    *v += bv;
-                }
-            }
-        }
-        Ok(())
+        let w = &self.weight;
+        coded_forward(
+            "GgufBlockLinear::forward",
+            backend,
+            (x, m, y),
+            (rows, cols),
+            self.bias.as_deref(),
+            |level, x, y| self.matvec_int8(level, x, y),
+            |_, x, y| self.matvec_f32(x, y),
+            |x, m, y| {
+                matmul_t_panels(x, m, rows, y, |r0, panel| {
+                    for (i, row) in panel.chunks_exact_mut(cols).enumerate() {
+                        w.dequantize_row(r0 + i, row);
+                    }
+                })
+            },
+        )
     }
     fn gather_rows(
         &self,
@@ -494,19 +480,9 @@ impl Linear<CpuBackend> for GgufBlockLinear {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         let (rows, cols) = (self.weight.rows(), self.weight.cols());
-        let tokens = &tokens.0[..];
-        check_len("embedding", "output", out.len(), tokens.len() * cols)?;
-        if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
-            return Err(RuntimeError::TokenOutOfRange {
-                token: tokens[index],
-                index,
-                vocab: rows,
-            });
-        }
-        for (&t, row) in tokens.iter().zip(out.as_mut_slice().chunks_exact_mut(cols)) {
-            self.weight.dequantize_row(t as usize, row);
-        }
-        Ok(())
+        gather_decoded_rows(tokens, out, rows, cols, |r, row| {
+            self.weight.dequantize_row(r, row)
+        })
     }
     fn resident_bytes(&self) -> usize {
         self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| 4 * b.len())

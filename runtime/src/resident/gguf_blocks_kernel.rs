@@ -179,6 +179,7 @@ multiversioned! { fn int_rows_bytes(a: &(&BlockRows<'_>, &Prepared), y: &mut [f3
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{BlockRows, Prepared, PAIR};
+    use crate::backend::cpu::q8_activations::by_row_blocks;
     use std::arch::x86_64::*;
 
     /// Rows per interleaved block: they share the activation, index and block-sum loads.
@@ -205,14 +206,9 @@ mod vnni {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
     pub(super) unsafe fn rows<const L: u8>(w: &BlockRows<'_>, p: &Prepared, y: &mut [f32]) {
         let index = lane_blocks(L == 2);
-        let n = y.len();
-        let whole = n - n % ROWS;
-        for r0 in (0..whole).step_by(ROWS) {
-            rows_block::<L, ROWS>(w, p, &index, r0, &mut y[r0..r0 + ROWS]);
-        }
-        for r0 in whole..n {
-            rows_block::<L, 1>(w, p, &index, r0, &mut y[r0..r0 + 1]);
-        }
+        by_row_blocks!(y, ROWS, |r0, yb, R| rows_block::<L, R>(
+            w, p, &index, r0, yb
+        ))
     }
 
     #[inline]
@@ -298,7 +294,7 @@ mod vnni {
 pub(crate) mod tests {
     use super::*;
     use crate::resident::gguf_blocks::LegacyBlocks;
-    use crate::test_util::lcg;
+    use crate::test_util::{assert_rows_match_f64, lcg};
     use sfx_formats::gguf::{BlockTensor, GgmlType};
 
     /// GGUF blocks of `ty` with random codes and scales (random bytes are valid blocks once
@@ -353,19 +349,8 @@ pub(crate) mod tests {
                 for level in SimdLevel::supported() {
                     let mut y = vec![f32::NAN; rows];
                     rows_of(level, &w, &p, &mut y);
-                    for r in 0..rows {
-                        let (mut want, mut mag) = (0.0f64, 0.0f64);
-                        for i in 0..cols {
-                            let t = f64::from(deq[r * cols + i]) * f64::from(xt[i]);
-                            want += t;
-                            mag += t.abs();
-                        }
-                        let got = f64::from(y[r]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * mag + 1e-5,
-                            "{level:?} {ty} {rows}x{cols} row {r}: {got} vs {want}"
-                        );
-                    }
+                    let what = format!("{level:?} {ty} {rows}x{cols}");
+                    assert_rows_match_f64(&deq, &xt, &y, &what);
                 }
             }
         }

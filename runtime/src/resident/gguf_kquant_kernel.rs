@@ -19,6 +19,8 @@
 //! Four rows share the activation loads. Other tiers run the f32 path (the caller's).
 
 use crate::backend::cpu::q8_activations::{Q8Activations, ACT_BLOCK};
+#[cfg(target_arch = "x86_64")]
+use sfx_formats::gguf::{k_scale_min, q3k_scales};
 use sfx_formats::gguf::{GgmlType, QK_K};
 
 /// Weights per sub-block lane group (the finest K-quant scale).
@@ -100,32 +102,10 @@ pub(crate) fn rows(ty: GgmlType, bytes: &[u8], p: &Prepared, y: &mut [f32]) {
     let _ = (ty, bytes, p, y);
 }
 
-/// Q4_K/Q5_K's 6-bit (scale, min) pair of 32-weight sub-block `j` from the packed 12 bytes.
-#[inline(always)]
-fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
-}
-
-/// Q3_K's 16 signed 6-bit scales from the packed 12 bytes.
-#[inline(always)]
-fn q3k_scales(sc: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|i| {
-        let low = if i < 8 { sc[i] & 0x0F } else { sc[i - 8] >> 4 };
-        let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-        i32::from(low | (high << 4)) - 32
-    })
-}
-
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{k_scale_min, q3k_scales, Prepared, QK_K};
+    use crate::backend::cpu::q8_activations::by_row_blocks;
     use std::arch::x86_64::*;
 
     const ROWS: usize = 4;
@@ -263,14 +243,7 @@ mod vnni {
     /// of `cols / 256` super-blocks of type `T` (`cols = p.acts.q.len()`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
     pub(super) unsafe fn rows<const T: u8>(bytes: &[u8], p: &Prepared, y: &mut [f32]) {
-        let n = y.len();
-        let whole = n - n % ROWS;
-        for r0 in (0..whole).step_by(ROWS) {
-            rows_block::<T, ROWS>(bytes, p, r0, &mut y[r0..r0 + ROWS]);
-        }
-        for r0 in whole..n {
-            rows_block::<T, 1>(bytes, p, r0, &mut y[r0..r0 + 1]);
-        }
+        by_row_blocks!(y, ROWS, |r0, yb, R| rows_block::<T, R>(bytes, p, r0, yb))
     }
 
     #[inline]
@@ -321,7 +294,7 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::lcg;
+    use crate::test_util::{assert_rows_match_f64, lcg};
     use half::f16;
     use sfx_formats::gguf::{dequantize_to_vec, GgmlType};
 
@@ -375,19 +348,7 @@ mod tests {
                 let xt = p.acts.dequantized();
                 let mut y = vec![f32::NAN; rows];
                 super::rows(ty, &bytes, &p, &mut y);
-                for r in 0..rows {
-                    let (mut want, mut mag) = (0.0f64, 0.0f64);
-                    for i in 0..cols {
-                        let t = f64::from(deq[r * cols + i]) * f64::from(xt[i]);
-                        want += t;
-                        mag += t.abs();
-                    }
-                    let got = f64::from(y[r]);
-                    assert!(
-                        (got - want).abs() <= 1e-5 * mag + 1e-5,
-                        "{ty} {rows}x{cols} row {r}: {got} vs {want}"
-                    );
-                }
+                assert_rows_match_f64(&deq, &xt, &y, &format!("{ty} {rows}x{cols}"));
             }
         }
     }

@@ -14,20 +14,18 @@
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::multiversioned;
-use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, DecodeActivations, SimdLevel};
+use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, SimdLevel};
 use crate::backend::WeightPrecision;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
     check_shape, load_bias, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
 };
-use crate::resident::group_q8;
+use crate::resident::{coded_forward, gather_decoded_rows, group_q8};
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::resident::{minmax_grid, GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
 use sfx_formats::TensorSource;
 
-/// Token counts up to this run the decode matvec once per token (as the float backend).
-const MATVEC_MAX_ROWS: usize = 2;
 /// Below this many code bytes a matvec stays on one thread (a fork/join costs a few µs).
 const MIN_PARALLEL_BYTES: usize = 32 * 1024;
 
@@ -140,31 +138,16 @@ impl Linear<CpuBackend> for GroupQuantLinear {
         m: usize,
         y: &mut CpuBuffer,
     ) -> Result<()> {
-        let (rows, cols) = (self.weight.rows(), self.weight.cols());
-        check_len("GroupQuantLinear::forward", "input", x.len(), m * cols)?;
-        check_len("GroupQuantLinear::forward", "output", y.len(), m * rows)?;
-        if m == 0 {
-            return Ok(());
-        }
-        let (x, y) = (x.as_slice(), y.as_mut_slice());
-        if m <= MATVEC_MAX_ROWS {
-            let int8 = backend.decode_activations() == DecodeActivations::Int8;
-            for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
-                if !int8 || self.matvec_int8(backend.simd(), xr, yr).is_none() {
-                    self.matvec(backend.simd(), xr, yr);
-                }
-            }
-        } else {
-            self.matmul_panels(x, m, y);
-        }
-        if let Some(b) = &self.bias {
-            for yr in y.chunks_exact_mut(rows) {
-                for (v, bv) in yr.iter_mut().zip(b) {
-                    *v += bv;
-                }
-            }
-        }
-        Ok(())
+        coded_forward(
+            "GroupQuantLinear::forward",
+            backend,
+            (x, m, y),
+            (self.weight.rows(), self.weight.cols()),
+            self.bias.as_deref(),
+            |level, x, y| self.matvec_int8(level, x, y),
+            |level, x, y| self.matvec(level, x, y),
+            |x, m, y| self.matmul_panels(x, m, y),
+        )
     }
     fn gather_rows(
         &self,
@@ -173,19 +156,9 @@ impl Linear<CpuBackend> for GroupQuantLinear {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         let (rows, cols) = (self.weight.rows(), self.weight.cols());
-        let tokens = &tokens.0[..];
-        check_len("embedding", "output", out.len(), tokens.len() * cols)?;
-        if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
-            return Err(RuntimeError::TokenOutOfRange {
-                token: tokens[index],
-                index,
-                vocab: rows,
-            });
-        }
-        for (&t, row) in tokens.iter().zip(out.as_mut_slice().chunks_exact_mut(cols)) {
-            dequantize_row_fast(&self.weight, t as usize, row);
-        }
-        Ok(())
+        gather_decoded_rows(tokens, out, rows, cols, |r, row| {
+            dequantize_row_fast(&self.weight, r, row)
+        })
     }
     fn resident_bytes(&self) -> usize {
         self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| 4 * b.len())

@@ -222,6 +222,7 @@ multiversioned! { fn int_rows_b2(a: &(&CodeRows<'_>, &Prepared), y: &mut [f32]) 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{CodeRows, Prepared, STEP, UNIT};
+    use crate::backend::cpu::q8_activations::by_row_blocks;
     use std::arch::x86_64::*;
 
     /// Rows per interleaved block: the activation and scale loads of a unit are shared by
@@ -246,27 +247,13 @@ mod vnni {
         t
     }
 
-    /// Runs `block::<ROWS>` over whole blocks of rows, then `block::<1>` over the rest.
-    macro_rules! by_row_blocks {
-        ($block:ident, $w:expr, $p:expr, $y:expr) => {{
-            let n = $y.len();
-            let whole = n - n % ROWS;
-            for r0 in (0..whole).step_by(ROWS) {
-                $block::<ROWS>($w, $p, r0, &mut $y[r0..r0 + ROWS]);
-            }
-            for r0 in whole..n {
-                $block::<1>($w, $p, r0, &mut $y[r0..r0 + 1]);
-            }
-        }};
-    }
-
     /// 4-bit codes by bit planes: one 64-byte unit is 128 codes, low nibbles plane 0.
     ///
     /// # Safety
     /// As [`rows`], with `super::planar(4, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
     pub(super) unsafe fn planar4(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        by_row_blocks!(planar4_block, w, p, y)
+        by_row_blocks!(y, ROWS, |r0, yb, R| planar4_block::<R>(w, p, r0, yb))
     }
 
     #[inline]
@@ -324,7 +311,7 @@ mod vnni {
     /// As [`rows`], with `super::planar(2, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
     pub(super) unsafe fn planar2(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        by_row_blocks!(planar2_block, w, p, y)
+        by_row_blocks!(y, ROWS, |r0, yb, R| planar2_block::<R>(w, p, r0, yb))
     }
 
     #[inline]
@@ -406,14 +393,7 @@ mod vnni {
     /// `cols = p.acts.q.len()` and `super::takes(cols, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
     pub(super) unsafe fn rows<const B: usize>(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        let n = y.len();
-        let whole = n - n % ROWS;
-        for r0 in (0..whole).step_by(ROWS) {
-            rows_block::<B, ROWS>(w, p, r0, &mut y[r0..r0 + ROWS]);
-        }
-        for r0 in whole..n {
-            rows_block::<B, 1>(w, p, r0, &mut y[r0..r0 + 1]);
-        }
+        by_row_blocks!(y, ROWS, |r0, yb, R| rows_block::<B, R>(w, p, r0, yb))
     }
 
     #[inline]
@@ -477,7 +457,7 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::lcg;
+    use crate::test_util::{assert_rows_match_f64, lcg};
     use sfx_formats::resident::{minmax_grid, GroupQuantized};
 
     /// Every bit width on every tier against the f64 product of the format's own
@@ -516,19 +496,8 @@ mod tests {
                 for level in SimdLevel::supported() {
                     let mut y = vec![f32::NAN; rows];
                     super::rows(level, &w, &p, &mut y);
-                    for r in 0..rows {
-                        let (mut want, mut mag) = (0.0f64, 0.0f64);
-                        for i in 0..cols {
-                            let t = f64::from(deq[r * cols + i]) * f64::from(xt[i]);
-                            want += t;
-                            mag += t.abs();
-                        }
-                        let got = f64::from(y[r]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * mag + 1e-5,
-                            "{level:?} {bits}b {rows}x{cols} g{group} row {r}: {got} vs {want}"
-                        );
-                    }
+                    let what = format!("{level:?} {bits}b {rows}x{cols} g{group}");
+                    assert_rows_match_f64(&deq, &xt, &y, &what);
                 }
             }
         }

@@ -36,7 +36,7 @@ pub use gguf_blocks::{
 pub use group::{GroupQuantLinear, RtnFactory};
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
 
-use crate::backend::cpu::CpuBackend;
+use crate::backend::cpu::{CpuBackend, DecodeActivations, SimdLevel};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
 use crate::error::Result;
@@ -71,6 +71,84 @@ pub trait ResidentKernels: Backend {
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>>;
+}
+
+/// A CPU coded projection's `forward`: with `m ≤ 2` tokens, one decode matvec per token —
+/// `int8(x, y)` when the backend decodes with int8 activations and the kernels take the
+/// shape (it returns `None` otherwise), else `exact(x, y)` with f32 activations — and with
+/// more tokens `prefill(x, m, y)`; then the bias.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coded_forward(
+    op: &'static str,
+    backend: &CpuBackend,
+    (x, m, y): (
+        &crate::backend::cpu::CpuBuffer,
+        usize,
+        &mut crate::backend::cpu::CpuBuffer,
+    ),
+    (rows, cols): (usize, usize),
+    bias: Option<&[f32]>,
+    int8: impl Fn(SimdLevel, &[f32], &mut [f32]) -> Option<()>,
+    exact: impl Fn(SimdLevel, &[f32], &mut [f32]),
+    prefill: impl FnOnce(&[f32], usize, &mut [f32]),
+) -> Result<()> {
+    crate::error::check_len(op, "input", x.len(), m * cols)?;
+    crate::error::check_len(op, "output", y.len(), m * rows)?;
+    if m == 0 {
+        return Ok(());
+    }
+    let (x, y) = (x.as_slice(), y.as_mut_slice());
+    if m <= DECODE_MAX_TOKENS {
+        let level = backend.simd();
+        let use_int8 = backend.decode_activations() == DecodeActivations::Int8;
+        for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+            if !use_int8 || int8(level, xr, yr).is_none() {
+                exact(level, xr, yr);
+            }
+        }
+    } else {
+        prefill(x, m, y);
+    }
+    add_bias(y, rows, bias);
+    Ok(())
+}
+
+/// Token counts up to this run a coded projection's decode matvec once per token.
+const DECODE_MAX_TOKENS: usize = 2;
+
+/// `y[t, :] += bias` for every token row of a CPU projection's output.
+pub(crate) fn add_bias(y: &mut [f32], rows: usize, bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for yr in y.chunks_exact_mut(rows) {
+            for (v, bv) in yr.iter_mut().zip(b) {
+                *v += bv;
+            }
+        }
+    }
+}
+
+/// A coded table's rows for `tokens` (an embedding gather): `decode_row(r, out)` writes row
+/// `r` as f32 values; an id ≥ `rows` is [`crate::RuntimeError::TokenOutOfRange`].
+pub(crate) fn gather_decoded_rows(
+    tokens: &crate::backend::cpu::CpuIndex,
+    out: &mut crate::backend::cpu::CpuBuffer,
+    rows: usize,
+    cols: usize,
+    decode_row: impl Fn(usize, &mut [f32]),
+) -> Result<()> {
+    let tokens = &tokens.0[..];
+    crate::error::check_len("embedding", "output", out.len(), tokens.len() * cols)?;
+    if let Some(index) = tokens.iter().position(|&t| t as usize >= rows) {
+        return Err(crate::RuntimeError::TokenOutOfRange {
+            token: tokens[index],
+            index,
+            vocab: rows,
+        });
+    }
+    for (&t, row) in tokens.iter().zip(out.as_mut_slice().chunks_exact_mut(cols)) {
+        decode_row(t as usize, row);
+    }
+    Ok(())
 }
 
 impl ResidentKernels for CpuBackend {

@@ -11,6 +11,7 @@ use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::{CpuBackend, CpuBuffer, SimdLevel};
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::Linear;
+use crate::resident::add_bias;
 use crate::resident::hadamard::{stored_factor, Hadamard};
 use crate::resident::trellis::{code_1mad, code_3inst, code_table};
 #[cfg(target_arch = "x86_64")]
@@ -411,13 +412,7 @@ impl Linear<CpuBackend> for TrellisLinear {
             matmul_t_panels(&x2, m, rows, y, |r0, panel| self.fill_rows(r0, panel));
         }
         self.transform_output(y, m)?;
-        if let Some(b) = &self.bias {
-            for yr in y.chunks_exact_mut(rows) {
-                for (v, bv) in yr.iter_mut().zip(b) {
-                    *v += bv;
-                }
-            }
-        }
+        add_bias(y, rows, self.bias.as_deref());
         Ok(())
     }
     fn resident_bytes(&self) -> usize {

@@ -13,6 +13,27 @@
 
 use crate::error::{Result, RuntimeError};
 
+/// Runs `$call` over `$y` in blocks of `$rows` rows, then one row at a time over the rest:
+/// `$r0` is the block's first row, `$yb` its outputs, and the const `$r` its row count (an
+/// int8 kernel's interleave factor, a const generic of its block function).
+macro_rules! by_row_blocks {
+    ($y:expr, $rows:expr, |$r0:ident, $yb:ident, $r:ident| $call:expr) => {{
+        let n = $y.len();
+        let whole = n - n % $rows;
+        for $r0 in (0..whole).step_by($rows) {
+            const $r: usize = $rows;
+            let $yb = &mut $y[$r0..$r0 + $rows];
+            $call;
+        }
+        for $r0 in whole..n {
+            const $r: usize = 1;
+            let $yb = &mut $y[$r0..$r0 + 1];
+            $call;
+        }
+    }};
+}
+pub(crate) use by_row_blocks;
+
 /// Inputs per activation block (one f32 scale each).
 pub const ACT_BLOCK: usize = 32;
 
