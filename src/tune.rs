@@ -128,7 +128,7 @@ impl OnBackend for ReferenceTask<'_> {
         let ckpt = Checkpoint::open(self.spec)
             .with_context(|| format!("--kl-ref {}: opening the float model", self.spec))?;
         let model = Model::load(
-            backend,
+            backend.with_reference_numerics(),
             &ckpt.config,
             ckpt.tensors.as_ref(),
             &model_options(),

@@ -927,7 +927,7 @@ impl<B: Backend> OnBackend for RefTask<'_, B> {
     type Output = ();
     fn run<R: ResidentKernels>(self, backend: R) -> Result<()> {
         let cli = self.cli;
-        let l = load(backend, self.reference, cli)?;
+        let l = load(backend.with_reference_numerics(), self.reference, cli)?;
         if !cli.json {
             eprintln!(
                 "KL reference {} loaded in {:.1} s on {}",
@@ -1392,7 +1392,11 @@ fn run_kv_eval<B: ResidentKernels>(
     }
     // The KV sweep's reference runs on the model's device.
     let reference = match &cli.kl_ref {
-        Some(r) => Some(load(loaded.model.backend().clone(), r, cli)?),
+        Some(r) => Some(load(
+            loaded.model.backend().with_reference_numerics(),
+            r,
+            cli,
+        )?),
         None => None,
     };
     let mut refiner = build_refiner(cli, loaded)?;

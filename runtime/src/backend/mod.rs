@@ -375,6 +375,13 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         false
     }
 
+    /// This backend computing with its reference numerics, for a model other results are
+    /// measured against (a KL reference): the CPU's f32 decode activations instead of int8
+    /// blocks. Backends with one set of numerics return themselves.
+    fn with_reference_numerics(&self) -> Self {
+        self.clone()
+    }
+
     /// [`Backend::matmul_t`] of one decode row with its refinement (if any) and fetch lag's
     /// contributions of earlier sets due here (`lagged`, each of `y`'s length) added — o and
     /// down, `out` accumulating into the residual stream.

@@ -292,6 +292,10 @@ impl Backend for CpuBackend {
     type ByteStore = Vec<u8>;
     type Graph = ();
 
+    fn with_reference_numerics(&self) -> Self {
+        self.with_decode_activations(DecodeActivations::F32)
+    }
+
     fn name(&self) -> String {
         let acts = match self.decode_activations {
             DecodeActivations::F32 => "",
