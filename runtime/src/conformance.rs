@@ -22,6 +22,7 @@ use crate::resident::trellis_linear::with_our_tables;
 use crate::resident::ResidentKernels;
 use crate::synthetic::SyntheticWeights;
 use half::{bf16, f16};
+use sfx_formats::gguf::{BlockTensor, GgmlType};
 use sfx_formats::resident::{
     GroupQuantized, TileOrder, TrellisCode, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
 };
@@ -279,6 +280,8 @@ pub enum Coded {
         k: u8,
         order: TileOrder,
     },
+    /// A llama.cpp GGUF weight in its own blocks (legacy 32-weight blocks or K-quants).
+    Gguf { ty: GgmlType },
 }
 
 impl Coded {
@@ -287,6 +290,7 @@ impl Coded {
         match *self {
             Coded::Group { bits, group } => format!("q{bits}g{group}"),
             Coded::Trellis { code, k, order } => format!("{} K{k} {}", code.name(), order.name()),
+            Coded::Gguf { ty } => format!("gguf {ty}"),
         }
     }
 }
@@ -942,6 +946,27 @@ pub fn cases() -> Vec<Case> {
             );
         }
     }
+    // GGUF weights in their blocks, every type the CPU runs in blocks: decode (one and two
+    // tokens, bias, accumulation) and a prefill of 9 tokens; legacy blocks on SmolLM2's
+    // widths, K-quants on multiples of 256. Backends without block kernels (CUDA) run the
+    // dequantized float path.
+    for ty in crate::resident::gguf_blocks::BLOCK_TYPES {
+        let k = ty.block_size() == 256;
+        let wide = if k { 1024 } else { 1536 };
+        let narrow = if k { 512 } else { 576 };
+        for (m, rows, cols, bias, acc) in [
+            (1, 96, narrow, true, false),
+            (2, 33, wide, false, true),
+            (9, 40, narrow, true, false),
+        ] {
+            add_coded_linear(
+                &mut add,
+                "gguf_linear",
+                Coded::Gguf { ty },
+                (m, rows, cols, bias, acc),
+            );
+        }
+    }
     // Embedding rows from group codes at every width (2 and 4 bits: the tile layout on
     // CUDA, a 576-column row ending in a half super-chunk at 2 bits): the first and last ids
     // of the table and random ones; the gather is exact (the same f32 products as the CPU).
@@ -1274,6 +1299,22 @@ fn coded_shape(spec: &Op) -> Option<(Coded, usize, usize)> {
 /// Rows `first..first + rows` of a group-coded case's matrix from its inputs (the codes of
 /// all its matrices, stacked by rows, in `bytes`; scales in `b` rounded to f16; zero points
 /// in `ids`).
+/// Rows `first..first + rows` of a GGUF-block case's matrix (its block bytes from `bytes`).
+fn gguf_blocks(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<BlockTensor> {
+    let Some((Coded::Gguf { ty }, cols, _)) = coded_shape(spec) else {
+        return Err(RuntimeError::Unsupported(
+            "gguf_blocks: not a GGUF-block case".into(),
+        ));
+    };
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    Ok(BlockTensor {
+        ty,
+        rows,
+        cols,
+        bytes: x.bytes[first * row_bytes..(first + rows) * row_bytes].to_vec(),
+    })
+}
+
 fn group_codes(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<GroupQuantized> {
     let Some((Coded::Group { bits, group }, cols, _)) = coded_shape(spec) else {
         return Err(crate::error::RuntimeError::Unsupported(
@@ -1353,6 +1394,19 @@ fn coded_linear<B: ResidentKernels>(
             bias,
             "conformance trellis",
         ),
+        Some((Coded::Gguf { .. }, ..)) => {
+            let t = gguf_blocks(spec, x, first, rows)?;
+            match b.gguf_block_linear(&t, bias.clone(), "conformance gguf")? {
+                Some(linear) => Ok(linear),
+                None => Ok(Box::new(crate::resident::gguf_blocks::dequantized_linear(
+                    b,
+                    &t,
+                    bias.as_deref(),
+                    WeightPrecision::F32,
+                    "conformance gguf",
+                )?)),
+            }
+        }
         _ => b.group_linear(
             group_codes(spec, x, first, rows)?,
             bias,
@@ -1376,6 +1430,14 @@ fn coded_dequant(spec: &Op, x: &Inputs, rows: &[usize]) -> Result<Vec<f32>> {
                 first += r;
             }
             Ok(w)
+        }
+        Some((Coded::Gguf { .. }, ..)) => {
+            gguf_blocks(spec, x, 0, total)?
+                .dequantize()
+                .map_err(|e| RuntimeError::Shape {
+                    op: "gguf blocks",
+                    msg: e.to_string(),
+                })
         }
         _ => Ok(group_codes(spec, x, 0, total)?.dequantize()),
     }
@@ -1852,6 +1914,7 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
                 .collect();
             i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
         }
+        Coded::Gguf { ty } => i.bytes = random_gguf_blocks(ty, rows, cols, rng),
         Coded::Trellis { k, .. } => {
             i.bytes = (0..rows / 16 * cols / 16 * 32 * usize::from(k))
                 .map(|_| rng.next() as u8)
@@ -1867,6 +1930,48 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
             i.ids = (0..3 * cols).map(|_| rng.next() as u32).collect();
         }
     }
+}
+
+/// GGUF blocks of `ty` for a `rows × cols` matrix: random code bytes (every bit pattern is a
+/// valid code), f16 scales giving weights of variance ≈ 1/cols, minimums about −8 scales.
+fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = ty.type_size();
+    let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ts)
+        .map(|_| rng.next() as u8)
+        .collect();
+    // Codes span ~2^bits levels (and K-quant sub-scales up to 63): one step ≈ 2/(levels·√cols).
+    let (levels, sub) = match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => (16.0, 1.0),
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => (32.0, 1.0),
+        GgmlType::Q8_0 => (256.0, 1.0),
+        GgmlType::Q2K => (4.0, 8.0),
+        GgmlType::Q3K => (8.0, 32.0),
+        _ => (64.0, 128.0),
+    };
+    let unit = 2.0 / (levels * sub * (cols as f32).sqrt());
+    for blk in bytes.chunks_exact_mut(ts) {
+        let d = unit * (0.5 + rng.vec(1, 0.5)[0]);
+        let mut put =
+            |at: usize, v: f32| blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                put(0, d);
+                put(2, -0.5 * levels * d);
+            }
+            GgmlType::Q2K => {
+                put(80, d);
+                put(82, 0.5 * d);
+            }
+            GgmlType::Q3K => put(108, d),
+            GgmlType::Q4K | GgmlType::Q5K => {
+                put(0, d);
+                put(2, 0.5 * d);
+            }
+            GgmlType::Q6K => put(208, d),
+            _ => put(0, d),
+        }
+    }
+    bytes
 }
 
 /// Host `[total, kv_heads·d]` rows → a `[kv_heads, capacity, d]` store image.

@@ -70,14 +70,14 @@ fn main() {
         trials.push(Trial::test(format!("cpu::{name}"), move || {
             verdict(run_case(&c, &CpuBackend::new(), true, s))
         }));
-        // Group-coded decode with int8 activations (what the tools run), on every SIMD tier
-        // of this CPU, against the same f64 reference of the f32 input. The bound is the
-        // activations' rounding: each input moves by at most 1/254 of its block's largest, a
-        // relative error of 0.3–0.4 % on these projections; a kernel reading a code or a
-        // scale wrongly is off by O(1).
+        // Group-coded and GGUF-block decode with int8 activations (what the tools run), on
+        // every SIMD tier of this CPU, against the same f64 reference of the f32 input. The
+        // bound is the activations' rounding: each input moves by at most 1/254 of its
+        // block's largest, a relative error of 0.3–0.4 % on these projections; a kernel
+        // reading a code or a scale wrongly is off by O(1).
         if matches!(
             case.op,
-            "group_linear" | "group_projections" | "group_swiglu"
+            "group_linear" | "group_projections" | "group_swiglu" | "gguf_linear"
         ) {
             for level in SimdLevel::supported() {
                 let mut c = case.clone();

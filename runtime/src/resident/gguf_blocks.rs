@@ -18,7 +18,7 @@
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::dot;
 use crate::backend::cpu::{CpuBackend, CpuBuffer, CpuIndex, SimdLevel};
-use crate::backend::WeightPrecision;
+use crate::backend::{Backend, WeightPrecision};
 use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearSpec};
 use crate::resident::gguf_blocks_kernel::{self as kernel, BlockRows, CodeLayout, Prepared};
@@ -27,16 +27,31 @@ use crate::resident::group::run_row_blocks;
 use crate::resident::{coded_forward, gather_decoded_rows, ResidentKernels};
 use half::f16;
 use sfx_formats::gguf::{dequantize, BlockTensor, GgmlType, QK_K};
-use sfx_formats::{OwnedTensors, TensorSource};
+use sfx_formats::{DType, TensorSource, TensorView};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Weights per block.
 const BLOCK: usize = 32;
 
+/// The GGUF types the CPU runs in their own blocks: the legacy 32-weight blocks, then the
+/// K-quants.
+pub const BLOCK_TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
 /// Whether a GGUF weight of type `ty` runs in its blocks on the CPU.
 pub fn runs_in_blocks(ty: GgmlType) -> bool {
-    LegacyBlocks::supports(ty) || KQuantBlocks::supports(ty)
+    BLOCK_TYPES.contains(&ty)
 }
 
 /// One GGUF matrix of 32-weight blocks, fields split into arrays.
@@ -56,17 +71,8 @@ pub struct LegacyBlocks {
 }
 
 impl LegacyBlocks {
-    /// The types this layout holds.
-    pub const TYPES: [GgmlType; 5] = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-    ];
-
     pub fn supports(ty: GgmlType) -> bool {
-        Self::TYPES.contains(&ty)
+        BLOCK_TYPES.contains(&ty) && ty.block_size() == BLOCK
     }
 
     /// Splits `t`'s blocks into arrays, checking type and sizes.
@@ -247,7 +253,7 @@ pub struct KQuantBlocks {
 
 impl KQuantBlocks {
     pub fn supports(ty: GgmlType) -> bool {
-        kquant::TYPES.contains(&ty)
+        BLOCK_TYPES.contains(&ty) && ty.block_size() == QK_K
     }
 
     /// Takes `t`'s super-blocks, checking type and sizes.
@@ -506,28 +512,28 @@ pub struct GgufBlockFactory<'a> {
     pub precision: WeightPrecision,
 }
 
-impl GgufBlockFactory<'_> {
-    /// The weight as a float linear, dequantized from its blocks.
-    fn dequantized<B: ResidentKernels>(
-        &self,
-        backend: &B,
-        tensors: &dyn TensorSource,
-        spec: &LinearSpec<'_>,
-        t: &BlockTensor,
-    ) -> Result<FloatLinear<B>> {
-        let values = t.dequantize().map_err(|e| RuntimeError::Shape {
-            op: "GgufBlockFactory",
-            msg: format!("{}: {e}", spec.weight_name),
+/// `t` (its rows `first..first + rows`) dequantized into a float linear on `backend`: where
+/// the backend has no kernels for the blocks.
+pub fn dequantized_linear<B: Backend>(
+    backend: &B,
+    t: &BlockTensor,
+    bias: Option<&[f32]>,
+    precision: WeightPrecision,
+    name: &str,
+) -> Result<FloatLinear<B>> {
+    let values = t.dequantize().map_err(|e| RuntimeError::Shape {
+        op: "dequantized_linear",
+        msg: format!("{name}: {e}"),
+    })?;
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [t.rows, t.cols];
+    let view =
+        TensorView::new(name, DType::F32, &shape, &bytes).map_err(|e| RuntimeError::Shape {
+            op: "dequantized_linear",
+            msg: e.to_string(),
         })?;
-        let mut one = OwnedTensors::new();
-        one.insert_f32(spec.weight_name, vec![t.rows, t.cols], &values);
-        if let Some(b) = load_bias(tensors, spec)? {
-            if let Some(name) = spec.bias_name {
-                one.insert_f32(name, vec![b.len()], &b);
-            }
-        }
-        FloatLinear::load(backend, &one, spec, self.precision)
-    }
+    let weight = backend.upload_matrix(name, &view, precision)?;
+    FloatLinear::new(backend, weight, bias)
 }
 
 impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
@@ -547,9 +553,15 @@ impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
         };
         check_dims(spec, t)?;
         let bias = load_bias(tensors, spec)?;
-        match backend.gguf_block_linear(t, bias, spec.weight_name)? {
+        match backend.gguf_block_linear(t, bias.clone(), spec.weight_name)? {
             Some(linear) => Ok(linear),
-            None => Ok(Box::new(self.dequantized(backend, tensors, spec, t)?)),
+            None => Ok(Box::new(dequantized_linear(
+                backend,
+                t,
+                bias.as_deref(),
+                self.precision,
+                spec.weight_name,
+            )?)),
         }
     }
 
@@ -568,7 +580,13 @@ impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
         check_dims(spec, t)?;
         match backend.gguf_block_linear(t, None, spec.weight_name)? {
             Some(linear) => Ok(Arc::from(linear)),
-            None => Ok(Arc::new(self.dequantized(backend, tensors, spec, t)?)),
+            None => Ok(Arc::new(dequantized_linear(
+                backend,
+                t,
+                None,
+                precision,
+                spec.weight_name,
+            )?)),
         }
     }
 }
@@ -591,7 +609,10 @@ mod tests {
     #[test]
     fn rows_dequantize_as_the_gguf_blocks() {
         let mut seed = 5u64;
-        for ty in LegacyBlocks::TYPES {
+        for ty in BLOCK_TYPES
+            .into_iter()
+            .filter(|&t| LegacyBlocks::supports(t))
+        {
             let (rows, cols) = (3, 96);
             let t = random_blocks(ty, rows, cols, &mut seed);
             let want = t.dequantize().unwrap();

@@ -27,7 +27,7 @@ use sfx_formats::gguf::{GgmlType, QK_K};
 const SUB: usize = 16;
 
 /// The K types these kernels read.
-pub(crate) const TYPES: [GgmlType; 5] = [
+const TYPES: [GgmlType; 5] = [
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Q4K,
