@@ -74,7 +74,8 @@ fn main() {
         // every SIMD tier of this CPU, against the same f64 reference of the f32 input. The
         // bound is the activations' rounding: each input moves by at most 1/254 of its
         // block's largest, a relative error of 0.3–0.4 % on these projections; a kernel
-        // reading a code or a scale wrongly is off by O(1).
+        // reading a code or a scale wrongly is off by O(1). Tiers without AVX-512 VNNI keep
+        // their f32 kernels in int8 mode; their trials check that fallback.
         if matches!(
             case.op,
             "group_linear" | "group_projections" | "group_swiglu" | "gguf_linear"

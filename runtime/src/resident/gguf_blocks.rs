@@ -388,7 +388,7 @@ impl GgufBlockLinear {
         let bytes = self.weight.size_in_bytes();
         match &self.weight {
             GgufWeight::Legacy(w) => {
-                if !kernel::takes(w.cols) {
+                if !kernel::takes(level, w.cols) {
                     return None;
                 }
                 let prepared = Prepared::new(x, w.layout());
@@ -397,12 +397,12 @@ impl GgufBlockLinear {
                 });
             }
             GgufWeight::KQuant(w) => {
-                if !kquant::takes(w.ty, w.cols) {
+                if !kquant::takes(level, w.ty, w.cols) {
                     return None;
                 }
                 let prepared = kquant::Prepared::new(x);
                 run_row_blocks(bytes, y, |r0, yb| {
-                    kquant::rows(w.ty, w.rows_bytes(r0, yb.len()), &prepared, yb);
+                    kquant::rows(level, w.ty, w.rows_bytes(r0, yb.len()), &prepared, yb);
                 });
             }
         }

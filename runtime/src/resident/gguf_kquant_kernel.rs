@@ -18,7 +18,8 @@
 //! one vector each. Each step's i32 lanes take their sub-block's `s_k` with one `vpermps`.
 //! Four rows share the activation loads. Other tiers run the f32 path (the caller's).
 
-use crate::backend::cpu::q8_activations::{Q8Activations, ACT_BLOCK};
+use crate::backend::cpu::q8_activations::{int8_kernels_at, Q8Activations, ACT_BLOCK};
+use crate::backend::cpu::SimdLevel;
 #[cfg(target_arch = "x86_64")]
 use sfx_formats::gguf::{k_scale_min, q3k_scales};
 use sfx_formats::gguf::{GgmlType, QK_K};
@@ -35,13 +36,9 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::Q6K,
 ];
 
-/// Whether the int8 kernels take a `cols`-wide matrix of `ty` on this machine.
-pub(crate) fn takes(ty: GgmlType, cols: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    let vnni = crate::backend::cpu::simd::avx512_int8_supported();
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
-    vnni && TYPES.contains(&ty) && cols > 0 && cols.is_multiple_of(QK_K)
+/// Whether the int8 kernels take a `cols`-wide matrix of `ty` at `level`.
+pub(crate) fn takes(level: SimdLevel, ty: GgmlType, cols: usize) -> bool {
+    int8_kernels_at(level) && TYPES.contains(&ty) && cols > 0 && cols.is_multiple_of(QK_K)
 }
 
 /// Per-token values every row shares.
@@ -80,8 +77,11 @@ impl Prepared {
 
 /// `y[r] = Σ_i ŵ[r, i]·x̃_i` for the `y.len()` rows of super-blocks in `bytes` (the rows'
 /// bytes as in the file). The caller checked [`takes`].
-pub(crate) fn rows(ty: GgmlType, bytes: &[u8], p: &Prepared, y: &mut [f32]) {
-    debug_assert!(takes(ty, p.acts.q.len()));
+pub(crate) fn rows(level: SimdLevel, ty: GgmlType, bytes: &[u8], p: &Prepared, y: &mut [f32]) {
+    assert!(
+        takes(level, ty, p.acts.q.len()),
+        "int8 kernels not available here"
+    );
     debug_assert_eq!(
         bytes.len(),
         y.len() * p.acts.q.len() / QK_K * ty.type_size()
@@ -99,7 +99,7 @@ pub(crate) fn rows(ty: GgmlType, bytes: &[u8], p: &Prepared, y: &mut [f32]) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, bytes, p, y);
+    let _ = (level, ty, bytes, p, y);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -335,8 +335,9 @@ mod tests {
         let mut seed = 77u64;
         for ty in TYPES {
             for &(rows, cols) in &[(5, 256), (9, 1024), (3, 4096)] {
-                if !takes(ty, cols) {
-                    eprintln!("skipped: no AVX-512 VNNI on this machine");
+                let level = SimdLevel::detect();
+                if !takes(level, ty, cols) {
+                    eprintln!("skipped: no AVX-512 VNNI on this machine (f32 path runs)");
                     return;
                 }
                 let bytes = random_kquant(ty, rows, cols, &mut seed);
@@ -347,7 +348,7 @@ mod tests {
                 let p = Prepared::new(&x);
                 let xt = p.acts.dequantized();
                 let mut y = vec![f32::NAN; rows];
-                super::rows(ty, &bytes, &p, &mut y);
+                super::rows(level, ty, &bytes, &p, &mut y);
                 assert_rows_match_f64(&deq, &xt, &y, &format!("{ty} {rows}x{cols}"));
             }
         }

@@ -59,7 +59,7 @@ impl GroupQuantLinear {
     /// when the shape is off the int8 kernels' grid.
     fn matvec_int8(&self, level: SimdLevel, x: &[f32], y: &mut [f32]) -> Option<()> {
         let w = &self.weight;
-        if !group_q8::takes(w.cols(), w.group_size()) {
+        if !group_q8::takes(level, w.cols(), w.group_size()) {
             return None;
         }
         let prepared = group_q8::Prepared::new(x, w.group_size(), w.bits());

@@ -34,6 +34,22 @@ macro_rules! by_row_blocks {
 }
 pub(crate) use by_row_blocks;
 
+/// Whether the int8 kernels run at `level` on this machine: AVX-512 with VNNI and VBMI. On
+/// other tiers coded projections keep their f32 kernels: a portable integer path measured
+/// 0.33–0.57× of them on AVX2 (results.md), slower than no int8 at all.
+pub(crate) fn int8_kernels_at(level: crate::backend::cpu::SimdLevel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level == crate::backend::cpu::SimdLevel::Avx512
+            && crate::backend::cpu::simd::avx512_int8_supported()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        false
+    }
+}
+
 /// Inputs per activation block (one f32 scale each).
 pub const ACT_BLOCK: usize = 32;
 
