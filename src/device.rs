@@ -70,17 +70,10 @@ pub fn cpu_decode_activations() -> Result<DecodeActivations> {
     }
 }
 
-/// Opens the chosen backend and runs `task` on it (the CPU with [`cpu_decode_activations`]).
+/// Opens the chosen backend and runs `task` on it (the CPU with [`cpu_decode_activations`];
+/// a task that needs the reference numerics asks for `Backend::with_reference_numerics`).
 pub fn with_backend<T: OnBackend>(choice: DeviceChoice, task: T) -> Result<T::Output> {
-    with_backend_using(choice, cpu_decode_activations()?, task)
-}
-
-/// [`with_backend`] with the CPU's decode activations chosen by the caller.
-pub fn with_backend_using<T: OnBackend>(
-    choice: DeviceChoice,
-    cpu_activations: DecodeActivations,
-    task: T,
-) -> Result<T::Output> {
+    let cpu_activations = cpu_decode_activations()?;
     match choice.resolve() {
         Resolved::Cpu => task.run(CpuBackend::new().with_decode_activations(cpu_activations)),
         Resolved::Cuda(n) => {

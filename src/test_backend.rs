@@ -2,9 +2,8 @@
 //! GPU (every op against the CPU backend with its stated bound) or the CPU backend itself
 //! (against plain f64 loops).
 
-use crate::device::{with_backend_using, DeviceChoice, OnBackend, Resolved};
+use crate::device::{with_backend, DeviceChoice, OnBackend, Resolved};
 use anyhow::{bail, Result};
-use sfx_runtime::backend::cpu::DecodeActivations;
 use sfx_runtime::conformance::{cases, run_case, CaseResult};
 use sfx_runtime::resident::ResidentKernels;
 
@@ -25,6 +24,9 @@ struct Task<'a> {
 impl OnBackend for Task<'_> {
     type Output = Vec<CaseResult>;
     fn run<B: ResidentKernels>(self, backend: B) -> Result<Vec<CaseResult>> {
+        // The suite checks the reference numerics: f32 activations on the CPU (the int8
+        // decode kernels have their own cases in the runtime's backend_ops tests).
+        let backend = backend.with_reference_numerics();
         let all = cases();
         let selected: Vec<_> = all
             .iter()
@@ -105,11 +107,8 @@ pub fn run(args: TestArgs) -> Result<()> {
         println!("| op | shape family | reference | error | bound | result |");
         println!("| --- | --- | --- | ---: | ---: | --- |");
     }
-    // The suite checks the reference numerics: f32 activations on the CPU (the int8 decode
-    // kernels have their own cases in the runtime's backend_ops tests).
-    let results = with_backend_using(
+    let results = with_backend(
         args.device,
-        DecodeActivations::F32,
         Task {
             args: &args,
             is_cpu,

@@ -1935,8 +1935,7 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
 /// GGUF blocks of `ty` for a `rows × cols` matrix: random code bytes (every bit pattern is a
 /// valid code), f16 scales giving weights of variance ≈ 1/cols, minimums about −8 scales.
 fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-    let ts = ty.type_size();
-    let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ts)
+    let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size())
         .map(|_| rng.next() as u8)
         .collect();
     // Codes span ~2^bits levels (and K-quant sub-scales up to 63): one step ≈ 2/(levels·√cols).
@@ -1949,28 +1948,11 @@ fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> 
         _ => (64.0, 128.0),
     };
     let unit = 2.0 / (levels * sub * (cols as f32).sqrt());
-    for blk in bytes.chunks_exact_mut(ts) {
+    let legacy = ty.block_size() == 32;
+    crate::resident::gguf_blocks::set_block_scales(ty, &mut bytes, || {
         let d = unit * (0.5 + rng.vec(1, 0.5)[0]);
-        let mut put =
-            |at: usize, v: f32| blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-        match ty {
-            GgmlType::Q4_1 | GgmlType::Q5_1 => {
-                put(0, d);
-                put(2, -0.5 * levels * d);
-            }
-            GgmlType::Q2K => {
-                put(80, d);
-                put(82, 0.5 * d);
-            }
-            GgmlType::Q3K => put(108, d),
-            GgmlType::Q4K | GgmlType::Q5K => {
-                put(0, d);
-                put(2, 0.5 * d);
-            }
-            GgmlType::Q6K => put(208, d),
-            _ => put(0, d),
-        }
-    }
+        (d, if legacy { -0.5 * levels * d } else { 0.5 * d })
+    });
     bytes
 }
 

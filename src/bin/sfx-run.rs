@@ -40,8 +40,8 @@ use tokenizers::Tokenizer;
     long_about = "Run a model: generate text, or measure perplexity / KL.\n\n\
         MODEL is a .gguf file (on the CPU its Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q2_K–Q6_K weights \
         run in their own blocks; other types, and every type on CUDA, are dequantized at \
-        load), a Hugging Face folder (safetensors, memory-mapped), a Hub repo id (org/name[@revision]; the standard HF cache is used, \
-        HF_HUB_OFFLINE=1 forbids downloads) or a .sfx container written by sfx-convert \
+        load), a Hugging Face folder (safetensors, memory-mapped), a Hub repo id \
+        (org/name[@revision]; the standard HF cache is used, HF_HUB_OFFLINE=1 forbids downloads) or a .sfx container written by sfx-convert \
         (recognised by its magic bytes; tokenizer and chat template come from its metadata). \
         A .sfx runs its low-bit resident base plus selective refinement: per token, the top-k \
         input channels per 1024 of every projection set fetch their 4-bit refinement columns \

@@ -50,6 +50,32 @@ impl BlockTensor {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
+    /// Checks that `bytes` holds exactly `rows` rows of whole `ty` blocks of `cols` values
+    /// (the fields are public, so a caller may have built it by hand).
+    pub fn check(&self) -> Result<(), GgufError> {
+        let ty = self.ty;
+        if !self.cols.is_multiple_of(ty.block_size()) {
+            return Err(GgufError::Import(format!(
+                "{} columns is not a whole number of {ty} blocks of {}",
+                self.cols,
+                ty.block_size()
+            )));
+        }
+        let want = (self.rows as u64)
+            .checked_mul(self.cols as u64)
+            .and_then(|n| ty.bytes_for(n));
+        if want != Some(self.bytes.len() as u64) {
+            return Err(GgufError::Import(format!(
+                "{}×{} {ty} needs {} bytes, got {}",
+                self.rows,
+                self.cols,
+                want.unwrap_or(u64::MAX),
+                self.bytes.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Dequantizes to f32 values in row-major order.
     pub fn dequantize(&self) -> Result<Vec<f32>, GgufError> {
         super::dequantize_to_vec(self.ty, &self.bytes, self.rows * self.cols)

@@ -8,8 +8,8 @@
 //!   decode scales per super-block.
 //! - Decode (m ≤ 2) with int8 activations (the CPU tools' default): integer dots
 //!   (`gguf_blocks_kernel`, `gguf_kquant_kernel`), as llama.cpp runs these files.
-//! - Decode with f32 activations (the reference numerics), and K-quants on machines without
-//!   AVX-512 VNNI: blocks dequantized on the fly into f32 dots.
+//! - Decode with f32 activations (the reference numerics), and on machines without AVX-512
+//!   VNNI: blocks dequantized on the fly into f32 dots.
 //! - Prefill: panels of rows dequantized into faer's f32 GEMM, as the group codes do.
 //! - A tied embedding gathers its rows from the same blocks.
 //!
@@ -23,8 +23,7 @@ use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearSpec};
 use crate::resident::gguf_blocks_kernel::{self as kernel, BlockRows, CodeLayout, Prepared};
 use crate::resident::gguf_kquant_kernel as kquant;
-use crate::resident::group::run_row_blocks;
-use crate::resident::{coded_forward, gather_decoded_rows, ResidentKernels};
+use crate::resident::{coded_forward, gather_decoded_rows, run_row_blocks, ResidentKernels};
 use half::f16;
 use sfx_formats::gguf::{dequantize, BlockTensor, GgmlType, QK_K};
 use sfx_formats::{DType, TensorSource, TensorView};
@@ -54,6 +53,36 @@ pub fn runs_in_blocks(ty: GgmlType) -> bool {
     BLOCK_TYPES.contains(&ty)
 }
 
+/// Byte offsets in a block of `ty` of its f16 scale and, for the types with one, its f16
+/// minimum (`m` of Q4_1/Q5_1, `dmin` of Q2_K/Q4_K/Q5_K).
+fn scale_offsets(ty: GgmlType) -> (usize, Option<usize>) {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => (0, Some(2)),
+        GgmlType::Q2K => (80, Some(82)),
+        GgmlType::Q3K => (108, None),
+        GgmlType::Q6K => (208, None),
+        _ => (0, None),
+    }
+}
+
+/// Writes `scale()`'s (scale, minimum) into the f16 fields of every `ty` block in `bytes`
+/// (the minimum only where the type has one): random code bytes plus this make valid blocks
+/// for tests and conformance cases.
+pub(crate) fn set_block_scales(
+    ty: GgmlType,
+    bytes: &mut [u8],
+    mut scale: impl FnMut() -> (f32, f32),
+) {
+    let (d_at, min_at) = scale_offsets(ty);
+    for blk in bytes.chunks_exact_mut(ty.type_size()) {
+        let (d, min) = scale();
+        blk[d_at..d_at + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        if let Some(at) = min_at {
+            blk[at..at + 2].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+        }
+    }
+}
+
 /// One GGUF matrix of 32-weight blocks, fields split into arrays.
 #[derive(Debug, Clone)]
 pub struct LegacyBlocks {
@@ -77,34 +106,12 @@ impl LegacyBlocks {
 
     /// Splits `t`'s blocks into arrays, checking type and sizes.
     pub fn from_gguf(t: &BlockTensor) -> Result<Self> {
-        let bad = |msg: String| RuntimeError::Shape {
-            op: "LegacyBlocks::from_gguf",
-            msg,
-        };
         if !Self::supports(t.ty) {
-            return Err(bad(format!("{} blocks have no block kernels", t.ty)));
+            return Err(block_error("LegacyBlocks::from_gguf", t));
         }
-        if !t.cols.is_multiple_of(BLOCK) {
-            return Err(bad(format!(
-                "{} columns is not a whole number of blocks",
-                t.cols
-            )));
-        }
-        let n = t
-            .rows
-            .checked_mul(t.cols / BLOCK)
-            .ok_or_else(|| bad("block count overflows".into()))?;
+        check_blocks("LegacyBlocks::from_gguf", t)?;
+        let n = t.rows * (t.cols / BLOCK);
         let ts = t.ty.type_size();
-        if n.checked_mul(ts) != Some(t.bytes.len()) {
-            return Err(bad(format!(
-                "{}×{} {} needs {} bytes, got {}",
-                t.rows,
-                t.cols,
-                t.ty,
-                n.saturating_mul(ts),
-                t.bytes.len()
-            )));
-        }
         let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let (has_min, has_high) = match t.ty {
@@ -244,12 +251,7 @@ impl LegacyBlocks {
 
 /// One GGUF matrix of K-quant super-blocks (256 weights each), as the file stores them.
 #[derive(Debug, Clone)]
-pub struct KQuantBlocks {
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    bytes: Vec<u8>,
-}
+pub struct KQuantBlocks(BlockTensor);
 
 impl KQuantBlocks {
     pub fn supports(ty: GgmlType) -> bool {
@@ -258,58 +260,50 @@ impl KQuantBlocks {
 
     /// Takes `t`'s super-blocks, checking type and sizes.
     pub fn from_gguf(t: &BlockTensor) -> Result<Self> {
-        let bad = |msg: String| RuntimeError::Shape {
-            op: "KQuantBlocks::from_gguf",
-            msg,
-        };
         if !Self::supports(t.ty) {
-            return Err(bad(format!("{} blocks have no block kernels", t.ty)));
+            return Err(block_error("KQuantBlocks::from_gguf", t));
         }
-        if !t.cols.is_multiple_of(QK_K) {
-            return Err(bad(format!(
-                "{} columns is not a whole number of super-blocks",
-                t.cols
-            )));
-        }
-        let want = t
-            .rows
-            .checked_mul(t.cols / QK_K)
-            .and_then(|n| n.checked_mul(t.ty.type_size()));
-        if want != Some(t.bytes.len()) {
-            return Err(bad(format!(
-                "{}×{} {} needs {} bytes, got {}",
-                t.rows,
-                t.cols,
-                t.ty,
-                want.unwrap_or(usize::MAX),
-                t.bytes.len()
-            )));
-        }
-        Ok(Self {
-            ty: t.ty,
-            rows: t.rows,
-            cols: t.cols,
-            bytes: t.bytes.clone(),
-        })
-    }
-
-    fn row_bytes(&self) -> usize {
-        self.cols / QK_K * self.ty.type_size()
+        check_blocks("KQuantBlocks::from_gguf", t)?;
+        Ok(Self(t.clone()))
     }
 
     /// Rows `r0..r0 + n`'s bytes.
     fn rows_bytes(&self, r0: usize, n: usize) -> &[u8] {
-        let rb = self.row_bytes();
-        &self.bytes[r0 * rb..(r0 + n) * rb]
+        let rb = self.0.row_bytes();
+        &self.0.bytes[r0 * rb..(r0 + n) * rb]
+    }
+
+    /// Super-block `b` (row-major over the whole matrix) as 256 f32 values.
+    fn dequantize_block(&self, b: usize, out: &mut [f32]) {
+        let ts = self.0.ty.type_size();
+        // Sizes were checked at construction, so this cannot fail; NaN would show it did.
+        if dequantize(self.0.ty, &self.0.bytes[b * ts..(b + 1) * ts], QK_K, out).is_err() {
+            out.fill(f32::NAN);
+        }
     }
 
     /// Row `r` as f32 values (`out.len() == cols`), llama.cpp's dequantization.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        // Sizes were checked at construction, so this cannot fail; NaN would show it did.
-        if dequantize(self.ty, self.rows_bytes(r, 1), self.cols, out).is_err() {
+        if dequantize(self.0.ty, self.rows_bytes(r, 1), self.0.cols, out).is_err() {
             out.fill(f32::NAN);
         }
     }
+}
+
+/// The error for a block type without kernels.
+fn block_error(op: &'static str, t: &BlockTensor) -> RuntimeError {
+    RuntimeError::Shape {
+        op,
+        msg: format!("{} blocks have no block kernels", t.ty),
+    }
+}
+
+/// [`BlockTensor::check`] as a runtime error.
+fn check_blocks(op: &'static str, t: &BlockTensor) -> Result<()> {
+    t.check().map_err(|e| RuntimeError::Shape {
+        op,
+        msg: e.to_string(),
+    })
 }
 
 /// The weight of a [`GgufBlockLinear`].
@@ -334,31 +328,47 @@ impl GgufWeight {
     pub fn ty(&self) -> GgmlType {
         match self {
             Self::Legacy(w) => w.ty,
-            Self::KQuant(w) => w.ty,
+            Self::KQuant(w) => w.0.ty,
         }
     }
     pub fn rows(&self) -> usize {
         match self {
             Self::Legacy(w) => w.rows,
-            Self::KQuant(w) => w.rows,
+            Self::KQuant(w) => w.0.rows,
         }
     }
     pub fn cols(&self) -> usize {
         match self {
             Self::Legacy(w) => w.cols,
-            Self::KQuant(w) => w.cols,
+            Self::KQuant(w) => w.0.cols,
         }
     }
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Legacy(w) => w.size_in_bytes(),
-            Self::KQuant(w) => w.bytes.len(),
+            Self::KQuant(w) => w.0.bytes.len(),
         }
     }
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match self {
             Self::Legacy(w) => w.dequantize_row(r, out),
             Self::KQuant(w) => w.dequantize_row(r, out),
+        }
+    }
+
+    /// Values per block: 32 (legacy) or 256 (K-quant super-blocks).
+    fn block_len(&self) -> usize {
+        match self {
+            Self::Legacy(_) => BLOCK,
+            Self::KQuant(_) => QK_K,
+        }
+    }
+
+    /// Block `b` (row-major over the whole matrix) as [`GgufWeight::block_len`] f32 values.
+    fn dequantize_block(&self, b: usize, out: &mut [f32]) {
+        match self {
+            Self::Legacy(w) => w.dequantize_block(b, out),
+            Self::KQuant(w) => w.dequantize_block(b, out),
         }
     }
 }
@@ -397,12 +407,12 @@ impl GgufBlockLinear {
                 });
             }
             GgufWeight::KQuant(w) => {
-                if !kquant::takes(level, w.ty, w.cols) {
+                if !kquant::takes(level, w.0.ty, w.0.cols) {
                     return None;
                 }
                 let prepared = kquant::Prepared::new(x);
                 run_row_blocks(bytes, y, |r0, yb| {
-                    kquant::rows(level, w.ty, w.rows_bytes(r0, yb.len()), &prepared, yb);
+                    kquant::rows(level, w.0.ty, w.rows_bytes(r0, yb.len()), &prepared, yb);
                 });
             }
         }
@@ -413,28 +423,16 @@ impl GgufBlockLinear {
     /// dequantized on the fly (a legacy block or a K-quant super-block at a time).
     fn matvec_f32(&self, x: &[f32], y: &mut [f32]) {
         let w = &self.weight;
-        let chunk = match w {
-            GgufWeight::Legacy(_) => BLOCK,
-            GgufWeight::KQuant(_) => QK_K,
-        };
+        let chunk = w.block_len();
         let per_row = w.cols() / chunk;
         run_row_blocks(w.size_in_bytes(), y, |r0, yb| {
             let mut block = [0.0f32; QK_K];
             let block = &mut block[..chunk];
             for (i, yr) in yb.iter_mut().enumerate() {
-                let r = r0 + i;
+                let first = (r0 + i) * per_row;
                 let mut total = 0.0f32;
                 for (k, xb) in x.chunks_exact(chunk).enumerate() {
-                    match w {
-                        GgufWeight::Legacy(l) => l.dequantize_block(r * per_row + k, block),
-                        GgufWeight::KQuant(q) => {
-                            let ts = q.ty.type_size();
-                            let at = (r * per_row + k) * ts;
-                            if dequantize(q.ty, &q.bytes[at..at + ts], QK_K, block).is_err() {
-                                block.fill(f32::NAN);
-                            }
-                        }
-                    }
+                    w.dequantize_block(first + k, block);
                     total += dot(block, xb);
                 }
                 *yr = total;
@@ -512,8 +510,8 @@ pub struct GgufBlockFactory<'a> {
     pub precision: WeightPrecision,
 }
 
-/// `t` (its rows `first..first + rows`) dequantized into a float linear on `backend`: where
-/// the backend has no kernels for the blocks.
+/// `t` dequantized into a float linear on `backend`: where the backend has no kernels for
+/// the blocks.
 pub fn dequantized_linear<B: Backend>(
     backend: &B,
     t: &BlockTensor,
@@ -600,9 +598,37 @@ fn check_dims(spec: &LinearSpec<'_>, t: &BlockTensor) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::resident::gguf_blocks_kernel::tests::random_blocks;
+    use crate::test_util::lcg;
+
+    /// A `rows × cols` matrix of `ty` blocks with random codes and scales: legacy scales in
+    /// 0.01–0.06 with minimums down to −0.2, K-quant scales and minimums in 0.001–0.011.
+    pub(crate) fn random_blocks(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        seed: &mut u64,
+    ) -> BlockTensor {
+        let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size())
+            .map(|_| (lcg(seed).to_bits() >> 7) as u8)
+            .collect();
+        let k = ty.block_size() == QK_K;
+        set_block_scales(ty, &mut bytes, || {
+            let (a, b) = (lcg(seed).abs(), lcg(seed).abs());
+            if k {
+                (0.001 + 0.01 * a, 0.001 + 0.01 * b)
+            } else {
+                (0.01 + 0.05 * a, -0.2 * b)
+            }
+        });
+        BlockTensor {
+            ty,
+            rows,
+            cols,
+            bytes,
+        }
+    }
 
     /// The split layout dequantizes to exactly llama.cpp's values (the formats crate's
     /// dequantization, written from ggml's block definitions).

@@ -228,41 +228,11 @@ mod vnni {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::resident::gguf_blocks::tests::random_blocks;
     use crate::resident::gguf_blocks::{LegacyBlocks, BLOCK_TYPES};
     use crate::test_util::{assert_rows_match_f64, lcg};
-    use sfx_formats::gguf::{BlockTensor, GgmlType};
-
-    /// GGUF blocks of `ty` with random codes and scales (random bytes are valid blocks once
-    /// the f16 fields are finite).
-    pub(crate) fn random_blocks(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        seed: &mut u64,
-    ) -> BlockTensor {
-        let n = rows * cols / 32;
-        let ts = ty.type_size();
-        let mut bytes = vec![0u8; n * ts];
-        for blk in bytes.chunks_exact_mut(ts) {
-            for b in blk.iter_mut() {
-                *b = (lcg(seed).to_bits() >> 7) as u8;
-            }
-            let d = f16::from_f32(0.01 + 0.05 * lcg(seed).abs());
-            blk[0..2].copy_from_slice(&d.to_le_bytes());
-            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
-                let m = f16::from_f32(-0.2 * lcg(seed).abs());
-                blk[2..4].copy_from_slice(&m.to_le_bytes());
-            }
-        }
-        BlockTensor {
-            ty,
-            rows,
-            cols,
-            bytes,
-        }
-    }
 
     /// Every type on every tier against the f64 product of llama.cpp's dequantization (the
     /// formats crate's, written from ggml's block definitions) with the dequantized int8

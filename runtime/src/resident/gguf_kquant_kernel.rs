@@ -54,14 +54,7 @@ impl Prepared {
     /// Quantizes `x` (a multiple of 256 long).
     pub(crate) fn new(x: &[f32]) -> Self {
         let acts = Q8Activations::quantize(x);
-        let dvec = acts
-            .d
-            .chunks_exact(2)
-            .flat_map(|p| {
-                let (a, b) = (p[0], p[1]);
-                (0..16).map(move |l| if l < 8 { a } else { b })
-            })
-            .collect();
+        let dvec = acts.pair_lane_scales();
         let gx16 = acts
             .q
             .chunks_exact(SUB)
@@ -294,38 +287,9 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resident::gguf_blocks::tests::random_blocks;
     use crate::test_util::{assert_rows_match_f64, lcg};
-    use half::f16;
-    use sfx_formats::gguf::{dequantize_to_vec, GgmlType};
-
-    /// Random K-quant super-blocks: random bytes with finite f16 fields.
-    pub(crate) fn random_kquant(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-        let ts = ty.type_size();
-        let mut bytes = vec![0u8; rows * cols / QK_K * ts];
-        for blk in bytes.chunks_exact_mut(ts) {
-            for b in blk.iter_mut() {
-                *b = (lcg(seed).to_bits() >> 7) as u8;
-            }
-            let mut put = |at: usize, v: f32| {
-                blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
-            };
-            let d = 0.001 + 0.01 * lcg(seed).abs();
-            let dmin = 0.001 + 0.01 * lcg(seed).abs();
-            match ty {
-                GgmlType::Q2K => {
-                    put(80, d);
-                    put(82, dmin);
-                }
-                GgmlType::Q3K => put(108, d),
-                GgmlType::Q4K | GgmlType::Q5K => {
-                    put(0, d);
-                    put(2, dmin);
-                }
-                _ => put(208, d),
-            }
-        }
-        bytes
-    }
+    use sfx_formats::gguf::dequantize_to_vec;
 
     /// Every K type against the f64 product of llama.cpp's dequantization (the formats
     /// crate's, from ggml's block definitions) with the dequantized int8 activations. Bound:
@@ -340,7 +304,7 @@ mod tests {
                     eprintln!("skipped: no AVX-512 VNNI on this machine (f32 path runs)");
                     return;
                 }
-                let bytes = random_kquant(ty, rows, cols, &mut seed);
+                let bytes = random_blocks(ty, rows, cols, &mut seed).bytes;
                 let deq = dequantize_to_vec(ty, &bytes, rows * cols).unwrap();
                 let x: Vec<f32> = (0..cols)
                     .map(|i| lcg(&mut seed) * (1.0 + (i % 5) as f32))

@@ -20,14 +20,10 @@ use crate::error::{check_len, Result, RuntimeError};
 use crate::linear::{
     check_shape, load_bias, require, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec,
 };
-use crate::resident::{coded_forward, gather_decoded_rows, group_q8};
+use crate::resident::{coded_forward, gather_decoded_rows, group_q8, run_row_blocks};
 use half::f16;
-use rayon::prelude::*;
 use sfx_formats::resident::{minmax_grid, GroupQuantized, ResidentError, DEFAULT_GROUP_SIZE};
 use sfx_formats::TensorSource;
-
-/// Below this many code bytes a matvec stays on one thread (a fork/join costs a few µs).
-const MIN_PARALLEL_BYTES: usize = 32 * 1024;
 
 fn layout_err(op: &'static str, e: ResidentError) -> RuntimeError {
     RuntimeError::Shape {
@@ -174,24 +170,6 @@ impl Linear<CpuBackend> for GroupQuantLinear {
             if self.bias.is_some() { " +bias" } else { "" }
         )
     }
-}
-
-/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per rayon thread, or on the
-/// calling thread below [`MIN_PARALLEL_BYTES`] of codes (a fork/join costs a few µs).
-pub(crate) fn run_row_blocks(
-    code_bytes: usize,
-    y: &mut [f32],
-    block: impl Fn(usize, &mut [f32]) + Sync,
-) {
-    let threads = rayon::current_num_threads();
-    if code_bytes < MIN_PARALLEL_BYTES || threads == 1 {
-        block(0, y);
-        return;
-    }
-    let per_task = y.len().div_ceil(threads * 4).max(1);
-    y.par_chunks_mut(per_task)
-        .enumerate()
-        .for_each(|(b, yb)| block(b * per_task, yb));
 }
 
 /// One block of rows for the decode kernel.

@@ -87,14 +87,7 @@ impl Prepared {
                 }));
             }
         } else {
-            dvec = acts
-                .d
-                .chunks_exact(2)
-                .flat_map(|p| {
-                    let (a, b) = (p[0], p[1]);
-                    (0..16).map(move |l| if l < 8 { a } else { b })
-                })
-                .collect();
+            dvec = acts.pair_lane_scales();
         }
         Self {
             acts,

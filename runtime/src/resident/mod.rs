@@ -41,6 +41,7 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::linear::Linear;
+use rayon::prelude::*;
 use sfx_formats::gguf::BlockTensor;
 use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
 
@@ -115,6 +116,28 @@ pub(crate) fn coded_forward(
 
 /// Token counts up to this run a coded projection's decode matvec once per token.
 const DECODE_MAX_TOKENS: usize = 2;
+
+/// Below this many weight bytes a CPU decode matvec stays on one thread (a fork/join costs a
+/// few µs).
+const MIN_PARALLEL_BYTES: usize = 32 * 1024;
+
+/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per rayon thread, or on the
+/// calling thread for a matrix of fewer than [`MIN_PARALLEL_BYTES`] weight bytes.
+pub(crate) fn run_row_blocks(
+    weight_bytes: usize,
+    y: &mut [f32],
+    block: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let threads = rayon::current_num_threads();
+    if weight_bytes < MIN_PARALLEL_BYTES || threads == 1 {
+        block(0, y);
+        return;
+    }
+    let per_task = y.len().div_ceil(threads * 4).max(1);
+    y.par_chunks_mut(per_task)
+        .enumerate()
+        .for_each(|(b, yb)| block(b * per_task, yb));
+}
 
 /// `y[t, :] += bias` for every token row of a CPU projection's output.
 pub(crate) fn add_bias(y: &mut [f32], rows: usize, bias: Option<&[f32]>) {

@@ -64,7 +64,7 @@ pub enum DecodeActivations {
 }
 
 impl DecodeActivations {
-    /// Parses `f32` or `int8` (the `--cpu-activations` option, `SFX_CPU_ACTIVATIONS`).
+    /// Parses `f32` or `int8` (the tools' `SFX_CPU_ACTIVATIONS`).
     pub fn parse(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" | "float" | "exact" => Ok(Self::F32),
@@ -131,6 +131,18 @@ impl Q8Activations {
             }
             *s = sum;
         }
+    }
+
+    /// Per 64 inputs, the 16 i32 lanes' block scales of a `vpdpbusd` over them in input
+    /// order: `d` of the first 32 inputs ×8, of the next 32 ×8.
+    pub(crate) fn pair_lane_scales(&self) -> Vec<f32> {
+        self.d
+            .chunks_exact(2)
+            .flat_map(|p| {
+                let (a, b) = (p[0], p[1]);
+                (0..16).map(move |l| if l < 8 { a } else { b })
+            })
+            .collect()
     }
 
     /// `x̃`, the values the integer kernels multiply (tests and references).
