@@ -39,7 +39,7 @@ unit: assets cuda-tools
 	mkdir -p target; set -o pipefail; SFX_NVCC=$(NVCC_PATH) $(CARGO) test --workspace 2>&1 | tee target/test.log
 	@awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i } } \
 	     END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' target/test.log
-	@grep -E '^test cuda(-fused)?::.* ignored$$' target/test.log | wc -l | xargs -I{} echo "skipped without a GPU: {} cuda:: and cuda-fused:: cases (listed as ignored above)"
+	@grep -E '^test cuda(-branches)?::.* ignored$$' target/test.log | wc -l | xargs -I{} echo "skipped without a GPU: {} cuda:: and cuda-branches:: cases (listed as ignored above)"
 
 test: fmt-check clippy unit
 

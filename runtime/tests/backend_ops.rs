@@ -49,9 +49,9 @@ fn main() {
         );
     }
     let cuda: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
-    // Refined decode steps once more with the engine's fused path on (off by default until
-    // measured on the H200): the coded projections' launches take the refinement.
-    let cuda_fused: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
+    // Refined decode steps once more with the engine's branches for every set: CUDA's
+    // default hands staged sets' refinement to the coded projections' launches instead.
+    let cuda_branches: Arc<OnceLock<Result<CudaBackend, String>>> = Arc::new(OnceLock::new());
     let mut trials = Vec::new();
     for (i, case) in cases().into_iter().enumerate() {
         let s = seed.wrapping_add(i as u64);
@@ -100,12 +100,12 @@ fn main() {
         }
         if case.op == "model_decode" && case.family.contains("refined") {
             let c = case.clone();
-            let cuda_fused = cuda_fused.clone();
+            let cuda_branches = cuda_branches.clone();
             trials.push(
-                Trial::test(format!("cuda-fused::{name}"), move || {
-                    let b = cuda_fused.get_or_init(|| {
+                Trial::test(format!("cuda-branches::{name}"), move || {
+                    let b = cuda_branches.get_or_init(|| {
                         CudaBackend::new(0)
-                            .and_then(|b| b.with_fused_refinement(true))
+                            .and_then(|b| b.with_fused_refinement(false))
                             .map_err(|e| e.to_string())
                     });
                     match b {

@@ -18,6 +18,7 @@
 //!   see [`super::placed`].
 
 use super::placed::Placed;
+use super::plan::nibble_level;
 use super::select::select_top_k;
 use super::store::{Fetched, RefinementStore, StoreStats, UnitKey, UnitRef};
 // Fetch lead's host-side selection normalises with the CPU backend's arithmetic, so the engine
@@ -97,6 +98,13 @@ pub enum MlpMode {
     /// Neuron bundles (eq. 5–6) instead of the gate/up and down columns.
     Bundles,
 }
+
+/// The largest k per 1024 at which a staged set is refined inside its projections' launches
+/// ([`Refiner::fuses_set`]). Above it each block's share of the columns outweighs the launch
+/// it saves: on an H100 (8B shape, s = 1,0.5,1,0.5, rtn2 and qtip2) the fused launches ran
+/// 1.12–1.13× the branch path's speed at k = 4, 1.04–1.13× at 8, 0.99–1.05× at 16 and
+/// 0.89–0.98× at 24 and 32.
+pub const FUSED_MAX_K: usize = 16;
 
 /// Neurons per 1024 selected by neuron bundles at down-projection budget `k_down`:
 /// k_n = round(3k/4), the method's pairing of bundle and channel budgets (docs/method.md §2),
@@ -238,16 +246,6 @@ fn check_budgets(k: [usize; 4], bundle_k: usize) -> Result<()> {
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
-}
-
-fn level(bytes: &[u8], e: usize) -> f32 {
-    let b = bytes[e / 2];
-    let nib = if e.is_multiple_of(2) {
-        b & 0x0F
-    } else {
-        b >> 4
-    };
-    nib as f32 - 8.0
 }
 
 impl<B: Backend> Refiner<B> {
@@ -564,8 +562,9 @@ impl<B: Backend> Refiner<B> {
     }
 
     /// Whether a decode row's set `set` of layer `layer` is refined by its projections'
-    /// own launches ([`FusedColumns`]): the engine runs in the backend, the set has a budget
-    /// and no fetch lag (a lagged contribution lands later, in the residual stream), and the
+    /// own launches ([`FusedColumns`]): the engine runs in the backend, the set has a budget,
+    /// fetch lead staged its columns (q/k/v and gate/up with s > 0; o and down never: without
+    /// lag they would read host memory in the launch, with lag they land later), and the
     /// backend fuses refinement into every one of `weights` (the set's matrices, graph order).
     pub fn fuses_set(
         &self,
@@ -579,11 +578,14 @@ impl<B: Backend> Refiner<B> {
             return false;
         };
         let k = self.settings.k[set.index()];
-        let lagged = matches!(set, ProjectionSet::O | ProjectionSet::Down) && p.shift(set) > 0;
+        // Only sets whose columns fetch lead staged ahead: a launch that reads its columns
+        // from host memory itself waits on the bus inside the projection (H100, 8B shape:
+        // rtn2 at k = 4 went from 0.56 to 0.29 × base), while the branch path overlaps it.
+        let staged = matches!(set, ProjectionSet::Qkv | ProjectionSet::GateUp) && p.shift(set) > 0;
         let sources = self.plan.layers.get(layer).map(|l| &l.sets[set.index()]);
         rows == 1
-            && k > 0
-            && !lagged
+            && (1..=FUSED_MAX_K).contains(&k)
+            && staged
             && sources.is_some_and(|s| !s.is_empty() && s.len() == weights.len())
             && weights.iter().all(|w| b.fuses_refinement(w))
     }
@@ -824,7 +826,7 @@ impl<B: Backend> Refiner<B> {
                 let u = &self.unit;
                 let dot = |part: usize| -> f32 {
                     let bytes = &u[part * pb..(part + 1) * pb];
-                    (0..hidden).map(|e| level(bytes, e) * xr[e]).sum()
+                    (0..hidden).map(|e| nibble_level(bytes, e) * xr[e]).sum()
                 };
                 let g = gs[r * neurons + j] + src.gate_scales[j] * dot(0);
                 let up = us[r * neurons + j] + src.up_scales[j] * dot(1);

@@ -258,6 +258,19 @@ pub fn file_settings(file: &SfxFile, plan: &RefinementPlan) -> RefineSettings {
     }
 }
 
+/// Level `nibble − 8` of element `e` of a refinement unit: element `e` in byte `e / 2`, the
+/// low nibble first (the `column_nibbles` layout, docs/format.md).
+#[inline(always)]
+pub fn nibble_level(unit: &[u8], e: usize) -> f32 {
+    let b = unit[e / 2];
+    let q = if e.is_multiple_of(2) {
+        b & 0x0F
+    } else {
+        b >> 4
+    };
+    (q as i32 - 8) as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -746,7 +746,7 @@ impl Backend for CpuBackend {
             scales.len(),
         )?;
         let out = &mut y.0[row * row_len..(row + 1) * row_len];
-        refine_kernels::add_nibble_units(out, units, unit_bytes, weights, scales);
+        refine_kernels::add_nibble_units(self.simd, out, units, unit_bytes, weights, scales);
         Ok(())
     }
 
@@ -825,7 +825,7 @@ impl Backend for CpuBackend {
                 if !t.accumulate {
                     out.fill(0.0);
                 }
-                refine_kernels::add_nibble_columns(out, units, &t.scales.0);
+                refine_kernels::add_nibble_columns(self.simd, out, units, &t.scales.0);
             }
         }
         Ok(())

@@ -123,6 +123,12 @@ impl RefineOperand {
         self.sel != 0
     }
 
+    /// Whether the launch adds anything for this operand (refinement deltas or lagged
+    /// contributions): only then does it take the kernels' `_rf` entries.
+    pub(super) fn is_active(&self) -> bool {
+        self.has_columns() || self.lagged.iter().any(|&p| p != 0)
+    }
+
     /// The operand of `r` for a projection of `rows` outputs over `row_len` inputs, checked
     /// against the buffers it names (the kernel reads `selected` indices, each entry's column
     /// of `unit_bytes`, and `rows` scales).
@@ -499,11 +505,13 @@ impl CudaBackend {
         };
         let kernels = &self.k().group;
         let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
+        // The `_rf` entries only where the launch applies a refinement or lagged additions.
+        let rf = usize::from(operands && refine.iter().flatten().any(RefineOperand::is_active));
         let kernel = match norm {
-            None => &kernels.matvec[codes.bits_index()][ri],
+            None => &kernels.matvec[rf][codes.bits_index()][ri],
             Some((w, eps)) => {
                 args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
-                &kernels.matvec_norm[codes.bits_index()][ri]
+                &kernels.matvec_norm[rf][codes.bits_index()][ri]
             }
         };
         args.extend(self.group_shape_args(w0, codes, sched.tpr)?);
@@ -564,11 +572,12 @@ impl CudaBackend {
         let ri = usize::from(sched.rows == 2);
         let kernels = &self.k().group;
         let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
+        let rf = usize::from(refine.is_some_and(|r| r.iter().any(RefineOperand::is_active)));
         let kernel = match norm {
-            None => &kernels.swiglu[gc.bits_index()][ri],
+            None => &kernels.swiglu[rf][gc.bits_index()][ri],
             Some((w, eps)) => {
                 args.extend([Arg::Ptr(w.mem.ptr), Arg::F32(eps)]);
-                &kernels.swiglu_norm[gc.bits_index()][ri]
+                &kernels.swiglu_norm[rf][gc.bits_index()][ri]
             }
         };
         args.extend(self.group_shape_args(g, gc, sched.tpr)?);
@@ -1014,11 +1023,17 @@ impl CudaBackend {
         }
         args.push(Arg::I32(plan.seq as i32));
         let k = &self.k().group.tile;
+        // The `_rf` entries only where the launch applies a refinement or lagged additions.
+        let rf = usize::from(
+            items
+                .iter()
+                .any(|it| it.refine.is_some_and(|r| r.is_active())),
+        );
         let family: &[super::device::Kernel] = match (swiglu, norm.is_some()) {
-            (false, false) => &k.matvec[c.tile_index()],
-            (false, true) => &k.matvec_norm[c.tile_index()],
-            (true, false) => &k.swiglu[c.tile_index()],
-            (true, true) => &k.swiglu_norm[c.tile_index()],
+            (false, false) => &k.matvec[rf][c.tile_index()],
+            (false, true) => &k.matvec_norm[rf][c.tile_index()],
+            (true, false) => &k.swiglu[rf][c.tile_index()],
+            (true, true) => &k.swiglu_norm[rf][c.tile_index()],
         };
         let kernel = plan
             .kernel_index(swiglu)

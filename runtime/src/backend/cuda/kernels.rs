@@ -40,13 +40,15 @@ pub(crate) const GROUP_BITS: [u8; 5] = [2, 3, 4, 6, 8];
 /// Group-quantized weights per code width ([`GROUP_BITS`]): the decode matvecs by rows per
 /// thread, the f32 dequantization for prefill GEMMs, and the embedding row gather.
 pub(crate) struct GroupKernels {
-    /// `[width][R: 1, 2, 4]`: up to three projections of one x.
-    pub matvec: [[Kernel; 3]; 5],
+    /// `[refined][width][R: 1, 2, 4]`: up to three projections of one x. `[1]` are the `_rf`
+    /// entries, which apply a decode row's refinement or fetch lag's contributions; `[0]`
+    /// leave that code out (the unrefined kernels' registers and occupancy).
+    pub matvec: [[[Kernel; 3]; 5]; 2],
     /// The same with the input RMSNorm fused.
-    pub matvec_norm: [[Kernel; 3]; 5],
-    /// `[width][R: 1, 2]`: gate and up with SwiGLU, R row pairs per thread.
-    pub swiglu: [[Kernel; 2]; 5],
-    pub swiglu_norm: [[Kernel; 2]; 5],
+    pub matvec_norm: [[[Kernel; 3]; 5]; 2],
+    /// `[refined][width][R: 1, 2]`: gate and up with SwiGLU, R row pairs per thread.
+    pub swiglu: [[[Kernel; 2]; 5]; 2],
+    pub swiglu_norm: [[[Kernel; 2]; 5]; 2],
     /// `[width]`: the f32 panel prefill's GEMM reads.
     pub dequant_f32: [Kernel; 5],
     /// `[width]`: rows of the table by token id (a tied embedding of coded head).
@@ -59,12 +61,13 @@ pub(crate) struct GroupKernels {
 /// 4][tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
 /// file layout, and the prefill panel.
 pub(crate) struct TileKernels {
-    /// `[bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}`, `_r1_s3_w16` (TilePlan::kernel_index).
-    pub matvec: [[Kernel; 7]; 2],
-    pub matvec_norm: [[Kernel; 7]; 2],
+    /// `[refined][bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}`, `_r1_s3_w16`
+    /// (TilePlan::kernel_index); `[1]` the `_rf` entries, as [`GroupKernels::matvec`].
+    pub matvec: [[[Kernel; 7]; 2]; 2],
+    pub matvec_norm: [[[Kernel; 7]; 2]; 2],
     /// `_r{1,2}_s{3,4}`, `_r1_s3_w16`.
-    pub swiglu: [[Kernel; 5]; 2],
-    pub swiglu_norm: [[Kernel; 5]; 2],
+    pub swiglu: [[[Kernel; 5]; 2]; 2],
+    pub swiglu_norm: [[[Kernel; 5]; 2]; 2],
     /// `[0]` 2 bits, `[1]` 4: rows of the table by token id.
     pub gather_f32: [Kernel; 2],
     pub pack_codes: [Kernel; 2],
@@ -81,8 +84,9 @@ pub(crate) struct TrellisKernels {
     pub matvec: [[[[Kernel; 2]; 2]; 3]; 3],
     pub gemm: [[[[Kernel; 2]; 2]; 3]; 3],
     pub prepare: [[Kernel; 2]; 2],
-    pub finish: Kernel,
-    pub finish_swiglu: Kernel,
+    /// `[refined]`: `[1]` the `_rf` entries, as [`GroupKernels::matvec`].
+    pub finish: [Kernel; 2],
+    pub finish_swiglu: [Kernel; 2],
     pub prepare_tokens: [Kernel; 2],
     pub finish_tokens: Kernel,
 }
@@ -198,22 +202,37 @@ impl Kernels {
             };
         }
         // Group-code entry points are named by bits and rows per thread (kernels/group.cu).
+        // `[plain, _rf]` pairs: the `_rf` entries apply a refinement (kernels/group.cu).
         macro_rules! gt_family {
             ($prefix:literal, [$($r:literal),+]) => {
                 [
-                    [$(gt.function(concat!($prefix, "_b2_r", $r))?),+],
-                    [$(gt.function(concat!($prefix, "_b4_r", $r))?),+],
+                    [
+                        [$(gt.function(concat!($prefix, "_b2_r", $r))?),+],
+                        [$(gt.function(concat!($prefix, "_b4_r", $r))?),+],
+                    ],
+                    [
+                        [$(gt.function(concat!($prefix, "_rf_b2_r", $r))?),+],
+                        [$(gt.function(concat!($prefix, "_rf_b4_r", $r))?),+],
+                    ],
                 ]
             };
         }
-        macro_rules! gq_family {
-            ($prefix:literal, [$($r:literal),+]) => {
+        macro_rules! gq_widths {
+            ($prefix:expr, [$($r:literal),+]) => {
                 [
                     [$(gq.function(concat!($prefix, "_b2_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b3_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b4_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b6_r", $r))?),+],
                     [$(gq.function(concat!($prefix, "_b8_r", $r))?),+],
+                ]
+            };
+        }
+        macro_rules! gq_family {
+            ($prefix:literal, [$($r:literal),+]) => {
+                [
+                    gq_widths!($prefix, [$($r),+]),
+                    gq_widths!(concat!($prefix, "_rf"), [$($r),+]),
                 ]
             };
         }
@@ -380,8 +399,11 @@ impl Kernels {
                         tr.function("tr_prepare_norm_mma")?,
                     ],
                 ],
-                finish: tr.function("tr_finish")?,
-                finish_swiglu: tr.function("tr_finish_swiglu")?,
+                finish: [tr.function("tr_finish")?, tr.function("tr_finish_rf")?],
+                finish_swiglu: [
+                    tr.function("tr_finish_swiglu")?,
+                    tr.function("tr_finish_swiglu_rf")?,
+                ],
                 prepare_tokens: [
                     tr.function("tr_prepare_tokens_rm")?,
                     tr.function("tr_prepare_tokens_mma")?,
@@ -418,18 +440,19 @@ impl Kernels {
         for f in k
             .prefill_mma_f16
             .iter()
-            .chain(k.group.matvec.iter().flatten())
-            .chain(k.group.matvec_norm.iter().flatten())
-            .chain(k.group.swiglu.iter().flatten())
-            .chain(k.group.swiglu_norm.iter().flatten())
-            .chain(k.group.tile.matvec.iter().flatten())
-            .chain(k.group.tile.matvec_norm.iter().flatten())
-            .chain(k.group.tile.swiglu.iter().flatten())
-            .chain(k.group.tile.swiglu_norm.iter().flatten())
+            .chain(k.group.matvec.iter().flatten().flatten())
+            .chain(k.group.matvec_norm.iter().flatten().flatten())
+            .chain(k.group.swiglu.iter().flatten().flatten())
+            .chain(k.group.swiglu_norm.iter().flatten().flatten())
+            .chain(k.group.tile.matvec.iter().flatten().flatten())
+            .chain(k.group.tile.matvec_norm.iter().flatten().flatten())
+            .chain(k.group.tile.swiglu.iter().flatten().flatten())
+            .chain(k.group.tile.swiglu_norm.iter().flatten().flatten())
             .chain(k.trellis.matvec.iter().flatten().flatten().flatten())
             .chain(k.trellis.gemm.iter().flatten().flatten().flatten())
             .chain(k.trellis.prepare.iter().flatten())
-            .chain([&k.trellis.finish, &k.trellis.finish_swiglu])
+            .chain(k.trellis.finish.iter())
+            .chain(k.trellis.finish_swiglu.iter())
             .chain(k.trellis.prepare_tokens.iter())
             .chain([&k.trellis.finish_tokens])
         {

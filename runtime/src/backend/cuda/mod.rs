@@ -280,10 +280,12 @@ struct Inner {
     /// Branches run on the side stream (`SFX_BRANCHES=0`, or kernel profiling, which times
     /// launches on the main stream: in order).
     branches: bool,
-    /// The refinement engine hands a decode row's refinement to the coded projections'
-    /// launches (`SFX_FUSED_REFINE=1`). Off by default until measured on the H200: the
-    /// engine's branches stay the path. The ops apply refinements handed to them in their
-    /// launches either way (the conformance suite checks those kernels).
+    /// The refinement engine may hand a decode row's refinement to the coded projections'
+    /// launches (on by default; `SFX_FUSED_REFINE=0` keeps the engine's branches for every
+    /// set). The engine takes it only for sets fetch lead staged, at k ≤ 16
+    /// (`Refiner::fuses_set`: measured on an H100, docs/results.md). The ops apply
+    /// refinements handed to them in their launches either way (the conformance suite checks
+    /// those kernels).
     fused_refinement: bool,
     /// `SFX_GROUP_ROWS`: force rows per thread of the file-layout group-code matvecs (1, 2,
     /// 4) for tuning runs.
@@ -448,7 +450,7 @@ impl CudaBackend {
                 kv_select_l2: std::env::var("SFX_KV_SELECT_L2").is_ok_and(|v| v == "1"),
                 branches: std::env::var("SFX_BRANCHES").map_or(true, |v| v != "0")
                     && std::env::var("SFX_PROFILE_KERNELS").map_or(true, |v| v != "1"),
-                fused_refinement: std::env::var("SFX_FUSED_REFINE").is_ok_and(|v| v == "1"),
+                fused_refinement: std::env::var("SFX_FUSED_REFINE").map_or(true, |v| v != "0"),
             }),
         })
     }

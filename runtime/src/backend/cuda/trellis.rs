@@ -506,11 +506,13 @@ impl CudaBackend {
             }
         }
         let k = &self.k().trellis;
+        // The `_rf` entries only where the launch applies a refinement or lagged additions.
+        let rf = usize::from(f.item.iter().any(|it| it.refine.is_active()));
         let (kernel, launched, mut args) = if swiglu {
-            (&k.finish_swiglu, 1, vec![Arg::TrellisFinish(f)])
+            (&k.finish_swiglu[rf], 1, vec![Arg::TrellisFinish(f)])
         } else {
             (
-                &k.finish,
+                &k.finish[rf],
                 items.len(),
                 vec![Arg::TrellisFinish(f), Arg::I32(accumulate as i32)],
             )

@@ -124,7 +124,7 @@ struct GqUnroll {
     static constexpr int U = B == 2 ? 4 : (B >= 6 ? 1 : 2);
 };
 
-template <int B, int R, bool NORM, bool SWIGLU>
+template <int B, int R, bool NORM, bool SWIGLU, bool REFINE>
 __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps,
                                                int cols, int row_bytes, int gpr, int group,
@@ -279,7 +279,7 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
 #pragma unroll
     for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
         const GqItem& it = k == 1 ? g.item[1] : item;
-        if (it.refine.sel != nullptr && gridDim.y == 1) {
+        if (REFINE && it.refine.sel != nullptr && gridDim.y == 1) {
             refine_rows(it.refine, xt, nw, scale, cols, tile0, block_rows, it.rows,
                         rdelta + k * block_rows, rscratch);
             refined[k] = true;
@@ -297,7 +297,8 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
         const int out_row = tile0 + st * R + r;
         if (out_row >= item.rows) return;
         const int i = st * R + r;
-        const float extra = (refined[0] ? rdelta[i] : 0.0f) + lagged_at(item.refine, out_row);
+        const float extra =
+            REFINE ? (refined[0] ? rdelta[i] : 0.0f) + lagged_at(item.refine, out_row) : 0.0f;
         projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
                                scale, item.bias, out_row, accumulate, refined[0] || refined[1],
                                extra, refined[1] ? rdelta[block_rows + i] : 0.0f);
@@ -389,34 +390,42 @@ __device__ void group_gather_body(const uint8_t* __restrict__ codes,
 }
 
 // `_norm`: x is the raw residual stream and nw the RMSNorm weight.
-#define SFX_GQ_MATVEC(B, R)                                                                   \
+#define SFX_GQ_MATVEC_AS(B, R, RF, TAG)                                                       \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
-        gq_matvec_b##B##_r##R(const GqGroup g, const float* x, int cols, int row_bytes,       \
-                              int gpr, int group, int tpr, int accumulate) {                  \
-        gq_matvec_body<B, R, false, false>(g, x, nullptr, 0.0f, cols, row_bytes, gpr, group, \
-                                           tpr, accumulate);                                  \
+        gq_matvec##TAG##_b##B##_r##R(const GqGroup g, const float* x, int cols,               \
+                                     int row_bytes, int gpr, int group, int tpr,              \
+                                     int accumulate) {                                        \
+        gq_matvec_body<B, R, false, false, RF>(g, x, nullptr, 0.0f, cols, row_bytes, gpr,    \
+                                               group, tpr, accumulate);                       \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
-        gq_matvec_norm_b##B##_r##R(const GqGroup g, const float* x, const float* nw,          \
-                                   float eps, int cols, int row_bytes, int gpr, int group,    \
-                                   int tpr) {                                                 \
-        gq_matvec_body<B, R, true, false>(g, x, nw, eps, cols, row_bytes, gpr, group, tpr,   \
-                                          0);                                                 \
+        gq_matvec_norm##TAG##_b##B##_r##R(const GqGroup g, const float* x, const float* nw,   \
+                                          float eps, int cols, int row_bytes, int gpr,        \
+                                          int group, int tpr) {                               \
+        gq_matvec_body<B, R, true, false, RF>(g, x, nw, eps, cols, row_bytes, gpr, group,     \
+                                              tpr, 0);                                        \
     }
 
-#define SFX_GQ_SWIGLU(B, R)                                                                   \
+#define SFX_GQ_SWIGLU_AS(B, R, RF, TAG)                                                       \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
-        gq_swiglu_b##B##_r##R(const GqGroup g, const float* x, int cols, int row_bytes,       \
-                              int gpr, int group, int tpr) {                                  \
-        gq_matvec_body<B, R, false, true>(g, x, nullptr, 0.0f, cols, row_bytes, gpr, group,  \
-                                          tpr, 0);                                            \
+        gq_swiglu##TAG##_b##B##_r##R(const GqGroup g, const float* x, int cols,               \
+                                     int row_bytes, int gpr, int group, int tpr) {            \
+        gq_matvec_body<B, R, false, true, RF>(g, x, nullptr, 0.0f, cols, row_bytes, gpr,     \
+                                              group, tpr, 0);                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                               \
-        gq_swiglu_norm_b##B##_r##R(const GqGroup g, const float* x, const float* nw,          \
-                                   float eps, int cols, int row_bytes, int gpr, int group,    \
-                                   int tpr) {                                                 \
-        gq_matvec_body<B, R, true, true>(g, x, nw, eps, cols, row_bytes, gpr, group, tpr, 0); \
+        gq_swiglu_norm##TAG##_b##B##_r##R(const GqGroup g, const float* x, const float* nw,   \
+                                          float eps, int cols, int row_bytes, int gpr,        \
+                                          int group, int tpr) {                               \
+        gq_matvec_body<B, R, true, true, RF>(g, x, nw, eps, cols, row_bytes, gpr, group, tpr, \
+                                             0);                                              \
     }
+
+// `_rf` entries apply a decode row's refinement or fetch lag's contributions (the items'
+// RefineOp); the plain ones leave that code out, so they keep the unrefined kernel's
+// registers and occupancy.
+#define SFX_GQ_MATVEC(B, R) SFX_GQ_MATVEC_AS(B, R, false, ) SFX_GQ_MATVEC_AS(B, R, true, _rf)
+#define SFX_GQ_SWIGLU(B, R) SFX_GQ_SWIGLU_AS(B, R, false, ) SFX_GQ_SWIGLU_AS(B, R, true, _rf)
 
 #define SFX_GROUP_DEQUANT(B)                                                                  \
     extern "C" __global__ void group_dequant_f32_b##B(                                       \

@@ -354,7 +354,7 @@ struct GtSlot {
 // warps' partial rows are summed in shared memory. WARPS is 8, or 16 where one block fills an
 // SM's shared memory anyway (the `_w16` entry points: twice the units in flight for the same
 // staged x).
-template <int B, int R, int S, bool NORM, bool SWIGLU, int WARPS>
+template <int B, int R, int S, bool NORM, bool SWIGLU, int WARPS, bool REFINE>
 __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps,
                                                int cols, int n_sc, int gpr, int group_shift,
@@ -464,7 +464,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #pragma unroll
     for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
         const GtItem& it = k == 1 ? g.item[1] : item;
-        if (it.refine.sel != nullptr && gridDim.y == 1) {
+        if (REFINE && it.refine.sel != nullptr && gridDim.y == 1) {
             refine_rows(it.refine, x + (size_t)t * cols, nw, scale, cols, tile_first * 16,
                         block_rows, it.rows, rdelta + k * block_rows, rscratch);
             refined[k] = true;
@@ -567,7 +567,8 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
                 }
                 const int ri = out_row - tile_first * 16;
                 const float extra =
-                    (refined[0] ? rdelta[ri] : 0.0f) + lagged_at(item.refine, out_row);
+                    REFINE ? (refined[0] ? rdelta[ri] : 0.0f) + lagged_at(item.refine, out_row)
+                           : 0.0f;
                 projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total,
                                        scale, item.bias, out_row, accumulate,
                                        refined[0] || refined[1], extra,
@@ -589,38 +590,51 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #define SFX_GT_BODY(...) __trap();
 #endif
 
-// Entry points `gt_{matvec,matvec_norm,swiglu,swiglu_norm}_b{B}_r{R}_s{S}[_w16]`: R tiles per
-// block (SwiGLU: R gate and R up tiles), S ring slots per warp, W warps (8 unless named).
-// `_norm`: x is the raw residual stream and nw the RMSNorm weight.
-#define SFX_GT_MATVEC(B, R, S, W, NAME)                                                   \
+// Entry points `gt_{matvec,matvec_norm,swiglu,swiglu_norm}[_rf]_b{B}_r{R}_s{S}[_w16]`: R tiles
+// per block (SwiGLU: R gate and R up tiles), S ring slots per warp, W warps (8 unless named).
+// `_norm`: x is the raw residual stream and nw the RMSNorm weight. `_rf`: the launch applies a
+// decode row's refinement or fetch lag's contributions (the items' RefineOp); the plain entries
+// leave that code out, so their registers and occupancy are the unrefined kernel's.
+#define SFX_GT_MATVEC_AS(B, R, S, W, NAME, RF, TAG)                                       \
     extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
-        gt_matvec_b##B##_r##NAME(const GtGroup g, const float* x, int cols, int n_sc,     \
-                                 int gpr, int group_shift, int accumulate, int seq) {     \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false, W>(                             \
+        gt_matvec##TAG##_b##B##_r##NAME(const GtGroup g, const float* x, int cols,        \
+                                        int n_sc, int gpr, int group_shift,               \
+                                        int accumulate, int seq) {                        \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, false, W, RF>(                         \
                         g, x, nullptr, 0.0f, cols, n_sc, gpr, group_shift, accumulate, seq);) \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
-        gt_matvec_norm_b##B##_r##NAME(const GtGroup g, const float* x, const float* nw,   \
-                                      float eps, int cols, int n_sc, int gpr,             \
-                                      int group_shift, int seq) {                         \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, true, false, W>(g, x, nw, eps, cols, n_sc, gpr, \
-                                                            group_shift, 0, seq);)        \
+        gt_matvec_norm##TAG##_b##B##_r##NAME(const GtGroup g, const float* x,             \
+                                             const float* nw, float eps, int cols,        \
+                                             int n_sc, int gpr, int group_shift,          \
+                                             int seq) {                                   \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, false, W, RF>(                          \
+                        g, x, nw, eps, cols, n_sc, gpr, group_shift, 0, seq);)            \
     }
 
-#define SFX_GT_SWIGLU(B, R, S, W, NAME)                                                   \
+#define SFX_GT_SWIGLU_AS(B, R, S, W, NAME, RF, TAG)                                       \
     extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
-        gt_swiglu_b##B##_r##NAME(const GtGroup g, const float* x, int cols, int n_sc,     \
-                                 int gpr, int group_shift, int seq) {                     \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, false, true, W>(g, x, nullptr, 0.0f, cols,    \
-                                                            n_sc, gpr, group_shift, 0, seq);) \
+        gt_swiglu##TAG##_b##B##_r##NAME(const GtGroup g, const float* x, int cols,        \
+                                        int n_sc, int gpr, int group_shift, int seq) {    \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, false, true, W, RF>(                          \
+                        g, x, nullptr, 0.0f, cols, n_sc, gpr, group_shift, 0, seq);)      \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(W * 32, 16 / W)                          \
-        gt_swiglu_norm_b##B##_r##NAME(const GtGroup g, const float* x, const float* nw,   \
-                                      float eps, int cols, int n_sc, int gpr,             \
-                                      int group_shift, int seq) {                         \
-        SFX_GT_BODY(gt_matvec_body<B, R, S, true, true, W>(g, x, nw, eps, cols, n_sc, gpr, \
-                                                           group_shift, 0, seq);)         \
+        gt_swiglu_norm##TAG##_b##B##_r##NAME(const GtGroup g, const float* x,             \
+                                             const float* nw, float eps, int cols,        \
+                                             int n_sc, int gpr, int group_shift,          \
+                                             int seq) {                                   \
+        SFX_GT_BODY(gt_matvec_body<B, R, S, true, true, W, RF>(                           \
+                        g, x, nw, eps, cols, n_sc, gpr, group_shift, 0, seq);)            \
     }
+
+#define SFX_GT_MATVEC(B, R, S, W, NAME)                                                   \
+    SFX_GT_MATVEC_AS(B, R, S, W, NAME, false, )                                           \
+    SFX_GT_MATVEC_AS(B, R, S, W, NAME, true, _rf)
+
+#define SFX_GT_SWIGLU(B, R, S, W, NAME)                                                   \
+    SFX_GT_SWIGLU_AS(B, R, S, W, NAME, false, )                                           \
+    SFX_GT_SWIGLU_AS(B, R, S, W, NAME, true, _rf)
 
 #define SFX_GT_WIDTH(B)                                                                   \
     SFX_GT_MATVEC(B, 1, 3, 8, 1_s3)                                                       \

@@ -480,8 +480,10 @@ struct TrFinish {
 
 // grid (row blocks, items, tokens): y (+)= sv ⊙ H_outᵀ rot / (σ√n) + bias over the block's
 // rows. sv and the bias are weights: read before waiting for the matvec's outputs.
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
-    tr_finish(const TrFinish f, int accumulate) {
+// REFINE: the launch applies a decode row's refinement or fetch lag's contributions (the
+// `_rf` entries); without it that code is left out.
+template <bool REFINE>
+__device__ __forceinline__ void tr_finish_body(const TrFinish& f, int accumulate) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * TR_ROW_MAX];
     __shared__ float coef[TR_COEF_MAX];
@@ -503,20 +505,33 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
     float* delta = tr_finish_smem;
     const int row0 = (int)blockIdx.x * v.RB * v.P;
     const bool refined =
-        finish_refinement(it, row0, v.RB * v.P, delta, buf, tr_finish_smem + TR_ROW_MAX);
+        REFINE && finish_refinement(it, row0, v.RB * v.P, delta, buf, tr_finish_smem + TR_ROW_MAX);
     if (!s.valid) return;
     const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
     float out = val[0] * scale * sv;
     if (it.bias) out += bias;
-    if (refined) out += delta[o - row0];
-    out += lagged_at(it.refine, o);
+    if (REFINE) {
+        if (refined) out += delta[o - row0];
+        out += lagged_at(it.refine, o);
+    }
     float* y = it.y + (size_t)t * it.n;
     y[o] = accumulate ? y[o] + out : out;
 }
 
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_finish(const TrFinish f, int accumulate) {
+    tr_finish_body<false>(f, accumulate);
+}
+
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX)
+    tr_finish_rf(const TrFinish f, int accumulate) {
+    tr_finish_body<true>(f, accumulate);
+}
+
 // grid (row blocks, 1, tokens): item 0 the gate, item 1 the up projection (one row view: the
 // host checks their factors agree); gate ← silu(g) · u.
-extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const TrFinish f) {
+template <bool REFINE>
+__device__ __forceinline__ void tr_finish_swiglu_body(const TrFinish& f) {
     SFX_PDL_TRIGGER();
     __shared__ float buf[2 * 2 * TR_ROW_MAX];
     __shared__ float coef[2][TR_COEF_MAX];
@@ -559,15 +574,23 @@ extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const 
     float* delta = tr_finish_smem;  // [2][TR_ROW_MAX]
     float* scratch = tr_finish_smem + 2 * TR_ROW_MAX;
     const int row0 = (int)blockIdx.x * v.RB * v.P;
-    const bool g_refined = finish_refinement(g, row0, v.RB * v.P, delta, buf, scratch);
+    const bool g_refined = REFINE && finish_refinement(g, row0, v.RB * v.P, delta, buf, scratch);
     const bool u_refined =
-        finish_refinement(u, row0, v.RB * v.P, delta + TR_ROW_MAX, buf, scratch);
+        REFINE && finish_refinement(u, row0, v.RB * v.P, delta + TR_ROW_MAX, buf, scratch);
     if (!s.valid) return;
     float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
     float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
     if (g_refined) gv += delta[o - row0];
     if (u_refined) uv += delta[TR_ROW_MAX + o - row0];
     g.y[(size_t)t * g.n + o] = gv / (1.0f + expf(-gv)) * uv;
+}
+
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu(const TrFinish f) {
+    tr_finish_swiglu_body<false>(f);
+}
+
+extern "C" __global__ void __launch_bounds__(TR_ROW_MAX) tr_finish_swiglu_rf(const TrFinish f) {
+    tr_finish_swiglu_body<true>(f);
 }
 // Prefill transforms: one block per (token, item) with the whole vector in shared memory, so
 // each value is loaded once. The row blocks above suit decode (a few vectors spread over many
