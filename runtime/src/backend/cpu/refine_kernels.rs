@@ -128,15 +128,15 @@ mod x86 {
             }
             let o = out.as_mut_ptr().add(blk * BLOCK);
             let s = scales.as_ptr().add(blk * BLOCK);
-            _mm512_storeu_ps(
-                o,
-                _mm512_fmadd_ps(a0, _mm512_loadu_ps(s), _mm512_loadu_ps(o)),
-            );
+            // Product and add rounded apart (no FMA), as the tail and the portable loop do:
+            // adding into a zeroed delta and then into the output must give the bits of
+            // adding into the output directly (the engine in the backend and the host-driven
+            // one agree bit for bit).
+            let v0 = _mm512_mul_ps(a0, _mm512_loadu_ps(s));
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), v0));
             let (o, s) = (o.add(16), s.add(16));
-            _mm512_storeu_ps(
-                o,
-                _mm512_fmadd_ps(a1, _mm512_loadu_ps(s), _mm512_loadu_ps(o)),
-            );
+            let v1 = _mm512_mul_ps(a1, _mm512_loadu_ps(s));
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), v1));
         }
     }
 
@@ -161,10 +161,8 @@ mod x86 {
             for (i, a) in acc.into_iter().enumerate() {
                 let o = out.as_mut_ptr().add(blk * BLOCK + 8 * i);
                 let s = scales.as_ptr().add(blk * BLOCK + 8 * i);
-                _mm256_storeu_ps(
-                    o,
-                    _mm256_fmadd_ps(a, _mm256_loadu_ps(s), _mm256_loadu_ps(o)),
-                );
+                let v = _mm256_mul_ps(a, _mm256_loadu_ps(s));
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), v));
             }
         }
     }
