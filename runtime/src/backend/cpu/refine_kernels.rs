@@ -41,10 +41,11 @@ pub(crate) fn add_nibble_columns<'u>(
     let n = out.len().min(scales.len());
     // The backends' argument checks size every unit; the filter keeps the vector loads in
     // bounds regardless.
+    let unit_min = n.div_ceil(2);
     let units: Vec<(&[u8], f32)> = units
         .filter(|&(u, w)| {
-            debug_assert!(u.len() >= n.div_ceil(2), "a unit shorter than its rows");
-            w != 0.0 && u.len() >= n.div_ceil(2)
+            debug_assert!(u.len() >= unit_min, "a unit shorter than its rows");
+            w != 0.0 && u.len() >= unit_min
         })
         .collect();
     if units.is_empty() {

@@ -124,9 +124,16 @@ impl RefineOperand {
     }
 
     /// Whether the launch adds anything for this operand (refinement deltas or lagged
-    /// contributions): only then does it take the kernels' `_rf` entries.
-    pub(super) fn is_active(&self) -> bool {
+    /// contributions).
+    fn is_active(&self) -> bool {
         self.has_columns() || self.lagged.iter().any(|&p| p != 0)
+    }
+
+    /// Index of the kernel entries for a launch carrying `ops` (its items' operands, as
+    /// placed in the launch's arguments): 1, the `_rf` entries, only where one of them adds
+    /// something; 0, the plain entries (no refinement code), otherwise.
+    pub(super) fn entry<'a>(ops: impl IntoIterator<Item = &'a RefineOperand>) -> usize {
+        usize::from(ops.into_iter().any(RefineOperand::is_active))
     }
 
     /// The operand of `r` for a projection of `rows` outputs over `row_len` inputs, checked
@@ -505,8 +512,7 @@ impl CudaBackend {
         };
         let kernels = &self.k().group;
         let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
-        // The `_rf` entries only where the launch applies a refinement or lagged additions.
-        let rf = usize::from(operands && refine.iter().flatten().any(RefineOperand::is_active));
+        let rf = RefineOperand::entry(group.item.iter().map(|it| &it.refine));
         let kernel = match norm {
             None => &kernels.matvec[rf][codes.bits_index()][ri],
             Some((w, eps)) => {
@@ -572,7 +578,7 @@ impl CudaBackend {
         let ri = usize::from(sched.rows == 2);
         let kernels = &self.k().group;
         let mut args = vec![Arg::GroupCodes(group), Arg::Ptr(x.mem.ptr)];
-        let rf = usize::from(refine.is_some_and(|r| r.iter().any(RefineOperand::is_active)));
+        let rf = RefineOperand::entry(group.item.iter().map(|it| &it.refine));
         let kernel = match norm {
             None => &kernels.swiglu[rf][gc.bits_index()][ri],
             Some((w, eps)) => {
@@ -1023,12 +1029,7 @@ impl CudaBackend {
         }
         args.push(Arg::I32(plan.seq as i32));
         let k = &self.k().group.tile;
-        // The `_rf` entries only where the launch applies a refinement or lagged additions.
-        let rf = usize::from(
-            items
-                .iter()
-                .any(|it| it.refine.is_some_and(|r| r.is_active())),
-        );
+        let rf = RefineOperand::entry(group.item.iter().map(|it| &it.refine));
         let family: &[super::device::Kernel] = match (swiglu, norm.is_some()) {
             (false, false) => &k.matvec[rf][c.tile_index()],
             (false, true) => &k.matvec_norm[rf][c.tile_index()],

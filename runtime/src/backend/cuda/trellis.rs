@@ -506,8 +506,7 @@ impl CudaBackend {
             }
         }
         let k = &self.k().trellis;
-        // The `_rf` entries only where the launch applies a refinement or lagged additions.
-        let rf = usize::from(f.item.iter().any(|it| it.refine.is_active()));
+        let rf = RefineOperand::entry(f.item.iter().map(|it| &it.refine));
         let (kernel, launched, mut args) = if swiglu {
             (&k.finish_swiglu[rf], 1, vec![Arg::TrellisFinish(f)])
         } else {
