@@ -2636,21 +2636,28 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
             let mut id = b.alloc_index(identity.len())?;
             b.write_index(&mut id, &identity)?;
             let dims: Vec<usize> = outs.iter().copied().filter(|&o| o > 0).collect();
-            let (mut s0, mut y0, mut at) = (0, 0, offset);
-            let mut out = Vec::new();
-            for &o in &dims {
+            // Every projection staged by one call, as fetch lead stages a set.
+            let mut staged = dims
+                .iter()
+                .map(|&o| b.alloc_byte_store(rows * per_row * o.div_ceil(2)))
+                .collect::<Result<Vec<_>>>()?;
+            let mut at = offset;
+            let mut targets = Vec::new();
+            for (&o, dst) in dims.iter().zip(staged.iter_mut()) {
                 let unit_bytes = o.div_ceil(2);
-                let mut staged = b.alloc_byte_store(rows * per_row * unit_bytes)?;
-                b.stage_selected_units(
-                    rows,
-                    row_len,
-                    &sel,
-                    per_row,
-                    &store,
-                    at,
+                targets.push(crate::backend::refine::StageTarget {
+                    store: &store,
+                    offset: at,
                     unit_bytes,
-                    &mut staged,
-                )?;
+                    dst,
+                });
+                at += unit_bytes * row_len;
+            }
+            b.stage_selected_units(rows, row_len, &sel, per_row, &mut targets)?;
+            let (mut s0, mut y0) = (0, 0);
+            let mut out = Vec::new();
+            for (&o, staged) in dims.iter().zip(&staged) {
+                let unit_bytes = o.div_ceil(2);
                 let scales = b.upload(&x.b[s0..s0 + o])?;
                 let mut y = b.upload(&x.c[y0..y0 + rows * o])?;
                 let mut scratch =
@@ -2664,7 +2671,7 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                     &values,
                     per_row,
                     &mut [crate::backend::refine::ColumnTarget {
-                        store: &staged,
+                        store: staged,
                         offset: 0,
                         unit_bytes,
                         scales: &scales,
@@ -2676,7 +2683,6 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 out.extend(download(b, &y)?);
                 s0 += o;
                 y0 += rows * o;
-                at += unit_bytes * row_len;
             }
             Ok(out)
         }

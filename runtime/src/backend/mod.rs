@@ -741,23 +741,21 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         scratch: &mut Self::Buffer,
     ) -> Result<()>;
 
-    /// Fetch lead's staging (docs/method.md §3): for every row `r < rows` and `j < selected`,
-    /// the `unit_bytes` bytes of column `i = sel[r · selected + j]` of `store` (at `offset +
-    /// i · unit_bytes`) copied to `(r · selected + j) · unit_bytes` of `dst`, zeros for an
-    /// index of `row_len` or more; [`Backend::add_selected_columns`] then reads them from
-    /// `dst` through the identity index. On a device, `store` is host memory and `dst` device
-    /// memory: the bus transfer happens here, early, and the gather reads device memory.
-    #[allow(clippy::too_many_arguments)]
+    /// Fetch lead's staging (docs/method.md §3) for up to [`refine::MAX_COLUMN_TARGETS`]
+    /// projections of one input in one call: for every target, row `r < rows` and
+    /// `j < selected`, the `unit_bytes` bytes of column `i = sel[r · selected + j]` of its
+    /// `store` (at `offset + i · unit_bytes`) copied to `(r · selected + j) · unit_bytes` of
+    /// its `dst`, zeros for an index of `row_len` or more; [`Backend::add_selected_columns`]
+    /// then reads them from `dst` through the identity index. On a device, `store` is host
+    /// memory and `dst` device memory: the bus transfer happens here, early, and the gather
+    /// reads device memory.
     fn stage_selected_units(
         &self,
         rows: usize,
         row_len: usize,
         sel: &Self::Index,
         selected: usize,
-        store: &Self::ByteStore,
-        offset: usize,
-        unit_bytes: usize,
-        dst: &mut Self::ByteStore,
+        targets: &mut [refine::StageTarget<'_, Self>],
     ) -> Result<()>;
 
     /// `values[r · selected + j] = x̂[r, sel[r · selected + j]]` (0 for an index of `row_len`
@@ -902,9 +900,12 @@ pub(crate) fn check_nibble_units(
 pub enum BranchLane {
     /// Short work the main stream joins soon (a projection's refinement beside it).
     Near,
-    /// Long fetches joined later (fetch lead's staging, fetch lag): they never hold up a
+    /// Fetch lead's staging, joined at the projection that reads it: never held up by a
     /// near branch.
     Far,
+    /// Fetch lag's gathers, joined a block or more later: their own lane, so a lagged
+    /// gather and a lead's staging never wait for each other.
+    Lag,
 }
 
 /// A point a branch reached ([`Backend::end_branch`]).

@@ -26,7 +26,18 @@ pub struct ColumnTarget<'a, B: Backend> {
     pub accumulate: bool,
 }
 
-/// Most projections one [`Backend::add_selected_columns`] call takes (q, k, v).
+/// One projection whose selected columns [`Backend::stage_selected_units`] copies.
+pub struct StageTarget<'a, B: Backend> {
+    /// The columns: `row_len` units of `unit_bytes` bytes from byte `offset` of `store`.
+    pub store: &'a B::ByteStore,
+    pub offset: usize,
+    pub unit_bytes: usize,
+    /// Where the selected units go, in selection order.
+    pub dst: &'a mut B::ByteStore,
+}
+
+/// Most projections one [`Backend::add_selected_columns`] or
+/// [`Backend::stage_selected_units`] call takes (q, k, v).
 pub const MAX_COLUMN_TARGETS: usize = 3;
 
 /// A decode row's refinement of one projection, applied by the projection's own launch
@@ -162,20 +173,26 @@ pub fn select_check(
 }
 
 /// What [`Backend::add_selected_columns`] checked: per target its output size.
-/// Checks [`Backend::stage_selected_units`]'s shapes (`sel_len` indices, a store of
-/// `store_len` bytes, a destination of `dst_len`).
-#[allow(clippy::too_many_arguments)]
-pub fn stage_check(
+/// Checks [`Backend::stage_selected_units`]'s shapes (`sel_len` indices; each target's
+/// store and destination sized by `bytes`).
+pub fn stage_check<B: Backend>(
     rows: usize,
     row_len: usize,
     sel_len: usize,
     selected: usize,
-    store_len: usize,
-    offset: usize,
-    unit_bytes: usize,
-    dst_len: usize,
+    targets: &[StageTarget<'_, B>],
+    bytes: impl Fn(&B::ByteStore) -> usize,
 ) -> Result<()> {
     let op = "stage_selected_units";
+    if targets.len() > MAX_COLUMN_TARGETS {
+        return Err(shape_err(
+            op,
+            format!(
+                "{} targets in one call (at most {MAX_COLUMN_TARGETS})",
+                targets.len()
+            ),
+        ));
+    }
     let units = rows.saturating_mul(selected);
     if units > sel_len {
         return Err(shape_err(
@@ -183,22 +200,31 @@ pub fn stage_check(
             format!("{rows} rows of {selected} selected channels from an index of {sel_len}"),
         ));
     }
-    let end = row_len
-        .checked_mul(unit_bytes)
-        .and_then(|b| b.checked_add(offset));
-    if end.is_none_or(|e| e > store_len) {
-        return Err(shape_err(
-            op,
-            format!(
-                "{row_len} columns of {unit_bytes} bytes from byte {offset} of a store of {store_len}"
-            ),
-        ));
-    }
-    if units.checked_mul(unit_bytes).is_none_or(|n| n > dst_len) {
-        return Err(shape_err(
-            op,
-            format!("{units} units of {unit_bytes} bytes into a destination of {dst_len}"),
-        ));
+    for (n, t) in targets.iter().enumerate() {
+        let (unit_bytes, offset) = (t.unit_bytes, t.offset);
+        let store_len = bytes(t.store);
+        let end = row_len
+            .checked_mul(unit_bytes)
+            .and_then(|b| b.checked_add(offset));
+        if end.is_none_or(|e| e > store_len) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "target {n}: {row_len} columns of {unit_bytes} bytes from byte {offset} of a \
+                     store of {store_len}"
+                ),
+            ));
+        }
+        let dst_len = bytes(t.dst);
+        if units.checked_mul(unit_bytes).is_none_or(|n| n > dst_len) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "target {n}: {units} units of {unit_bytes} bytes into a destination of \
+                     {dst_len}"
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -345,17 +371,42 @@ mod tests {
         assert!(msg(select_check(4096, 4096, None, 16, 64, 63)).contains("values of 63"));
     }
 
+    /// [`stage_check`] of one row over `targets` given as (store bytes, offset, unit bytes,
+    /// destination bytes).
+    fn stage(rows: usize, sel_len: usize, targets: &[(usize, usize, usize, usize)]) -> Result<()> {
+        let stores: Vec<(Vec<u8>, Vec<u8>)> = targets
+            .iter()
+            .map(|&(s, _, _, d)| (vec![0u8; s], vec![0u8; d]))
+            .collect();
+        let mut dsts: Vec<Vec<u8>> = stores.iter().map(|(_, d)| d.clone()).collect();
+        let list: Vec<StageTarget<'_, CpuBackend>> = stores
+            .iter()
+            .zip(dsts.iter_mut())
+            .zip(targets)
+            .map(
+                |(((store, _), dst), &(_, offset, unit_bytes, _))| StageTarget {
+                    store,
+                    offset,
+                    unit_bytes,
+                    dst,
+                },
+            )
+            .collect();
+        stage_check(rows, 4096, sel_len, 64, &list, |s| s.len())
+    }
+
     #[test]
     fn lead_checks_name_the_bad_field() {
-        assert!(stage_check(1, 4096, 64, 64, 4096 * 2048, 0, 2048, 64 * 2048).is_ok());
+        let q = (4096 * 2048, 0, 2048, 64 * 2048);
+        let kv = (4096 * 512, 0, 512, 64 * 512);
+        assert!(stage(1, 64, &[q, kv, kv]).is_ok());
         let msg = |r: Result<()>| r.unwrap_err().to_string();
-        assert!(msg(stage_check(2, 4096, 64, 64, 1 << 30, 0, 16, 1 << 30)).contains("index of 64"));
-        assert!(
-            msg(stage_check(1, 4096, 64, 64, 4096 * 16, 1, 16, 1 << 20)).contains("from byte 1")
-        );
-        assert!(
-            msg(stage_check(1, 4096, 64, 64, 1 << 20, 0, 16, 1023)).contains("destination of 1023")
-        );
+        assert!(msg(stage(1, 64, &[q, kv, kv, kv])).contains("4 targets"));
+        assert!(msg(stage(2, 64, &[q])).contains("index of 64"));
+        assert!(msg(stage(1, 64, &[q, (4096 * 16, 1, 16, 1 << 20)]))
+            .contains("target 1: 4096 columns of 16 bytes from byte 1"));
+        assert!(msg(stage(1, 64, &[(1 << 20, 0, 16, 1023)]))
+            .contains("target 0: 64 units of 16 bytes into a destination of 1023"));
         assert_eq!(
             gather_check(8192, 4096, Some(4096), 128, 64, 128).unwrap(),
             2

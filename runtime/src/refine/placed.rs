@@ -22,7 +22,7 @@
 
 use super::engine::{stream_position, ColumnSource, RefineCounters, RefinementPlan, SetInput};
 use super::select::selected_count;
-use crate::backend::refine::{ColumnTarget, FusedColumns};
+use crate::backend::refine::{ColumnTarget, FusedColumns, StageTarget};
 use crate::backend::{Backend, BranchLane, BranchMark};
 use crate::error::{Result, RuntimeError};
 use crate::observe::ProjectionSet;
@@ -481,19 +481,18 @@ impl<B: Backend> Placed<B> {
         b.begin_branch(BranchLane::Far)?;
         let ran = (|| -> Result<()> {
             b.branch_wait(selected_at)?;
-            for (c, dst) in cols.iter().zip(stage.staged.iter_mut()) {
-                b.stage_selected_units(
-                    1,
-                    inp,
-                    &stage.sel,
-                    selected,
-                    &c.store,
-                    0,
-                    c.unit_bytes,
+            // Every projection of the set in one launch: the lane runs one transfer at a time.
+            let mut targets: Vec<StageTarget<'_, B>> = cols
+                .iter()
+                .zip(stage.staged.iter_mut())
+                .map(|(c, dst)| StageTarget {
+                    store: &c.store,
+                    offset: 0,
+                    unit_bytes: c.unit_bytes,
                     dst,
-                )?;
-            }
-            Ok(())
+                })
+                .collect();
+            b.stage_selected_units(1, inp, &stage.sel, selected, &mut targets)
         })();
         let ended = b.end_branch();
         ran?;
@@ -603,7 +602,7 @@ impl<B: Backend> Placed<B> {
     }
 
     /// [`Placed::start`] of a lagged set: the selection (which reads the set's input) on the
-    /// near lane, the fetch into the layer's lag delta on the far lane after it.
+    /// near lane, the fetch into the layer's lag delta on the lag lane after it.
     #[allow(clippy::too_many_arguments)]
     fn start_lagged(
         &mut self,
@@ -632,7 +631,7 @@ impl<B: Backend> Placed<B> {
         ran?;
         let consumed = consumed?;
         let cols = &self.layers[layer][set.index()];
-        b.begin_branch(BranchLane::Far)?;
+        b.begin_branch(BranchLane::Lag)?;
         let ran = (|| -> Result<()> {
             b.branch_wait(consumed)?;
             let c = cols.first().ok_or(RuntimeError::EmptyInput)?;

@@ -837,28 +837,21 @@ impl Backend for CpuBackend {
         row_len: usize,
         sel: &CpuIndex,
         selected: usize,
-        store: &Vec<u8>,
-        offset: usize,
-        unit_bytes: usize,
-        dst: &mut Vec<u8>,
+        targets: &mut [crate::backend::refine::StageTarget<'_, Self>],
     ) -> Result<()> {
-        crate::backend::refine::stage_check(
-            rows,
-            row_len,
-            sel.0.len(),
-            selected,
-            store.len(),
-            offset,
-            unit_bytes,
-            dst.len(),
-        )?;
-        for (u, &i) in sel.0[..rows * selected].iter().enumerate() {
-            let out = &mut dst[u * unit_bytes..(u + 1) * unit_bytes];
-            if (i as usize) < row_len {
-                let start = offset + i as usize * unit_bytes;
-                out.copy_from_slice(&store[start..start + unit_bytes]);
-            } else {
-                out.fill(0);
+        crate::backend::refine::stage_check(rows, row_len, sel.0.len(), selected, targets, |s| {
+            s.len()
+        })?;
+        for t in targets.iter_mut() {
+            let unit_bytes = t.unit_bytes;
+            for (u, &i) in sel.0[..rows * selected].iter().enumerate() {
+                let out = &mut t.dst[u * unit_bytes..(u + 1) * unit_bytes];
+                if (i as usize) < row_len {
+                    let start = t.offset + i as usize * unit_bytes;
+                    out.copy_from_slice(&t.store[start..start + unit_bytes]);
+                } else {
+                    out.fill(0);
+                }
             }
         }
         Ok(())

@@ -59,12 +59,12 @@ pub(crate) struct Device {
     /// events (a tuning aid: it adds a few µs per launch, so use it with step graphs off).
     profile: Option<Mutex<Vec<TimedLaunch>>>,
     capturing: AtomicBool,
-    /// Two more streams for branches ([`Device::begin_branch`]), one per lane: launches go to
+    /// One more stream per branch lane ([`Device::begin_branch`]): launches go to
     /// lane `on_side − 1` while `on_side` is set, ordered after the main stream's work at the
     /// fork, and the main stream waits for them at the join. Captured, a branch becomes a
     /// parallel path of the step graph.
-    side_owners: [Arc<CudaStream>; 2],
-    sides: [sys::CUstream; 2],
+    side_owners: [Arc<CudaStream>; BRANCH_LANES],
+    sides: [sys::CUstream; BRANCH_LANES],
     on_side: std::sync::atomic::AtomicUsize,
     fork_event: sys::CUevent,
     /// Points branches reached ([`Device::mark_branch`]), used in turn: a mark is joined
@@ -72,6 +72,9 @@ pub(crate) struct Device {
     marks: Vec<sys::CUevent>,
     next_mark: std::sync::atomic::AtomicUsize,
 }
+
+/// Branch lanes (`BranchLane`: near, far, lag).
+const BRANCH_LANES: usize = 3;
 
 /// Branch marks in the pool.
 const BRANCH_MARKS: usize = 512;
@@ -112,8 +115,9 @@ impl Device {
         let side_owners = [
             ctx.new_stream().map_err(cuda_err("creating a stream"))?,
             ctx.new_stream().map_err(cuda_err("creating a stream"))?,
+            ctx.new_stream().map_err(cuda_err("creating a stream"))?,
         ];
-        let sides = [side_owners[0].cu_stream(), side_owners[1].cu_stream()];
+        let sides = side_owners.each_ref().map(|s| s.cu_stream());
         let event = || {
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(cuda_err("creating a branch event"))
@@ -167,13 +171,13 @@ impl Device {
         }
     }
 
-    /// Starts a branch on `lane` (0 or 1): launches that follow go to that lane's stream,
+    /// Starts a branch on `lane` (`< BRANCH_LANES`): launches that follow go to that lane's stream,
     /// after everything queued on the main stream so far and on the lane before, until
     /// [`Device::end_branch`].
     pub fn begin_branch(&self, lane: usize) -> Result<()> {
         let Some(&side) = self.sides.get(lane) else {
             return Err(RuntimeError::Unsupported(format!(
-                "branch lane {lane} of 2"
+                "branch lane {lane} of {BRANCH_LANES}"
             )));
         };
         if self.on_side.swap(lane + 1, Ordering::AcqRel) != 0 {
@@ -257,10 +261,11 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         self.staging_in_flight.store(false, Ordering::Release);
-        self.side_owners[0]
+        for side in &self.side_owners {
+            side.synchronize().map_err(cuda_err("synchronizing"))?;
+        }
+        self.stream_owner
             .synchronize()
-            .and_then(|()| self.side_owners[1].synchronize())
-            .and_then(|()| self.stream_owner.synchronize())
             .map_err(cuda_err("synchronizing"))
     }
 

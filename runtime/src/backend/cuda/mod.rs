@@ -192,6 +192,7 @@ enum Arg {
     FreshKv(FreshKv),
     Kvarn(kvarn::KvarnParams),
     Columns(refine::ColumnParams),
+    Stage(refine::StageParams),
 }
 
 /// The new keys and values a decode attention launch rotates and stores itself (the kernels'
@@ -222,6 +223,7 @@ impl Arg {
             Arg::FreshKv(f) => f as *mut FreshKv as *mut c_void,
             Arg::Kvarn(p) => p as *mut kvarn::KvarnParams as *mut c_void,
             Arg::Columns(p) => p as *mut refine::ColumnParams as *mut c_void,
+            Arg::Stage(p) => p as *mut refine::StageParams as *mut c_void,
         }
     }
 }
@@ -1982,6 +1984,7 @@ impl Backend for CudaBackend {
             self.dev().begin_branch(match lane {
                 BranchLane::Near => 0,
                 BranchLane::Far => 1,
+                BranchLane::Lag => 2,
             })?;
         }
         Ok(())
@@ -2014,14 +2017,9 @@ impl Backend for CudaBackend {
         row_len: usize,
         sel: &CudaIndex,
         selected: usize,
-        store: &CudaByteStore,
-        offset: usize,
-        unit_bytes: usize,
-        dst: &mut CudaByteStore,
+        targets: &mut [crate::backend::refine::StageTarget<'_, Self>],
     ) -> Result<()> {
-        self.stage_selected_units_kernel(
-            rows, row_len, sel, selected, store, offset, unit_bytes, dst,
-        )
+        self.stage_selected_units_kernel(rows, row_len, sel, selected, targets)
     }
 
     fn gather_selected_values(

@@ -2,10 +2,10 @@
 //! gather-accumulate of the selected columns, read from wherever the byte store lies —
 //! host memory mapped into the device (the ram tier) or device memory.
 
-use super::kvarn::CudaByteStore;
 use super::{blocks, i32_of, Arg, CudaBackend, CudaBuffer, CudaIndex, MAX_GRID_YZ};
 use crate::backend::refine::{
-    columns_check, gather_check, select_check, stage_check, ColumnTarget, MAX_COLUMN_TARGETS,
+    columns_check, gather_check, select_check, stage_check, ColumnTarget, StageTarget,
+    MAX_COLUMN_TARGETS,
 };
 use crate::error::{Result, RuntimeError};
 
@@ -51,6 +51,28 @@ pub(super) struct ColumnParams {
     t: [ColumnTargetParams; MAX_COLUMN_TARGETS],
 }
 
+/// The kernel's `StageTarget`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct StageTargetParams {
+    store: u64,
+    dst: u64,
+    unit_bytes: i32,
+    pad: i32,
+}
+
+/// The kernel's `StageParams`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct StageParams {
+    sel: u64,
+    row_len: i32,
+    selected: i32,
+    n_targets: i32,
+    pad: i32,
+    t: [StageTargetParams; MAX_COLUMN_TARGETS],
+}
+
 /// Rows of a launch as its grid extent: the selection's y, the gather's z.
 fn rows_check(op: &'static str, rows: usize) -> Result<u32> {
     u32::try_from(rows)
@@ -92,17 +114,27 @@ impl CudaBackend {
         row_len: usize,
         sel: &CudaIndex,
         selected: usize,
-        store: &CudaByteStore,
-        offset: usize,
-        unit_bytes: usize,
-        dst: &mut CudaByteStore,
+        targets: &mut [StageTarget<'_, Self>],
     ) -> Result<()> {
         let op = "stage_selected_units";
-        stage_check(
-            rows, row_len, sel.len, selected, store.len, offset, unit_bytes, dst.len,
-        )?;
-        if rows == 0 || selected == 0 || unit_bytes == 0 {
+        stage_check(rows, row_len, sel.len, selected, targets, |s| s.len)?;
+        if rows == 0 || selected == 0 || targets.is_empty() {
             return Ok(());
+        }
+        let mut params = StageParams {
+            sel: sel.mem.ptr,
+            row_len: i32_of(op, row_len)?,
+            selected: i32_of(op, selected)?,
+            n_targets: targets.len() as i32,
+            ..Default::default()
+        };
+        for (slot, t) in params.t.iter_mut().zip(targets.iter()) {
+            *slot = StageTargetParams {
+                store: t.store.device_ptr() + t.offset as u64,
+                dst: t.dst.device_ptr(),
+                unit_bytes: i32_of(op, t.unit_bytes)?,
+                pad: 0,
+            };
         }
         self.launch(
             &self.k().refine_stage_units,
@@ -112,18 +144,11 @@ impl CudaBackend {
                     msg: format!("{selected} selected channels in one launch"),
                 })?,
                 rows_check(op, rows)?,
-                1,
+                targets.len() as u32,
             ),
             (STAGE_THREADS, 1, 1),
             0,
-            &mut [
-                Arg::Ptr(store.device_ptr() + offset as u64),
-                Arg::Ptr(sel.mem.ptr),
-                Arg::I32(i32_of(op, row_len)?),
-                Arg::I32(i32_of(op, selected)?),
-                Arg::I32(i32_of(op, unit_bytes)?),
-                Arg::Ptr(dst.device_ptr()),
-            ],
+            &mut [Arg::Stage(params)],
         )
     }
 

@@ -81,6 +81,16 @@ __device__ __forceinline__ void copy8_async(void* dst, const void* src) {
 #endif
 }
 
+// 4 bytes global → shared without a register round trip (cp.async.ca, sm_80+).
+__device__ __forceinline__ void copy4_async(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+#else
+    *reinterpret_cast<uint32_t*>(dst) = __ldg(reinterpret_cast<const uint32_t*>(src));
+#endif
+}
+
 // Commits the copies issued so far as one group.
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)

@@ -434,6 +434,35 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         }
         issue_k = issue_k == S - 1 ? 0 : issue_k + 1;
     };
+    // The block's rows' refinement (decode rows only), in shared memory after the warps'
+    // rings, gate rows then up rows; taken before the loop so the epilogues below only read it.
+    float* rdelta = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
+                                             (size_t)WARPS * S * Slot::BYTES);
+    const int block_rows = seq * R * 16;
+    float* rscratch = rdelta + (SWIGLU ? 2 : 1) * block_rows;
+    // A staged operand (fetch lead) is read ahead, one scratch share per item, as the oldest
+    // copy group: it lands while the weights' first groups do. Both SwiGLU items or neither.
+    constexpr int N_REFINED = SWIGLU ? 2 : 1;
+    const int share = (RE_SCRATCH_BYTES(WARPS * 32) / N_REFINED) & ~15;
+    RefinePrefetch pf[N_REFINED];
+    bool read_ahead = false;
+    if (REFINE && gridDim.y == 1) {
+        read_ahead = true;
+#pragma unroll
+        for (int k = 0; k < N_REFINED; ++k) {
+            const GtItem& it = k == 1 ? g.item[1] : item;
+            read_ahead = read_ahead && refine_prefetchable(it.refine, tile_first * 16, block_rows, share);
+        }
+        if (read_ahead) {
+#pragma unroll
+            for (int k = 0; k < N_REFINED; ++k) {
+                const GtItem& it = k == 1 ? g.item[1] : item;
+                refine_prefetch(it.refine, tile_first * 16, block_rows, it.rows,
+                                reinterpret_cast<unsigned char*>(rscratch) + k * share, pf[k]);
+            }
+            copy_async_commit();
+        }
+    }
     // Weights are never written: their loads go out before x is read.
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue();
@@ -445,6 +474,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         ss = warp_sum(ss);
         if (lane == 0) ss_red[warp] = ss;
     }
+    if (REFINE && read_ahead) copy_async_wait<S - 1>();  // the read-ahead group, the oldest
     __syncthreads();
     float scale = 1.0f;
     if (NORM) {
@@ -454,19 +484,27 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
         scale = 1.0f / sqrtf(total / (float)cols + eps);
     }
 
-    // The block's rows' refinement (decode rows only), in shared memory after the warps'
-    // rings, gate rows then up rows; taken before the loop so the epilogues below only read it.
-    float* rdelta = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(gt_planes + 3 * pstride) +
-                                             (size_t)WARPS * S * Slot::BYTES);
-    const int block_rows = seq * R * 16;
-    float* rscratch = rdelta + (SWIGLU ? 2 : 1) * block_rows;
+    // x̂[c] as the planes hold it (x · nw split in three bf16 parts) times the norm's scale.
+    auto xhat = [&](uint32_t c) {
+        const uint32_t* p = gt_planes + (c >> 1);
+        const int sh = (int)(c & 1u) * 16;
+        const float p0 = __uint_as_float(((p[0] >> sh) & 0xffffu) << 16);
+        const float p1 = __uint_as_float(((p[pstride] >> sh) & 0xffffu) << 16);
+        const float p2 = __uint_as_float(((p[2 * pstride] >> sh) & 0xffffu) << 16);
+        return ((p0 + p1) + p2) * scale;
+    };
     bool refined[2] = {false, false};
 #pragma unroll
-    for (int k = 0; k < (SWIGLU ? 2 : 1); ++k) {
+    for (int k = 0; k < N_REFINED; ++k) {
         const GtItem& it = k == 1 ? g.item[1] : item;
         if (REFINE && it.refine.sel != nullptr && gridDim.y == 1) {
-            refine_rows(it.refine, x + (size_t)t * cols, nw, scale, cols, tile_first * 16,
-                        block_rows, it.rows, rdelta + k * block_rows, rscratch);
+            if (read_ahead) {
+                refine_rows_prefetched(it.refine, pf[k], xhat, cols, tile_first * 16, block_rows,
+                                       it.rows, rdelta + k * block_rows);
+            } else {
+                refine_rows(it.refine, x + (size_t)t * cols, nw, scale, cols, tile_first * 16,
+                            block_rows, it.rows, rdelta + k * block_rows, rscratch);
+            }
             refined[k] = true;
         }
     }

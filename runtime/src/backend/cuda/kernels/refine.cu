@@ -271,26 +271,58 @@ extern "C" __global__ void __launch_bounds__(RC_THREADS) refine_columns(const Co
     }
 }
 
-// Fetch lead's staging (docs/method.md §3): block (j, r) copies the `unit_bytes` bytes of column
-// sel[r·selected + j] of `store` (page-locked host memory mapped into the device) to unit
-// r·selected + j of `dst` in device memory, where the real input's gather reads them later;
+// Fetch lead's staging (docs/method.md §3) for up to three projections of one input.
+struct StageTarget {
+    const unsigned char* store;  // column 0 (page-locked host memory mapped into the device)
+    unsigned char* dst;          // unit 0 of the staged columns (device memory)
+    int unit_bytes;
+    int pad;
+};
+
+struct StageParams {
+    const uint32_t* sel;  // [rows, selected]
+    int row_len;
+    int selected;
+    int n_targets;
+    int pad;
+    StageTarget t[RC_MAX_TARGETS];
+};
+
+// Pieces a staging thread has in flight: a host read is a bus round trip, so each thread issues
+// several before it stores any.
+#define ST_IN_FLIGHT 4
+
+// Block (j, r, t) copies the `unit_bytes` bytes of column sel[r·selected + j] of target t's
+// store to unit r·selected + j of its `dst`, where the real input's gather reads them later;
 // an index of `row_len` or more stages zeros. 16-byte pieces where source, destination and
 // unit size allow, 4-byte words or bytes otherwise.
-extern "C" __global__ void refine_stage_units(const unsigned char* __restrict__ store,
-                                              const uint32_t* __restrict__ sel, int row_len,
-                                              int selected, int unit_bytes,
-                                              unsigned char* __restrict__ dst) {
-    const size_t u = (size_t)blockIdx.y * selected + blockIdx.x;
-    const uint32_t i = sel[u];
-    unsigned char* out = dst + u * unit_bytes;
-    const unsigned char* src = store + (size_t)i * unit_bytes;
-    const bool take = i < (uint32_t)row_len;
+extern "C" __global__ void refine_stage_units(const StageParams p) {
+    const StageTarget& tg = p.t[blockIdx.z];
+    const int unit_bytes = tg.unit_bytes;
+    const size_t u = (size_t)blockIdx.y * p.selected + blockIdx.x;
+    const uint32_t i = p.sel[u];
+    unsigned char* out = tg.dst + u * unit_bytes;
+    const unsigned char* src = tg.store + (size_t)i * unit_bytes;
+    const bool take = i < (uint32_t)p.row_len;
     const uintptr_t align = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(out) |
                             (uintptr_t)unit_bytes;
     if ((align & 15) == 0) {
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        for (int c = threadIdx.x; c < unit_bytes / 16; c += blockDim.x)
-            reinterpret_cast<uint4*>(out)[c] = take ? reinterpret_cast<const uint4*>(src)[c] : zero;
+        const int n = unit_bytes / 16;
+        const uint4* s16 = reinterpret_cast<const uint4*>(src);
+        uint4* d16 = reinterpret_cast<uint4*>(out);
+        for (int c0 = threadIdx.x; c0 < n; c0 += ST_IN_FLIGHT * blockDim.x) {
+            uint4 piece[ST_IN_FLIGHT];
+#pragma unroll
+            for (int q = 0; q < ST_IN_FLIGHT; ++q) {
+                const int c = c0 + q * blockDim.x;
+                piece[q] = take && c < n ? s16[c] : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int q = 0; q < ST_IN_FLIGHT; ++q) {
+                const int c = c0 + q * blockDim.x;
+                if (c < n) d16[c] = piece[q];
+            }
+        }
     } else if ((align & 3) == 0) {
         for (int c = threadIdx.x; c < unit_bytes / 4; c += blockDim.x)
             reinterpret_cast<uint32_t*>(out)[c] = take ? reinterpret_cast<const uint32_t*>(src)[c] : 0u;

@@ -105,3 +105,84 @@ __device__ void refine_rows(const RefineOp& op, const float* __restrict__ x,
         __syncthreads();
     }
 }
+
+// Fetch lead's staged operand read ahead: the block's bytes of each staged column (staged in
+// selection order, so their addresses do not depend on the selection), the selection and the
+// rows' scales, copied into shared memory by cp.async before the projection issues its own
+// loads. refine_rows reads the same data in a chain of dependent loads between the staging of
+// x and the projection's loop, a few µs in every wave of blocks; read ahead, it lands while the
+// weights do.
+struct RefinePrefetch {
+    float* scales;   // [n] the block's rows' scales (zeros past the projection's rows)
+    uint32_t* sel;   // [selected]
+    uint8_t* cols;   // [selected][nb] bytes row0 / 2 .. of each staged column
+    int nb;
+};
+
+// Shared-memory bytes refine_prefetch lays out for `selected` entries and `n` rows.
+__device__ __forceinline__ int refine_prefetch_bytes(int selected, int n) {
+    return 4 * n + 8 * ((selected + 1) / 2) + selected * (n / 2);
+}
+
+// Whether a decode row's operand can be read ahead into `bytes` of shared memory: staged
+// columns, whole 16-row tiles and 8-byte pieces.
+__device__ __forceinline__ bool refine_prefetchable(const RefineOp& op, int row0, int n,
+                                                    int bytes) {
+    return op.sel != nullptr && op.staged && op.selected > 0 && (op.unit_bytes & 7) == 0 &&
+           (row0 & 15) == 0 && (n & 15) == 0 && (reinterpret_cast<uintptr_t>(op.scales) & 15) == 0 &&
+           (reinterpret_cast<uintptr_t>(op.cols) & 7) == 0 &&
+           refine_prefetch_bytes(op.selected, n) <= bytes;
+}
+
+// Issues the read-ahead copies into `region` (16-byte aligned); every thread calls it and the
+// caller commits them as one group, waits for it and synchronises before
+// refine_rows_prefetched.
+__device__ __forceinline__ void refine_prefetch(const RefineOp& op, int row0, int n, int rows,
+                                                unsigned char* region, RefinePrefetch& pf) {
+    pf.nb = n / 2;
+    pf.scales = reinterpret_cast<float*>(region);
+    pf.sel = reinterpret_cast<uint32_t*>(region + 4 * n);
+    pf.cols = region + 4 * n + 8 * ((op.selected + 1) / 2);
+    for (int q = threadIdx.x; q < n / 4; q += blockDim.x) {
+        const int r = row0 + 4 * q;
+        const int valid = max(0, min(4, rows - r));
+        copy16_async(pf.scales + 4 * q, op.scales + (valid > 0 ? r : 0), 4 * valid);
+    }
+    for (int j = threadIdx.x; j < op.selected; j += blockDim.x) copy4_async(pf.sel + j, op.sel + j);
+    const int pieces = pf.nb / 8;
+    for (int e = threadIdx.x; e < op.selected * pieces; e += blockDim.x) {
+        const int j = e / pieces, q = e % pieces;
+        const int byte = row0 / 2 + 8 * q;
+        // Pieces past the column hold rows past the projection's: never emitted.
+        if (byte < op.unit_bytes)
+            copy8_async(pf.cols + j * pf.nb + 8 * q, op.cols + (size_t)j * op.unit_bytes + byte);
+    }
+}
+
+// refine_rows from a read-ahead operand: delta[i] for i < n, x̂[c] = xhat(c) (the projection's
+// normalised input as it holds it). Each warp takes a byte (two rows) at a time, its lanes the
+// entries, summed by shuffles in a fixed order; the caller synchronises before reading delta.
+template <typename XHat>
+__device__ __forceinline__ void refine_rows_prefetched(const RefineOp& op, const RefinePrefetch& pf,
+                                                       XHat xhat, int row_len, int row0, int n,
+                                                       int rows, float* __restrict__ delta) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int b = warp; b < pf.nb; b += warps) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int j = lane; j < op.selected; j += 32) {
+            const uint32_t ch = pf.sel[j];
+            if (ch >= (uint32_t)row_len) continue;
+            const float v = xhat(ch);
+            const uint32_t q = pf.cols[j * pf.nb + b];
+            lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
+            hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
+        }
+        lo = warp_sum(lo);
+        hi = warp_sum(hi);
+        if (lane == 0) {
+            const int i = 2 * b;
+            if (i < n) delta[i] = row0 + i < rows ? pf.scales[i] * lo : 0.0f;
+            if (i + 1 < n) delta[i + 1] = row0 + i + 1 < rows ? pf.scales[i + 1] * hi : 0.0f;
+        }
+    }
+}
