@@ -1129,9 +1129,9 @@ pub fn cases() -> Vec<Case> {
     // model's do, hence their bound).
     add(
         "model_decode",
-        "tiny-qwen3 q2g32 prefill 7 + 12 steps, graphs on".into(),
+        "tiny-wide-qwen3 q2g32 prefill 7 + 12 steps, graphs on".into(),
         Op::Decode {
-            preset: "tiny-qwen3",
+            preset: "tiny-wide-qwen3",
             steps: 12,
             graphs: true,
             weights: SyntheticWeights::Group { bits: 2, group: 32 },
@@ -1174,9 +1174,9 @@ pub fn cases() -> Vec<Case> {
     ] {
         add(
             "model_decode",
-            format!("tiny f32 refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
+            format!("tiny-wide f32 refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
             Op::Decode {
-                preset: "tiny",
+                preset: "tiny-wide",
                 steps: 12,
                 graphs: true,
                 weights: SyntheticWeights::Float,
@@ -1227,15 +1227,16 @@ pub fn cases() -> Vec<Case> {
             SyntheticWeights::Float => "f32".into(),
         };
         // The coded prefill's tensor-core panels on CUDA set the bound, as in the unrefined
-        // coded cases (H100: 3.8e-4 unrefined trellis, 4.1–4.4e-4 refined group codes); the
+        // coded cases (H100, on tiny-qwen3 before these cases moved to the wide preset:
+        // 3.8e-4 unrefined trellis, 4.1–4.4e-4 refined group codes); the
         // refinement itself is exact to ~5e-7 (the f32 cases above); dropping it moves the
         // refined projections' outputs by 0.35–0.78 (refined_projections, by mutation).
         let bound = 3e-3;
         add(
             "model_decode",
-            format!("tiny-qwen3 {tag} refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
+            format!("tiny-wide-qwen3 {tag} refined k{k} s{s:?} prefill 7 + 12 steps, graphs on"),
             Op::Decode {
-                preset: "tiny-qwen3",
+                preset: "tiny-wide-qwen3",
                 steps: 12,
                 graphs: true,
                 weights,
@@ -3926,5 +3927,58 @@ pub fn run_case<B: ResidentKernels>(
             elements: 0,
             failure: Some(e.to_string()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refined decode case can catch a device that drops its refinement: on the CPU the
+    /// refined run's logits stand at least ten bounds away from the same run without it.
+    #[test]
+    fn refined_decode_cases_see_a_dropped_refinement() {
+        let cpu = CpuBackend::new();
+        let mut checked = 0;
+        for case in cases().iter().filter(|c| c.op == "model_decode") {
+            let Op::Decode {
+                preset,
+                steps,
+                graphs,
+                weights,
+                refine: Some(_),
+            } = case.spec
+            else {
+                continue;
+            };
+            let x = inputs(&case.spec, &mut Rng(7));
+            let refined: Vec<f64> = execute(&case.spec, &x, &cpu)
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let plain = Op::Decode {
+                preset,
+                steps,
+                graphs,
+                weights,
+                refine: None,
+            };
+            let dropped: Vec<f64> = execute(&plain, &x, &cpu)
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let moved = normalized_error(&dropped, &refined);
+            eprintln!("{}: {moved:.2e}", case.family);
+            assert!(
+                moved >= 10.0 * case.bound,
+                "{}: dropping the refinement moves the logits by {moved:.2e}, bound {:.0e}",
+                case.family,
+                case.bound
+            );
+            checked += 1;
+        }
+        assert!(checked >= 10, "{checked} refined decode cases");
     }
 }

@@ -29,6 +29,8 @@ pub const PRESETS: &[&str] = &[
     "smollm2-135m",
     "tiny",
     "tiny-qwen3",
+    "tiny-wide",
+    "tiny-wide-qwen3",
 ];
 
 #[allow(clippy::too_many_arguments)]
@@ -107,6 +109,11 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
         // Small shapes for tests: odd sizes, GQA 2, a bias (Qwen2 graph) / q-k norms (Qwen3).
         "tiny" => config(Qwen2, 72, 200, 2, 6, 3, 24, 131, 1e4, 1e-5, false),
         "tiny-qwen3" => config(Qwen3, 64, 160, 2, 4, 2, 32, 97, 1e4, 1e-6, true),
+        // Refined decode tests: wide enough that k = 16 per 1024 selects 8 channels. On 64
+        // it selects one, and a device-vs-CPU near tie in |x| then swaps a set's whole
+        // refinement, which moved a 12-step decode by ~3e-3.
+        "tiny-wide" => config(Qwen2, 512, 1024, 2, 8, 4, 64, 131, 1e4, 1e-5, false),
+        "tiny-wide-qwen3" => config(Qwen3, 512, 1024, 2, 8, 4, 64, 97, 1e4, 1e-6, true),
         other => {
             return Err(RuntimeError::Config(format!(
                 "unknown synthetic model {other:?}; known: {}",
