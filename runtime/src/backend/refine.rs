@@ -172,7 +172,6 @@ pub fn select_check(
     Ok((rows, per_row))
 }
 
-/// What [`Backend::add_selected_columns`] checked: per target its output size.
 /// Checks [`Backend::stage_selected_units`]'s shapes (`sel_len` indices; each target's
 /// store and destination sized by `bytes`).
 pub fn stage_check<B: Backend>(
@@ -251,6 +250,7 @@ pub fn gather_check(
     Ok(rows)
 }
 
+/// What [`Backend::add_selected_columns`] checked: per target its output size.
 pub struct ColumnCheck {
     pub out_dims: Vec<usize>,
 }
@@ -374,23 +374,18 @@ mod tests {
     /// [`stage_check`] of one row over `targets` given as (store bytes, offset, unit bytes,
     /// destination bytes).
     fn stage(rows: usize, sel_len: usize, targets: &[(usize, usize, usize, usize)]) -> Result<()> {
-        let stores: Vec<(Vec<u8>, Vec<u8>)> = targets
-            .iter()
-            .map(|&(s, _, _, d)| (vec![0u8; s], vec![0u8; d]))
-            .collect();
-        let mut dsts: Vec<Vec<u8>> = stores.iter().map(|(_, d)| d.clone()).collect();
+        let stores: Vec<Vec<u8>> = targets.iter().map(|&(s, ..)| vec![0u8; s]).collect();
+        let mut dsts: Vec<Vec<u8>> = targets.iter().map(|&(.., d)| vec![0u8; d]).collect();
         let list: Vec<StageTarget<'_, CpuBackend>> = stores
             .iter()
             .zip(dsts.iter_mut())
             .zip(targets)
-            .map(
-                |(((store, _), dst), &(_, offset, unit_bytes, _))| StageTarget {
-                    store,
-                    offset,
-                    unit_bytes,
-                    dst,
-                },
-            )
+            .map(|((store, dst), &(_, offset, unit_bytes, _))| StageTarget {
+                store,
+                offset,
+                unit_bytes,
+                dst,
+            })
             .collect();
         stage_check(rows, 4096, sel_len, 64, &list, |s| s.len())
     }
