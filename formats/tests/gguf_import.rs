@@ -375,6 +375,21 @@ fn incomplete_or_inconsistent_models_are_rejected() {
         "{err}"
     );
 
+    // Found by the `gguf_file` fuzz target (2026-12-05): a block_count of 2^30 with one
+    // layer's tensors made the completeness check spell out 2^30 layers' names before
+    // looking any up (minutes and gigabytes); it now stops at the first missing one.
+    let mut huge_depth = g.clone();
+    for (k, v) in huge_depth.kvs.iter_mut() {
+        if k == "llama.block_count" {
+            *v = V::U32(1 << 30);
+        }
+    }
+    let err = import(&huge_depth).unwrap_err();
+    assert!(
+        err.contains("model.layers.1.input_layernorm.weight") && err.contains("missing"),
+        "{err}"
+    );
+
     let mut no_heads = g.clone();
     no_heads
         .kvs

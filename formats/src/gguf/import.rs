@@ -528,10 +528,7 @@ fn layer_of(hf: &str) -> Option<usize> {
 
 /// Every tensor the HF model needs must be present.
 fn check_complete(plan: &BTreeMap<String, &GgufTensorInfo>, d: &Dims) -> Result<(), GgufError> {
-    let mut required: Vec<String> = vec![
-        "model.embed_tokens.weight".into(),
-        "model.norm.weight".into(),
-    ];
+    let whole_model = ["model.embed_tokens.weight", "model.norm.weight"].map(String::from);
     let mut per_layer = vec![
         "input_layernorm.weight",
         "post_attention_layernorm.weight",
@@ -563,15 +560,22 @@ fn check_complete(plan: &BTreeMap<String, &GgufTensorInfo>, d: &Dims) -> Result<
             "self_attn.o_proj.bias",
         ]);
     }
-    for l in 0..d.layers {
-        required.extend(per_layer.iter().map(|t| format!("model.layers.{l}.{t}")));
-    }
-    for r in &required {
-        if !plan.contains_key(r) {
+    // Checked name by name and stopped at the first missing one: each present name is a
+    // distinct entry of the tensor table, so the work is bounded by the file, not by a
+    // block_count read from it (a huge one would otherwise build billions of names).
+    let per_layer_names = (0..d.layers).flat_map(|l| {
+        per_layer
+            .iter()
+            .map(move |t| format!("model.layers.{l}.{t}"))
+    });
+    let mut required = Vec::new();
+    for r in whole_model.into_iter().chain(per_layer_names) {
+        if !plan.contains_key(&r) {
             return Err(GgufError::Import(format!(
                 "tensor for {r} is missing from the GGUF"
             )));
         }
+        required.push(r);
     }
     // And nothing extra that HF would not load (a stray bias would be silently dropped).
     let allowed: std::collections::HashSet<&str> = required.iter().map(String::as_str).collect();
