@@ -179,6 +179,12 @@ mod tests {
                 ((state >> 33) % 41) as f32 - 20.0
             })
             .collect();
+        // Non-finite values order as `total_cmp` orders |x|: NaN (either sign) above +inf.
+        let mut z = z;
+        z[17] = f32::NAN;
+        z[1500] = -f32::NAN;
+        z[1501] = f32::NEG_INFINITY;
+        z[2000] = -0.0;
         for k in [1, 7, 32, 1024] {
             select_top_k(&z, k, &mut sel);
             let mut want = Vec::new();

@@ -190,6 +190,15 @@ impl<'a, B: Backend> SetInput<'a, B> {
     }
 }
 
+/// Where [`Refiner::fetch`] puts a unit.
+#[derive(Clone, Copy)]
+enum FetchInto {
+    /// `unit`, replacing what it held (bundles read a unit's parts from it).
+    Unit,
+    /// The end of `staged` (channels gather a projection's units there).
+    Staged,
+}
+
 /// The engine: a plan, a store and settings, plus per-forward scratch state.
 pub struct Refiner<B: Backend> {
     /// Shared so a call can hold its layer's sources while mutating the engine's counters and
@@ -504,8 +513,17 @@ impl<B: Backend> Refiner<B> {
                 .is_some_and(|l| l.bundles.is_some())
     }
 
-    /// Fetches unit `index` of a source into `self.unit`; counts the outcome.
-    fn fetch(&mut self, key_base: u64, offset: u64, unit_bytes: usize, index: usize) -> bool {
+    /// Fetches unit `index` of a source into `self.unit` (replacing it) or onto the end of
+    /// `self.staged` (the channel path gathers its units there with no second copy); counts
+    /// the outcome. On failure the target is as it was.
+    fn fetch(
+        &mut self,
+        key_base: u64,
+        offset: u64,
+        unit_bytes: usize,
+        index: usize,
+        into: FetchInto,
+    ) -> bool {
         self.counters.units_selected += 1;
         let at = UnitRef {
             offset: offset + (index * unit_bytes) as u64,
@@ -515,8 +533,21 @@ impl<B: Backend> Refiner<B> {
             self.counters.units_failed += 1;
             return false;
         };
-        match store.fetch(UnitKey(key_base | index as u64), at, &mut self.unit) {
-            Fetched::Hit | Fetched::Loaded if self.unit.len() == unit_bytes => {
+        let out = match into {
+            FetchInto::Unit => {
+                self.unit.clear();
+                &mut self.unit
+            }
+            FetchInto::Staged => &mut self.staged,
+        };
+        let before = out.len();
+        let fetched = store.fetch(UnitKey(key_base | index as u64), at, out);
+        let whole = out.len() == before + unit_bytes;
+        if !(whole && matches!(fetched, Fetched::Hit | Fetched::Loaded)) {
+            out.truncate(before);
+        }
+        match fetched {
+            Fetched::Hit | Fetched::Loaded if whole => {
                 self.counters.units_applied += 1;
                 self.counters.bytes_applied += unit_bytes as u64;
                 true
@@ -725,8 +756,13 @@ impl<B: Backend> Refiner<B> {
                 self.staged.clear();
                 self.weights.clear();
                 for &i in &sel {
-                    if self.fetch(src.key_base, src.offset, src.unit_bytes, i) {
-                        self.staged.extend_from_slice(&self.unit);
+                    if self.fetch(
+                        src.key_base,
+                        src.offset,
+                        src.unit_bytes,
+                        i,
+                        FetchInto::Staged,
+                    ) {
                         self.weights.push(xr[i]);
                     }
                 }
@@ -820,7 +856,7 @@ impl<B: Backend> Refiner<B> {
             self.weights.clear();
             self.weights2.clear();
             for &j in &sel {
-                if !self.fetch(src.key_base, src.offset, ub, j) {
+                if !self.fetch(src.key_base, src.offset, ub, j, FetchInto::Unit) {
                     continue;
                 }
                 let u = &self.unit;

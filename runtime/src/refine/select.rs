@@ -31,24 +31,35 @@ pub fn selected_count(k_per_1024: usize, in_dim: usize) -> usize {
 /// ascending. `out` is cleared first.
 pub fn select_top_k(x: &[f32], k_per_1024: usize, out: &mut Vec<usize>) {
     out.clear();
-    let mut idx: Vec<usize> = Vec::with_capacity(CHUNK.min(x.len()));
+    let mut keys: Vec<u64> = Vec::with_capacity(CHUNK.min(x.len()));
     for start in (0..x.len()).step_by(CHUNK) {
         let end = (start + CHUNK).min(x.len());
         let k = chunk_budget(k_per_1024, end - start);
         if k == 0 {
             continue;
         }
-        idx.clear();
-        idx.extend(start..end);
-        // Descending |x|, ascending index on ties: a strict total order.
-        let cmp =
-            |&a: &usize, &b: &usize| x[b].abs().total_cmp(&x[a].abs()).then_with(|| a.cmp(&b));
-        if k < idx.len() {
-            idx.select_nth_unstable_by(k - 1, cmp);
+        // One integer per channel whose ascending order is the selection order: |x| has a
+        // clear sign bit, so its bits order as `total_cmp` orders it (NaN above +inf), and
+        // their complement sorts descending; the offset in the chunk breaks ties upward.
+        // Selecting on plain u64s runs several times faster than on indices through a
+        // comparison closure (a decode token selects ~120 times on the CPU).
+        keys.clear();
+        keys.extend(
+            x[start..end]
+                .iter()
+                .enumerate()
+                .map(|(o, v)| (u64::from(!v.abs().to_bits()) << 32) | o as u64),
+        );
+        if k < keys.len() {
+            keys.select_nth_unstable(k - 1);
         }
-        let mut top = idx[..k].to_vec();
-        top.sort_unstable();
-        out.extend(top);
+        let first = out.len();
+        out.extend(
+            keys[..k]
+                .iter()
+                .map(|&key| start + (key & 0xFFFF_FFFF) as usize),
+        );
+        out[first..].sort_unstable();
     }
 }
 

@@ -183,8 +183,10 @@ impl UnitReader for File {
 
 /// A tier of refinement units, shared by the engine's worker threads.
 pub trait RefinementStore: Send + Sync {
-    /// Copies the unit into `out` (resized to `at.len`) when available; never blocks on I/O
-    /// under [`MissPolicy::Skip`].
+    /// Appends the unit's `at.len` bytes to `out` when available ([`Fetched::Hit`] or
+    /// [`Fetched::Loaded`]) and leaves `out` as it was otherwise, so a caller gathers the
+    /// selected units straight into one staging buffer; never blocks on I/O under
+    /// [`MissPolicy::Skip`].
     fn fetch(&self, key: UnitKey, at: UnitRef, out: &mut Vec<u8>) -> Fetched;
     fn stats(&self) -> StoreStats;
     fn reset_stats(&self);
@@ -371,7 +373,6 @@ impl RamStore {
 
 impl RefinementStore for RamStore {
     fn fetch(&self, _key: UnitKey, at: UnitRef, out: &mut Vec<u8>) -> Fetched {
-        out.clear();
         match self.bytes(at.offset, at.len as usize) {
             Some(bytes) => {
                 out.extend_from_slice(bytes);
@@ -811,14 +812,12 @@ impl SsdStore {
         }
     }
 
-    fn failed(&self, out: &mut Vec<u8>) -> Fetched {
-        out.clear();
+    fn failed(&self) -> Fetched {
         Counters::add(&self.shared.counters.failed, 1);
         Fetched::Failed
     }
 
     fn serve(&self, data: &[u8], out: &mut Vec<u8>, how: Fetched) -> Fetched {
-        out.clear();
         out.extend_from_slice(data);
         if how == Fetched::Hit {
             Counters::add(&self.shared.counters.hits, 1);
@@ -833,7 +832,7 @@ impl RefinementStore for SsdStore {
         let shared = &*self.shared;
         // Fast path once failed: no lock, no I/O.
         if shared.failed.load(Ordering::Acquire) {
-            return self.failed(out);
+            return self.failed();
         }
         let mut cache = lock(&shared.cache);
         if let Some(data) = cache.get(key, at) {
@@ -845,7 +844,6 @@ impl RefinementStore for SsdStore {
             MissPolicy::Skip => {
                 self.enqueue(&mut cache, key, at);
                 drop(cache);
-                out.clear();
                 Counters::add(&shared.counters.skipped, 1);
                 Fetched::Skipped
             }
@@ -859,7 +857,7 @@ impl RefinementStore for SsdStore {
                         .unwrap_or_else(PoisonError::into_inner);
                     if shared.failed.load(Ordering::Acquire) {
                         drop(cache);
-                        return self.failed(out);
+                        return self.failed();
                     }
                     if let Some(data) = cache.get(key, at) {
                         drop(cache);
@@ -869,10 +867,12 @@ impl RefinementStore for SsdStore {
                 // Not cached (e.g. larger than the budget, or evicted at once): read it here.
                 cache.in_flight.insert(key);
                 drop(cache);
-                match shared.read_unit(at, out) {
+                let mut unit = Vec::new();
+                match shared.read_unit(at, &mut unit) {
                     Ok(()) => {
-                        let cached = (u64::from(at.len) <= shared.budget)
-                            .then(|| (at, Arc::new(out.clone())));
+                        out.extend_from_slice(&unit);
+                        let cached =
+                            (u64::from(at.len) <= shared.budget).then(|| (at, Arc::new(unit)));
                         shared.finish(key, cached);
                         Counters::add(&shared.counters.bytes_served, u64::from(at.len));
                         Fetched::Loaded
@@ -880,7 +880,7 @@ impl RefinementStore for SsdStore {
                     Err(e) => {
                         shared.fail(at, &e);
                         shared.finish(key, None);
-                        self.failed(out)
+                        self.failed()
                     }
                 }
             }

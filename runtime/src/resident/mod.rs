@@ -41,7 +41,6 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::linear::Linear;
-use rayon::prelude::*;
 use sfx_formats::gguf::BlockTensor;
 use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
 
@@ -121,22 +120,21 @@ const DECODE_MAX_TOKENS: usize = 2;
 /// few µs).
 const MIN_PARALLEL_BYTES: usize = 32 * 1024;
 
-/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per rayon thread, or on the
+/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per thread of the decode pool, or on the
 /// calling thread for a matrix of fewer than [`MIN_PARALLEL_BYTES`] weight bytes.
 pub(crate) fn run_row_blocks(
     weight_bytes: usize,
     y: &mut [f32],
     block: impl Fn(usize, &mut [f32]) + Sync,
 ) {
-    let threads = rayon::current_num_threads();
+    let pool = crate::backend::cpu::spin_pool::pool();
+    let threads = pool.threads();
     if weight_bytes < MIN_PARALLEL_BYTES || threads == 1 {
         block(0, y);
         return;
     }
     let per_task = y.len().div_ceil(threads * 4).max(1);
-    y.par_chunks_mut(per_task)
-        .enumerate()
-        .for_each(|(b, yb)| block(b * per_task, yb));
+    pool.for_each_chunk_mut(y, per_task, |b, yb| block(b * per_task, yb));
 }
 
 /// `y[t, :] += bias` for every token row of a CPU projection's output.

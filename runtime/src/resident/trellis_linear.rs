@@ -17,7 +17,6 @@ use crate::resident::trellis::{code_1mad, code_3inst, code_table};
 #[cfg(target_arch = "x86_64")]
 use crate::resident::trellis_kernel::{decode_tile_seq, tile_row};
 use crate::resident::trellis_kernel::{supported as kernel_supported, Tables};
-use rayon::prelude::*;
 use sfx_formats::resident::{
     TileOrder, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS,
 };
@@ -246,22 +245,21 @@ impl TrellisLinear {
             }
             yb.copy_from_slice(&acc);
         };
-        let threads = rayon::current_num_threads();
+        let pool = crate::backend::cpu::spin_pool::pool();
+        let threads = pool.threads();
         if w.tiles().len() < MIN_PARALLEL_BYTES || threads == 1 {
             for (tr, yb) in y.chunks_exact_mut(TILE_SIDE).enumerate() {
                 row_block(tr, yb);
             }
         } else {
-            // A few tasks per thread (not one per tile row): a task costs ~1 µs to schedule,
+            // A few tasks per thread (not one per tile row): a task costs ~1 µs to hand out,
             // about the time one 16×576 tile row takes to decode.
             let per_task = (w.rows() / TILE_SIDE).div_ceil(2 * threads).max(1);
-            y.par_chunks_mut(per_task * TILE_SIDE)
-                .enumerate()
-                .for_each(|(b, yb)| {
-                    for (i, yr) in yb.chunks_exact_mut(TILE_SIDE).enumerate() {
-                        row_block(b * per_task + i, yr);
-                    }
-                });
+            pool.for_each_chunk_mut(y, per_task * TILE_SIDE, |b, yb| {
+                for (i, yr) in yb.chunks_exact_mut(TILE_SIDE).enumerate() {
+                    row_block(b * per_task + i, yr);
+                }
+            });
         }
     }
 

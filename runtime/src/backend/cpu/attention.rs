@@ -234,7 +234,8 @@ fn decode(level: SimdLevel, q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape,
     let group = s.group();
     let nq = s.n_queries;
     let total = s.past + nq;
-    let threads = rayon::current_num_threads().max(1);
+    let pool = super::spin_pool::pool();
+    let threads = pool.threads();
     // Enough chunks that kv_heads × chunks ≥ 2 tasks per thread, but ≥ DECODE_MIN_CHUNK keys.
     let chunks_wanted = (2 * threads).div_ceil(s.kv.kv_heads).max(1);
     let chunk = total.div_ceil(chunks_wanted).max(DECODE_MIN_CHUNK);
@@ -256,43 +257,44 @@ fn decode(level: SimdLevel, q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape,
         }
     }
 
-    let partials: Vec<Partial> = (0..s.kv.kv_heads * n_chunks)
-        .into_par_iter()
-        .map(|task| {
-            let g = task / n_chunks;
-            let c0 = (task % n_chunks) * chunk;
-            let c1 = (c0 + chunk).min(total);
-            let kh = &k[g * head_stride..];
-            let vh = &v[g * head_stride..];
-            let mut p = Partial {
-                max: vec![f32::NEG_INFINITY; nq * group],
-                sum: vec![0.0; nq * group],
-                out: vec![0.0; nq * group * hd],
-            };
-            let mut scores = vec![0.0f32; group * (c1 - c0)];
-            for t in 0..nq {
-                let end = (s.past + t + 1).min(c1);
-                if end <= c0 {
-                    continue;
-                }
-                let w = end - c0;
-                let qt = &qg[(g * nq + t) * group * hd..][..group * hd];
-                let base = t * group;
-                decode_chunk(
-                    level,
-                    qt,
-                    &kh[c0 * hd..end * hd],
-                    &vh[c0 * hd..end * hd],
-                    hd,
-                    &mut scores[..group * w],
-                    &mut p.out[base * hd..(base + group) * hd],
-                    &mut p.max[base..base + group],
-                    &mut p.sum[base..base + group],
-                );
-            }
-            p
+    // On the decode pool, not rayon: this runs between two matvecs of every layer, and a
+    // rayon worker woken here would compete with the pool's spinning worker for the cores.
+    let mut partials: Vec<Partial> = (0..s.kv.kv_heads * n_chunks)
+        .map(|_| Partial {
+            max: vec![f32::NEG_INFINITY; nq * group],
+            sum: vec![0.0; nq * group],
+            out: vec![0.0; nq * group * hd],
         })
         .collect();
+    pool.for_each_chunk_mut(&mut partials, 1, |task, one| {
+        let p = &mut one[0];
+        let g = task / n_chunks;
+        let c0 = (task % n_chunks) * chunk;
+        let c1 = (c0 + chunk).min(total);
+        let kh = &k[g * head_stride..];
+        let vh = &v[g * head_stride..];
+        let mut scores = vec![0.0f32; group * (c1 - c0)];
+        for t in 0..nq {
+            let end = (s.past + t + 1).min(c1);
+            if end <= c0 {
+                continue;
+            }
+            let w = end - c0;
+            let qt = &qg[(g * nq + t) * group * hd..][..group * hd];
+            let base = t * group;
+            decode_chunk(
+                level,
+                qt,
+                &kh[c0 * hd..end * hd],
+                &vh[c0 * hd..end * hd],
+                hd,
+                &mut scores[..group * w],
+                &mut p.out[base * hd..(base + group) * hd],
+                &mut p.max[base..base + group],
+                &mut p.sum[base..base + group],
+            );
+        }
+    });
 
     // Exact merge: o = Σ_c e^{m_c − M} o_c / Σ_c e^{m_c − M} l_c.
     for g in 0..s.kv.kv_heads {

@@ -2,14 +2,13 @@
 //!
 //! At one token the whole weight matrix is read once and each element is used for one FMA, so
 //! the kernel is memory-bound: what matters is streaming rows at full bandwidth on every core.
-//! Rows are split into blocks across rayon threads; each thread walks its rows strictly in
+//! Rows are split into blocks across the decode pool's threads; each thread walks its rows strictly in
 //! order with four accumulators (four FMA chains hide the 4-cycle FMA latency). Measured on
 //! the 2-core EPYC dev VM, 49152×576 BF16: one sequential row stream 16–18 GB/s, four
 //! interleaved rows sharing each `x` load 5–8 GB/s (the prefetcher loses the short 1152-byte
 //! row streams); software prefetch did not help. BF16 widens to F32 by a 16-bit shift (exact).
 
 use super::SimdLevel;
-use rayon::prelude::*;
 
 /// A weight element the kernels can widen to f32.
 pub(crate) trait WeightElem: Copy + Send + Sync + 'static {
@@ -67,11 +66,11 @@ impl WeightElem for f32 {
     }
 }
 
-/// Below this many weight bytes a matrix is done on one thread: a rayon fork/join costs a few
+/// Below this many weight bytes a matrix is done on one thread: a fan-out costs a few
 /// µs, about the time to stream 64 KiB from DRAM on one core.
 const MIN_PARALLEL_BYTES: usize = 64 * 1024;
 
-/// `y[r] = Σ_i w[r, i]·x[i]` for `w` row-major `[y.len(), x.len()]`, on the rayon pool.
+/// `y[r] = Σ_i w[r, i]·x[i]` for `w` row-major `[y.len(), x.len()]`, on the decode pool (`spin_pool`).
 /// Callers guarantee `w.len() == y.len() * x.len()`.
 pub(crate) fn matvec<E: WeightElem>(level: SimdLevel, w: &[E], x: &[f32], y: &mut [f32]) {
     let cols = x.len();
@@ -85,15 +84,16 @@ pub(crate) fn matvec<E: WeightElem>(level: SimdLevel, w: &[E], x: &[f32], y: &mu
         return;
     }
     let bytes = std::mem::size_of_val(w);
-    let threads = rayon::current_num_threads();
+    let pool = super::spin_pool::pool();
+    let threads = pool.threads();
     if bytes < MIN_PARALLEL_BYTES || threads == 1 {
         rows_kernel(level, w, x, y);
         return;
     }
-    // ~4 blocks per thread lets work stealing absorb a thread descheduled mid-token
-    // (measured on SmolLM2 decode: 1, 2, 4, 8 blocks/thread → 88, 90, 96, 88 tok/s).
+    // ~4 blocks per thread lets the shared block counter absorb a thread descheduled
+    // mid-token (measured on SmolLM2 decode: 1, 2, 4, 8 blocks/thread → 88, 90, 96, 88 tok/s).
     let per_task = rows.div_ceil(threads * 4).max(1);
-    y.par_chunks_mut(per_task).enumerate().for_each(|(b, yb)| {
+    pool.for_each_chunk_mut(y, per_task, |b, yb| {
         let r0 = b * per_task;
         let wb = &w[r0 * cols..(r0 + yb.len()) * cols];
         rows_kernel(level, wb, x, yb);

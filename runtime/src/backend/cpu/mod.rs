@@ -11,6 +11,7 @@ pub mod q8_activations;
 mod refine_kernels;
 mod scratch;
 pub(crate) mod simd;
+pub(crate) mod spin_pool;
 
 pub use q8_activations::DecodeActivations;
 pub use simd::SimdLevel;
