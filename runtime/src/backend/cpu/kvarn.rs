@@ -9,7 +9,6 @@ use crate::error::Result;
 use crate::kv::attend::{attend_head, HeadView, RefineStep};
 use crate::kv::KvBase;
 use half::f16;
-use rayon::prelude::*;
 
 pub(super) fn kvarn_attention(
     level: SimdLevel,
@@ -41,50 +40,49 @@ pub(super) fn kvarn_attention(
             .map(|&v| f16::from_f32(v))
             .collect()
     };
-    out.0
-        .par_chunks_mut(group * d)
-        .enumerate()
-        .for_each(|(h, o)| {
-            let (sink_k, sink_v) = (
-                rows(layer.sink_k, h, s.sink_capacity, s.sinks),
-                rows(layer.sink_v, h, s.sink_capacity, s.sinks),
-            );
-            let (tail_k, tail_v) = (
-                rows(layer.tail_k, h, s.tail_capacity, s.tail),
-                rows(layer.tail_v, h, s.tail_capacity, s.tail),
-            );
-            let view = HeadView {
-                head_dim: d,
-                sink_k: &sink_k,
-                sink_v: &sink_v,
-                tiles: &layer.tiles[h * s.tile_capacity * record..][..s.tiles * record],
-                tail_k: &tail_k,
-                tail_v: &tail_v,
-                base: Some(&base),
-            };
-            let q: Vec<f32> = q.0[h * group * d..][..group * d]
-                .iter()
-                .map(|&x| x * scale)
-                .collect();
-            let (Some(r), Some(units)) = (s.refine, layer.units) else {
-                attend_head(level, &view, &q, o, None);
-                return;
-            };
-            // The head's units, `[tile_capacity, groups per tile, unit]`: a fetch is a copy.
-            let (unit, per_tile) = (r.unit_bytes(d), s.tile_tokens / r.group);
-            let head_units = &units[h * s.tile_capacity * per_tile * unit..];
-            let fetch = |tile: usize, group: usize, buf: &mut Vec<u8>| {
-                buf.clear();
-                buf.extend_from_slice(&head_units[(tile * per_tile + group) * unit..][..unit]);
-                crate::refine::store::Fetched::Hit
-            };
-            let step = RefineStep {
-                bits: r.bits,
-                group: r.group,
-                fraction: r.fraction,
-                fetch: &fetch,
-            };
-            attend_head(level, &view, &q, o, Some(&step));
-        });
+    // One task per KV head on the decode pool (as decode attention): a rayon worker woken
+    // here would compete with the pool's spinning worker for the cores.
+    super::spin_pool::pool().for_each_chunk_mut(&mut out.0, group * d, |h, o| {
+        let (sink_k, sink_v) = (
+            rows(layer.sink_k, h, s.sink_capacity, s.sinks),
+            rows(layer.sink_v, h, s.sink_capacity, s.sinks),
+        );
+        let (tail_k, tail_v) = (
+            rows(layer.tail_k, h, s.tail_capacity, s.tail),
+            rows(layer.tail_v, h, s.tail_capacity, s.tail),
+        );
+        let view = HeadView {
+            head_dim: d,
+            sink_k: &sink_k,
+            sink_v: &sink_v,
+            tiles: &layer.tiles[h * s.tile_capacity * record..][..s.tiles * record],
+            tail_k: &tail_k,
+            tail_v: &tail_v,
+            base: Some(&base),
+        };
+        let q: Vec<f32> = q.0[h * group * d..][..group * d]
+            .iter()
+            .map(|&x| x * scale)
+            .collect();
+        let (Some(r), Some(units)) = (s.refine, layer.units) else {
+            attend_head(level, &view, &q, o, None);
+            return;
+        };
+        // The head's units, `[tile_capacity, groups per tile, unit]`: a fetch is a copy.
+        let (unit, per_tile) = (r.unit_bytes(d), s.tile_tokens / r.group);
+        let head_units = &units[h * s.tile_capacity * per_tile * unit..];
+        let fetch = |tile: usize, group: usize, buf: &mut Vec<u8>| {
+            buf.clear();
+            buf.extend_from_slice(&head_units[(tile * per_tile + group) * unit..][..unit]);
+            crate::refine::store::Fetched::Hit
+        };
+        let step = RefineStep {
+            bits: r.bits,
+            group: r.group,
+            fraction: r.fraction,
+            fetch: &fetch,
+        };
+        attend_head(level, &view, &q, o, Some(&step));
+    });
     Ok(())
 }
