@@ -199,7 +199,7 @@ impl KvTier {
         }
     }
 
-    /// Unit `group` of tile `tile` of stream `head`.
+    /// Unit `group` of tile `tile` of stream `head`, replacing what `out` held.
     pub fn fetch(&self, head: usize, tile: usize, group: usize, out: &mut Vec<u8>) -> Fetched {
         let ub = self.unit_bytes;
         match &self.kind {
@@ -230,6 +230,9 @@ impl KvTier {
                     offset: base + (group * ub) as u64,
                     len: ub as u32,
                 };
+                // The store appends (the weight engine gathers units back to back); a KV
+                // fetch replaces, as the RAM arm does.
+                out.clear();
                 store.fetch(self.key(head, tile, group), at, out)
             }
         }
