@@ -542,25 +542,20 @@ impl<B: Backend> Refiner<B> {
         };
         let before = out.len();
         let fetched = store.fetch(UnitKey(key_base | index as u64), at, out);
-        let whole = out.len() == before + unit_bytes;
-        if !(whole && matches!(fetched, Fetched::Hit | Fetched::Loaded)) {
-            out.truncate(before);
+        let applied =
+            matches!(fetched, Fetched::Hit | Fetched::Loaded) && out.len() == before + unit_bytes;
+        if applied {
+            self.counters.units_applied += 1;
+            self.counters.bytes_applied += unit_bytes as u64;
+            return true;
         }
-        match fetched {
-            Fetched::Hit | Fetched::Loaded if whole => {
-                self.counters.units_applied += 1;
-                self.counters.bytes_applied += unit_bytes as u64;
-                true
-            }
-            Fetched::Failed => {
-                self.counters.units_failed += 1;
-                false
-            }
-            _ => {
-                self.counters.units_skipped += 1;
-                false
-            }
+        out.truncate(before);
+        if fetched == Fetched::Failed {
+            self.counters.units_failed += 1;
+        } else {
+            self.counters.units_skipped += 1;
         }
+        false
     }
 
     /// Starts the refinement of set `set` of layer `layer` beside its projection: in the

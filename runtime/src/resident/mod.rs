@@ -120,8 +120,8 @@ const DECODE_MAX_TOKENS: usize = 2;
 /// few µs).
 const MIN_PARALLEL_BYTES: usize = 32 * 1024;
 
-/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per thread of the decode pool, or on the
-/// calling thread for a matrix of fewer than [`MIN_PARALLEL_BYTES`] weight bytes.
+/// Runs `block(first_row, outputs)` over `y` in ~4 row blocks per thread of the decode pool, or
+/// on the calling thread for a matrix of fewer than [`MIN_PARALLEL_BYTES`] weight bytes.
 pub(crate) fn run_row_blocks(
     weight_bytes: usize,
     y: &mut [f32],

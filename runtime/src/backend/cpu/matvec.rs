@@ -2,8 +2,8 @@
 //!
 //! At one token the whole weight matrix is read once and each element is used for one FMA, so
 //! the kernel is memory-bound: what matters is streaming rows at full bandwidth on every core.
-//! Rows are split into blocks across the decode pool's threads; each thread walks its rows strictly in
-//! order with four accumulators (four FMA chains hide the 4-cycle FMA latency). Measured on
+//! Rows are split into blocks across the decode pool's threads; each thread walks its rows
+//! strictly in order with four accumulators (four FMA chains hide the 4-cycle FMA latency). Measured on
 //! the 2-core EPYC dev VM, 49152×576 BF16: one sequential row stream 16–18 GB/s, four
 //! interleaved rows sharing each `x` load 5–8 GB/s (the prefetcher loses the short 1152-byte
 //! row streams); software prefetch did not help. BF16 widens to F32 by a 16-bit shift (exact).
@@ -70,7 +70,8 @@ impl WeightElem for f32 {
 /// µs, about the time to stream 64 KiB from DRAM on one core.
 const MIN_PARALLEL_BYTES: usize = 64 * 1024;
 
-/// `y[r] = Σ_i w[r, i]·x[i]` for `w` row-major `[y.len(), x.len()]`, on the decode pool (`spin_pool`).
+/// `y[r] = Σ_i w[r, i]·x[i]` for `w` row-major `[y.len(), x.len()]`, on the decode pool
+/// (`spin_pool`).
 /// Callers guarantee `w.len() == y.len() * x.len()`.
 pub(crate) fn matvec<E: WeightElem>(level: SimdLevel, w: &[E], x: &[f32], y: &mut [f32]) {
     let cols = x.len();
