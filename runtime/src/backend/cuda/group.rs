@@ -118,6 +118,16 @@ impl RefineOperand {
         Ok(self)
     }
 
+    /// Shared-memory bytes of this operand's read-ahead region for `rows` output rows of a
+    /// block (the kernels' `refine_prefetch_bytes`, rounded up to 16); 0 without columns.
+    pub(super) fn read_ahead_bytes(&self, rows: usize) -> usize {
+        if !self.has_columns() {
+            return 0;
+        }
+        let selected = self.selected.max(0) as usize;
+        (4 * rows + 16 * selected.div_ceil(2) + selected * (rows / 2)).next_multiple_of(16)
+    }
+
     /// Whether the launch computes refinement deltas (needs their shared memory).
     pub(super) fn has_columns(&self) -> bool {
         self.sel != 0

@@ -212,6 +212,16 @@ fn row_view(n: usize, m: usize) -> (usize, usize) {
     (row, (n / row).max(1))
 }
 
+/// Output rows a decode transform block takes (the kernels' `RB · P`).
+fn block_rows(n: usize, m: usize) -> usize {
+    let (row, rows) = row_view(n, m);
+    (ROW_MAX / row).min(rows) * row
+}
+
+/// Most shared memory a refined finish's read-ahead operands take (`TR_READ_AHEAD_MAX`): past
+/// it the finish reads its operand the old way, in refine_rows' scratch.
+const FINISH_READ_AHEAD_MAX: usize = 40960;
+
 /// Row blocks of a transform over n = m·p values (the kernels' `row_view`): rows of
 /// P = min(p, 512) values, min(512/P, rows) of them per block, one thread a value. Returns
 /// (blocks, threads).
@@ -521,11 +531,24 @@ impl CudaBackend {
                 return self.launch(&k.finish_tokens, grid, block, smem, &mut args);
             }
         }
-        let (grid, block) = transform_grid("trellis finish", views.into_iter(), launched, m)?;
-        // A refined finish's deltas ([items][ROW_MAX]) and refine_rows' scratch.
+        let (grid, block) = transform_grid("trellis finish", views.iter().copied(), launched, m)?;
+        // A refined finish's deltas ([items][ROW_MAX]), then refine_rows' scratch or the
+        // read-ahead regions of its operands (a SwiGLU block reads both items', any other
+        // block its own item's), whichever is larger.
         let refined = f.item.iter().any(|it| it.refine.has_columns());
         let smem = if refined {
-            4 * ROW_MAX * if swiglu { 2 } else { 1 } + refine_scratch_bytes(block.0 as usize)
+            // The kernel reads ahead only where its block's regions fit the cap.
+            let ahead = f.item[..items.len()]
+                .iter()
+                .zip(&views)
+                .map(|(it, &(n, m))| it.refine.read_ahead_bytes(block_rows(n, m)));
+            let ahead = if swiglu {
+                Some(ahead.sum()).filter(|&t| t <= FINISH_READ_AHEAD_MAX)
+            } else {
+                ahead.filter(|&b| b <= FINISH_READ_AHEAD_MAX).max()
+            };
+            let scratch = refine_scratch_bytes(block.0 as usize).max(ahead.unwrap_or(0));
+            4 * ROW_MAX * if swiglu { 2 } else { 1 } + scratch
         } else {
             0
         };

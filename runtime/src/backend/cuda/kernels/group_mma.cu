@@ -485,7 +485,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     }
 
     // x̂[c] as the planes hold it (x · nw split in three bf16 parts) times the norm's scale.
-    auto xhat = [&](uint32_t c) {
+    auto xhat = [&](int, uint32_t c) {
         const uint32_t* p = gt_planes + (c >> 1);
         const int sh = (int)(c & 1u) * 16;
         const float p0 = __uint_as_float(((p[0] >> sh) & 0xffffu) << 16);

@@ -115,13 +115,14 @@ __device__ void refine_rows(const RefineOp& op, const float* __restrict__ x,
 struct RefinePrefetch {
     float* scales;   // [n] the block's rows' scales (zeros past the projection's rows)
     uint32_t* sel;   // [selected]
+    float* vals;     // [selected] room for the entries' input values, where the caller needs it
     uint8_t* cols;   // [selected][nb] bytes row0 / 2 .. of each staged column
     int nb;
 };
 
 // Shared-memory bytes refine_prefetch lays out for `selected` entries and `n` rows.
 __device__ __forceinline__ int refine_prefetch_bytes(int selected, int n) {
-    return 4 * n + 8 * ((selected + 1) / 2) + selected * (n / 2);
+    return 4 * n + 16 * ((selected + 1) / 2) + selected * (n / 2);
 }
 
 // Whether a decode row's operand can be read ahead into `bytes` of shared memory: staged
@@ -141,8 +142,10 @@ __device__ __forceinline__ void refine_prefetch(const RefineOp& op, int row0, in
                                                 unsigned char* region, RefinePrefetch& pf) {
     pf.nb = n / 2;
     pf.scales = reinterpret_cast<float*>(region);
+    const int words = 2 * ((op.selected + 1) / 2);  // 8-byte multiples
     pf.sel = reinterpret_cast<uint32_t*>(region + 4 * n);
-    pf.cols = region + 4 * n + 8 * ((op.selected + 1) / 2);
+    pf.vals = reinterpret_cast<float*>(region + 4 * n + 4 * words);
+    pf.cols = region + 4 * n + 8 * words;
     for (int q = threadIdx.x; q < n / 4; q += blockDim.x) {
         const int r = row0 + 4 * q;
         const int valid = max(0, min(4, rows - r));
@@ -159,30 +162,48 @@ __device__ __forceinline__ void refine_prefetch(const RefineOp& op, int row0, in
     }
 }
 
-// refine_rows from a read-ahead operand: delta[i] for i < n, x̂[c] = xhat(c) (the projection's
-// normalised input as it holds it). Each warp takes a byte (two rows) at a time, its lanes the
-// entries, summed by shuffles in a fixed order; the caller synchronises before reading delta.
+// refine_rows from a read-ahead operand: delta[i] for i < n, entry j's x̂[c] = xhat(j, c) (the
+// projection's normalised input as it holds it). Few bytes (a tile block's 8): each warp takes
+// a byte (two rows) at a time, its lanes the entries, summed by shuffles. Many (a transform
+// block's 256): a thread takes a byte and every entry in order. Either way the sums' order is
+// fixed; the caller synchronises before reading delta.
 template <typename XHat>
 __device__ __forceinline__ void refine_rows_prefetched(const RefineOp& op, const RefinePrefetch& pf,
                                                        XHat xhat, int row_len, int row0, int n,
                                                        int rows, float* __restrict__ delta) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    auto store = [&](int b, float lo, float hi) {
+        const int i = 2 * b;
+        if (i < n) delta[i] = row0 + i < rows ? pf.scales[i] * lo : 0.0f;
+        if (i + 1 < n) delta[i + 1] = row0 + i + 1 < rows ? pf.scales[i + 1] * hi : 0.0f;
+    };
+    if (4 * pf.nb >= (int)blockDim.x) {
+        for (int b = threadIdx.x; b < pf.nb; b += blockDim.x) {
+            float lo = 0.0f, hi = 0.0f;
+            for (int j = 0; j < op.selected; ++j) {
+                const uint32_t ch = pf.sel[j];
+                if (ch >= (uint32_t)row_len) continue;
+                const float v = xhat(j, ch);
+                const uint32_t q = pf.cols[j * pf.nb + b];
+                lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
+                hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
+            }
+            store(b, lo, hi);
+        }
+        return;
+    }
     for (int b = warp; b < pf.nb; b += warps) {
         float lo = 0.0f, hi = 0.0f;
         for (int j = lane; j < op.selected; j += 32) {
             const uint32_t ch = pf.sel[j];
             if (ch >= (uint32_t)row_len) continue;
-            const float v = xhat(ch);
+            const float v = xhat(j, ch);
             const uint32_t q = pf.cols[j * pf.nb + b];
             lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
             hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
         }
         lo = warp_sum(lo);
         hi = warp_sum(hi);
-        if (lane == 0) {
-            const int i = 2 * b;
-            if (i < n) delta[i] = row0 + i < rows ? pf.scales[i] * lo : 0.0f;
-            if (i + 1 < n) delta[i + 1] = row0 + i + 1 < rows ? pf.scales[i + 1] * hi : 0.0f;
-        }
+        if (lane == 0) store(b, lo, hi);
     }
 }

@@ -473,6 +473,83 @@ __device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int ro
     return true;
 }
 
+// The norm's scale of a refined finish's input, formed as rms_norm forms it (1 without a norm).
+__device__ __forceinline__ float finish_norm_inv(const TrFinishItem& it, float* red) {
+    if (it.rnw == nullptr) return 1.0f;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < it.rlen; i += blockDim.x) ss = fmaf(it.rx[i], it.rx[i], ss);
+    ss = block_sum(ss, red);
+    return 1.0f / sqrtf(ss / (float)it.rlen + it.reps);
+}
+
+// Most shared memory a finish's read-ahead operands take (the host sizes the launch's scratch
+// by the same rule: `FINISH_READ_AHEAD_MAX`).
+#define TR_READ_AHEAD_MAX 40960
+
+// Bytes of item `it`'s read-ahead region for `n` rows per block (16-byte multiple; 0 where it
+// has no decode row's columns).
+__device__ __forceinline__ int finish_ahead_bytes(const TrFinishItem& it, int n) {
+    if (it.refine.sel == nullptr || gridDim.z != 1) return 0;
+    return (refine_prefetch_bytes(it.refine.selected, n) + 15) & ~15;
+}
+
+// Fetch lead's staged operand read ahead for the finish (refine_epilogue.cuh): the block's
+// column pieces, selection and scales copied before the launch waits for the matvec (they come
+// from the far lane, joined before the projection's first launch), the input's values after.
+// Issues and commits the copies of items [0, count) into `region` where every one qualifies and
+// all fit; returns whether it did.
+template <int COUNT>
+__device__ __forceinline__ bool finish_read_ahead(const TrFinishItem* const (&items)[COUNT],
+                                                  int row0, int n, unsigned char* region,
+                                                  RefinePrefetch (&pf)[COUNT]) {
+    int total = 0;
+#pragma unroll
+    for (int k = 0; k < COUNT; ++k) {
+        const int b = finish_ahead_bytes(*items[k], n);
+        if (b == 0 || !refine_prefetchable(items[k]->refine, row0, n, b)) return false;
+        total += b;
+    }
+    if (total > TR_READ_AHEAD_MAX) return false;
+#pragma unroll
+    for (int k = 0; k < COUNT; ++k) {
+        refine_prefetch(items[k]->refine, row0, n, items[k]->n, region, pf[k]);
+        region += finish_ahead_bytes(*items[k], n);
+    }
+    copy_async_commit();
+    return true;
+}
+
+// The read-ahead refinement of item `it`'s rows [row0, row0 + n) into `delta`, with the norm's
+// scale `inv`, and of a second item (SwiGLU's up) in the same passes where `it2` is given
+// (every thread calls it).
+__device__ __forceinline__ void finish_refinement_ahead(
+    const TrFinishItem& it, RefinePrefetch& pf, float inv, int row0, int n, float* delta,
+    const TrFinishItem* it2 = nullptr, RefinePrefetch* pf2 = nullptr, float inv2 = 1.0f,
+    float* delta2 = nullptr) {
+    copy_async_wait<0>();
+    __syncthreads();
+    auto gather = [&](const TrFinishItem& t, RefinePrefetch& p, float s) {
+        for (int j = threadIdx.x; j < t.refine.selected; j += blockDim.x) {
+            const uint32_t c = p.sel[j];
+            float v = 0.0f;
+            if (c < (uint32_t)t.rlen) {
+                v = t.rx[c];
+                if (t.rnw != nullptr) v = (v * s) * t.rnw[c];
+            }
+            p.vals[j] = v;
+        }
+    };
+    gather(it, pf, inv);
+    if (it2 != nullptr) gather(*it2, *pf2, inv2);
+    __syncthreads();
+    refine_rows_prefetched(it.refine, pf, [&](int j, uint32_t) { return pf.vals[j]; }, it.rlen,
+                           row0, n, it.n, delta);
+    if (it2 != nullptr)
+        refine_rows_prefetched(it2->refine, *pf2, [&](int j, uint32_t) { return pf2->vals[j]; },
+                               it2->rlen, row0, n, it2->n, delta2);
+    __syncthreads();
+}
+
 struct TrFinish {
     TrFinishItem item[TR_MAX_ITEMS];
     int count;
@@ -496,6 +573,12 @@ __device__ __forceinline__ void tr_finish_body(const TrFinish& f, int accumulate
     const float sv = s.valid ? it.sv[o] : 0.0f;
     const float bias = s.valid && it.bias ? it.bias[o] : 0.0f;
     const RowCoeffs rc = stage_row_coeffs(coef, it.hm, it.m, v, true);
+    const int row0 = (int)blockIdx.x * v.RB * v.P;
+    RefinePrefetch pf[1];
+    const TrFinishItem* const ahead_items[1] = {&it};
+    const bool ahead =
+        REFINE && finish_read_ahead(ahead_items, row0, v.RB * v.P,
+                                    reinterpret_cast<unsigned char*>(tr_finish_smem + TR_ROW_MAX), pf);
     SFX_PDL_WAIT();
     if (rc.staged) __syncthreads();
     float val[1] = {s.valid ? row_mix(it.rot + (size_t)t * it.n, rc, it.hm, it.m, v, true, s.r,
@@ -503,9 +586,13 @@ __device__ __forceinline__ void tr_finish_body(const TrFinish& f, int accumulate
                             : 0.0f};
     row_fwht<1>(val, v.P, buf);
     float* delta = tr_finish_smem;
-    const int row0 = (int)blockIdx.x * v.RB * v.P;
-    const bool refined =
-        REFINE && finish_refinement(it, row0, v.RB * v.P, delta, buf, tr_finish_smem + TR_ROW_MAX);
+    bool refined = false;
+    if (REFINE && ahead) {
+        finish_refinement_ahead(it, pf[0], finish_norm_inv(it, buf), row0, v.RB * v.P, delta);
+        refined = true;
+    } else if (REFINE) {
+        refined = finish_refinement(it, row0, v.RB * v.P, delta, buf, tr_finish_smem + TR_ROW_MAX);
+    }
     if (!s.valid) return;
     const float scale = it.inv_sqrt_n / (it.sigma ? it.sigma[t] : 1.0f);
     float out = val[0] * scale * sv;
@@ -545,6 +632,13 @@ __device__ __forceinline__ void tr_finish_swiglu_body(const TrFinish& f) {
     const float gsv = s.valid ? g.sv[o] : 0.0f, usv = s.valid ? u.sv[o] : 0.0f;
     const RowCoeffs gc = stage_row_coeffs(coef[0], g.hm, g.m, v, true);
     const RowCoeffs uc = stage_row_coeffs(coef[1], u.hm, u.m, v, true);
+    float* delta = tr_finish_smem;  // [2][TR_ROW_MAX]
+    float* scratch = tr_finish_smem + 2 * TR_ROW_MAX;
+    const int row0 = (int)blockIdx.x * v.RB * v.P;
+    RefinePrefetch pf[2];
+    const TrFinishItem* const ahead_items[2] = {&g, &u};
+    const bool ahead = REFINE && finish_read_ahead(ahead_items, row0, v.RB * v.P,
+                                                   reinterpret_cast<unsigned char*>(scratch), pf);
     SFX_PDL_WAIT();
     if (gc.staged || uc.staged) __syncthreads();
     float val[2] = {0.0f, 0.0f};
@@ -571,12 +665,18 @@ __device__ __forceinline__ void tr_finish_swiglu_body(const TrFinish& f) {
         }
     }
     row_fwht<2>(val, v.P, buf);
-    float* delta = tr_finish_smem;  // [2][TR_ROW_MAX]
-    float* scratch = tr_finish_smem + 2 * TR_ROW_MAX;
-    const int row0 = (int)blockIdx.x * v.RB * v.P;
-    const bool g_refined = REFINE && finish_refinement(g, row0, v.RB * v.P, delta, buf, scratch);
-    const bool u_refined =
-        REFINE && finish_refinement(u, row0, v.RB * v.P, delta + TR_ROW_MAX, buf, scratch);
+    bool g_refined = false, u_refined = false;
+    if (REFINE && ahead) {
+        // Gate and up read one input: its norm's scale once.
+        const float inv = finish_norm_inv(g, buf);
+        const float u_inv = u.rx == g.rx && u.rnw == g.rnw ? inv : finish_norm_inv(u, buf);
+        finish_refinement_ahead(g, pf[0], inv, row0, v.RB * v.P, delta, &u, &pf[1], u_inv,
+                                delta + TR_ROW_MAX);
+        g_refined = u_refined = true;
+    } else if (REFINE) {
+        g_refined = finish_refinement(g, row0, v.RB * v.P, delta, buf, scratch);
+        u_refined = finish_refinement(u, row0, v.RB * v.P, delta + TR_ROW_MAX, buf, scratch);
+    }
     if (!s.valid) return;
     float gv = val[0] * (g.inv_sqrt_n / (g.sigma ? g.sigma[t] : 1.0f)) * gsv;
     float uv = val[1] * (u.inv_sqrt_n / (u.sigma ? u.sigma[t] : 1.0f)) * usv;
