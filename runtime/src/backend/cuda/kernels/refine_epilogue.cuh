@@ -177,31 +177,26 @@ __device__ __forceinline__ void refine_rows_prefetched(const RefineOp& op, const
         if (i < n) delta[i] = row0 + i < rows ? pf.scales[i] * lo : 0.0f;
         if (i + 1 < n) delta[i + 1] = row0 + i + 1 < rows ? pf.scales[i + 1] * hi : 0.0f;
     };
+    // Entry j's two nibbles of byte b (rows 2b and 2b + 1) added to lo and hi.
+    auto add_entry = [&](int j, int b, float& lo, float& hi) {
+        const uint32_t ch = pf.sel[j];
+        if (ch >= (uint32_t)row_len) return;
+        const float v = xhat(j, ch);
+        const uint32_t q = pf.cols[j * pf.nb + b];
+        lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
+        hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
+    };
     if (4 * pf.nb >= (int)blockDim.x) {
         for (int b = threadIdx.x; b < pf.nb; b += blockDim.x) {
             float lo = 0.0f, hi = 0.0f;
-            for (int j = 0; j < op.selected; ++j) {
-                const uint32_t ch = pf.sel[j];
-                if (ch >= (uint32_t)row_len) continue;
-                const float v = xhat(j, ch);
-                const uint32_t q = pf.cols[j * pf.nb + b];
-                lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
-                hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
-            }
+            for (int j = 0; j < op.selected; ++j) add_entry(j, b, lo, hi);
             store(b, lo, hi);
         }
         return;
     }
     for (int b = warp; b < pf.nb; b += warps) {
         float lo = 0.0f, hi = 0.0f;
-        for (int j = lane; j < op.selected; j += 32) {
-            const uint32_t ch = pf.sel[j];
-            if (ch >= (uint32_t)row_len) continue;
-            const float v = xhat(j, ch);
-            const uint32_t q = pf.cols[j * pf.nb + b];
-            lo = fmaf(v, (float)(int)(q & 15u) - 8.0f, lo);
-            hi = fmaf(v, (float)(int)(q >> 4) - 8.0f, hi);
-        }
+        for (int j = lane; j < op.selected; j += 32) add_entry(j, b, lo, hi);
         lo = warp_sum(lo);
         hi = warp_sum(hi);
         if (lane == 0) store(b, lo, hi);
