@@ -456,23 +456,6 @@ struct TrFinishItem {
 // ([items][TR_ROW_MAX]), then refine_rows' scratch. An unrefined finish has none.
 extern __shared__ __align__(16) float tr_finish_smem[];
 
-// The refinement of the block's output rows [row0, row0 + n) of item `it` into `delta` (every
-// thread calls it; nothing without a refinement or beyond one token), the norm's scale formed
-// as rms_norm forms it; `scratch` is refine_rows'. Returns whether it ran.
-__device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int row0, int n,
-                                                  float* delta, float* red, float* scratch) {
-    if (it.refine.sel == nullptr || gridDim.z != 1) return false;
-    float inv = 1.0f;
-    if (it.rnw != nullptr) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < it.rlen; i += blockDim.x) ss = fmaf(it.rx[i], it.rx[i], ss);
-        ss = block_sum(ss, red);
-        inv = 1.0f / sqrtf(ss / (float)it.rlen + it.reps);
-    }
-    refine_rows(it.refine, it.rx, it.rnw, inv, it.rlen, row0, n, it.n, delta, scratch);
-    return true;
-}
-
 // The norm's scale of a refined finish's input, formed as rms_norm forms it (1 without a norm).
 __device__ __forceinline__ float finish_norm_inv(const TrFinishItem& it, float* red) {
     if (it.rnw == nullptr) return 1.0f;
@@ -480,6 +463,17 @@ __device__ __forceinline__ float finish_norm_inv(const TrFinishItem& it, float* 
     for (int i = threadIdx.x; i < it.rlen; i += blockDim.x) ss = fmaf(it.rx[i], it.rx[i], ss);
     ss = block_sum(ss, red);
     return 1.0f / sqrtf(ss / (float)it.rlen + it.reps);
+}
+
+// The refinement of the block's output rows [row0, row0 + n) of item `it` into `delta` (every
+// thread calls it; nothing without a refinement or beyond one token), the norm's scale formed
+// as rms_norm forms it; `scratch` is refine_rows'. Returns whether it ran.
+__device__ __forceinline__ bool finish_refinement(const TrFinishItem& it, int row0, int n,
+                                                  float* delta, float* red, float* scratch) {
+    if (it.refine.sel == nullptr || gridDim.z != 1) return false;
+    const float inv = finish_norm_inv(it, red);
+    refine_rows(it.refine, it.rx, it.rnw, inv, it.rlen, row0, n, it.n, delta, scratch);
+    return true;
 }
 
 // Most shared memory a finish's read-ahead operands take (the host sizes the launch's scratch
