@@ -709,7 +709,8 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
 
     /// f32 elements of scratch [`Backend::add_selected_columns`] needs for `rows` rows of
     /// `selected` channels into outputs of `out_dims` rows (split partial sums); 0 where the
-    /// backend needs none.
+    /// backend needs none. One scratch of the largest of these lengths serves launches of
+    /// every shape in turn (the refinement engine keeps one for all of a step's sets).
     fn selected_columns_scratch_len(
         &self,
         _rows: usize,

@@ -17,6 +17,11 @@ const COLUMN_SLAB: usize = 1024;
 const COLUMN_THREADS: usize = 256;
 const COLUMNS_PER_SPLIT: usize = 32;
 const MAX_SPLITS: usize = 32;
+/// Slabs a split launch may have: its tickets sit in a region of this many words at the
+/// scratch's start whatever the launch's shape, so launches of different shapes can share one
+/// scratch (every ticket is zero between launches; no launch's partials land on another's
+/// tickets). 128 slabs are 131,072 output rows; a launch with more runs unsplit.
+const TICKET_WORDS: usize = 128;
 /// Threads of a staging block (one selected column each) and of a value gather (one row).
 const STAGE_THREADS: u32 = 128;
 const GATHER_THREADS: u32 = 256;
@@ -84,26 +89,32 @@ fn rows_check(op: &'static str, rows: usize) -> Result<u32> {
         })
 }
 
-/// How a gather launch splits each slab's columns: `(splits, columns per split)`. A decode
-/// row splits so every block issues its reads in one round (bytes in flight are what the bus
-/// needs); prefill rows keep one block per slab and need no scratch.
-fn column_splits(rows: usize, selected: usize) -> (usize, usize) {
-    if rows != 1 || selected <= COLUMNS_PER_SPLIT {
+/// Output slabs of a gather launch into outputs of `out_dims` rows.
+fn slabs_of(out_dims: &[usize]) -> usize {
+    out_dims.iter().map(|d| d.div_ceil(COLUMN_SLAB)).sum()
+}
+
+/// How a gather launch of `slabs` slabs splits each slab's columns: `(splits, columns per
+/// split)`. A decode row splits so every block issues its reads in one round (bytes in flight
+/// are what the bus needs); prefill rows, and launches with more slabs than the scratch has
+/// tickets, keep one block per slab and need no scratch.
+fn column_splits(rows: usize, selected: usize, slabs: usize) -> (usize, usize) {
+    if rows != 1 || selected <= COLUMNS_PER_SPLIT || slabs > TICKET_WORDS {
         return (1, selected.max(1));
     }
     let splits = selected.div_ceil(COLUMNS_PER_SPLIT).min(MAX_SPLITS);
     (splits, selected.div_ceil(splits))
 }
 
-/// Scratch of a gather launch: tickets (one per slab, as u32 in f32 slots), then the split
-/// partials, `[slabs, splits, COLUMN_SLAB]`.
+/// Scratch of a gather launch: [`TICKET_WORDS`] tickets (u32 in f32 slots; a launch uses one
+/// per slab), then the split partials, `[slabs, splits, COLUMN_SLAB]`.
 pub(super) fn scratch_len(rows: usize, selected: usize, out_dims: &[usize]) -> usize {
-    let (splits, _) = column_splits(rows, selected);
+    let slabs = slabs_of(out_dims);
+    let (splits, _) = column_splits(rows, selected, slabs);
     if splits == 1 {
         return 0;
     }
-    let slabs: usize = out_dims.iter().map(|d| d.div_ceil(COLUMN_SLAB)).sum();
-    slabs + slabs * splits * COLUMN_SLAB
+    TICKET_WORDS + slabs * splits * COLUMN_SLAB
 }
 
 impl CudaBackend {
@@ -263,7 +274,7 @@ impl CudaBackend {
                 msg: format!("scratch of {} for {need}", scratch.len),
             });
         }
-        let (splits, per_split) = column_splits(rows, selected);
+        let (splits, per_split) = column_splits(rows, selected, slabs_of(&check.out_dims));
         let mut params = ColumnParams {
             sel: sel.mem.ptr,
             vals: values.mem.ptr,
@@ -291,7 +302,7 @@ impl CudaBackend {
         params.n_blocks = i32_of(op, grid)?;
         // Tickets first, then the partials.
         params.tickets = scratch.mem.ptr;
-        params.partial = scratch.mem.ptr + (grid * 4) as u64;
+        params.partial = scratch.mem.ptr + (TICKET_WORDS * 4) as u64;
         self.launch(
             &self.k().refine_columns,
             (blocks(grid, 1), splits as u32, rows_check(op, rows)?),

@@ -149,7 +149,7 @@ struct ColumnParams {
     int cols_per_split;   // columns a block takes; gridDim.y blocks share a slab's columns
     int n_blocks;         // slabs of all targets (gridDim.x)
     float* partial;       // [rows, n_blocks, splits, RC_SLAB] split partial sums
-    unsigned* tickets;    // [rows, n_blocks], zero between launches
+    unsigned* tickets;    // [n_blocks] (splits > 1: one row), zero between launches
     int n_targets;
     ColumnTarget t[RC_MAX_TARGETS];
 };
