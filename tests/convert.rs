@@ -1,7 +1,8 @@
 //! `sfx-convert` end to end on the real SmolLM2-135M: RTN codes equal an in-process RTN, AWQ
 //! beats RTN against the float model, the stored MLP refinement reconstructs the float MLP,
 //! conversion is byte-identical across thread counts, a killed conversion leaves the output
-//! path untouched, and bad options are named.
+//! path untouched, an output folder holds the same container and `sfx verify` names a
+//! corrupted file of it, and bad options are named.
 
 mod common;
 
@@ -504,6 +505,128 @@ fn resident_codes_plus_stored_residual_rebuild_the_float_model() {
         within * 100 >= 95 * hidden,
         "down copy: {within}/{hidden} within a step"
     );
+}
+
+/// `sfx verify PATH`: (success, stdout + stderr).
+fn sfx_verify(path: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sfx"))
+        .arg("verify")
+        .arg(path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
+    let folder = out_dir().join("rtn4-fit-folder");
+    let _ = std::fs::remove_dir_all(&folder);
+    let single = quick_rtn4("rtn4-fit-single.sfx", &["--fit", "--k", "8"]);
+    let g = gguf();
+    let args = [
+        "--quant",
+        "rtn4",
+        "--fit",
+        "--k",
+        "8",
+        g.to_str().unwrap(),
+        "-o",
+        folder.to_str().unwrap(),
+        "--calib-seqs",
+        "1",
+        "--calib-len",
+        "32",
+        "--heldout",
+        "none",
+    ];
+    convert(&args, 2);
+    // The folder's container is the single file's, byte for byte.
+    assert_eq!(
+        std::fs::read(folder.join("model.sfx")).unwrap(),
+        std::fs::read(single.path()).unwrap()
+    );
+    let (ok, text) = sfx_verify(&folder);
+    assert!(ok && text.contains(": OK ("), "{text}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["num_hidden_layers"], 30);
+    assert_eq!(
+        config["quantization_config"]["resident"]["name"],
+        "rtn4-g128"
+    );
+    assert_eq!(config["quantization_config"]["refinement"]["k"]["qkv"], 8);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["command_line"][3], "--fit");
+    for name in [
+        "model.sfx",
+        "config.json",
+        "README.md",
+        "generation_config.json",
+        "tokenizer.json",
+    ] {
+        assert!(
+            manifest["files"][name]["sha256"].is_string(),
+            "{name} in {manifest}"
+        );
+    }
+    assert_eq!(
+        manifest["source_files_sha256"]["SmolLM2-135M-Instruct.Q4_1.gguf"]
+            .as_str()
+            .map(str::len),
+        Some(64)
+    );
+    let card = std::fs::read_to_string(folder.join("README.md")).unwrap();
+    assert!(
+        card.starts_with("---\n") && card.contains("\nlicense: "),
+        "{card}"
+    );
+    // A flipped byte in any file is named by `sfx verify`, which exits non-zero.
+    for name in [
+        "README.md",
+        "config.json",
+        "model.sfx",
+        "tokenizer.json",
+        "manifest.json",
+    ] {
+        let bad = out_dir().join(format!("rtn4-fit-folder-bad-{name}"));
+        let _ = std::fs::remove_dir_all(&bad);
+        std::fs::create_dir_all(&bad).unwrap();
+        for e in std::fs::read_dir(&folder).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+        }
+        let mut bytes = std::fs::read(bad.join(name)).unwrap();
+        let at = bytes.len() / 3;
+        bytes[at] ^= 0x01;
+        std::fs::write(bad.join(name), &bytes).unwrap();
+        let (ok, text) = sfx_verify(&bad);
+        assert!(!ok && text.contains(name), "{name}: {text}");
+        std::fs::remove_dir_all(&bad).unwrap();
+    }
+    // Converting into a folder that is not an output folder is refused before any work,
+    // and leaves it as it was.
+    let other = out_dir().join("not-an-output-folder");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("keep.txt"), b"mine").unwrap();
+    let mut refused_args = args.to_vec();
+    refused_args[7] = other.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args(&refused_args)
+        .env("SFX_ASSETS", assets())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("not an output folder"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(other.join("keep.txt")).unwrap(), b"mine");
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn parent_dir(p: &Path) -> PathBuf {
     }
 }
 
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     // Directory fsync makes the rename durable; some filesystems refuse it, which is harmless.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();

@@ -20,6 +20,26 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// `config.json`'s `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// `config.json`'s `architectures` entry.
+    pub fn hf_architecture(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
     fn from_hf(model_type: Option<&str>, architectures: &[String]) -> Option<Arch> {
         let by_type = match model_type {
             Some("llama") => Some(Arch::Llama),
@@ -181,6 +201,36 @@ impl ModelConfig {
             qk_norm: arch == Arch::Qwen3,
             bos_token_id,
             eos_token_ids,
+        })
+    }
+
+    /// The `config.json` of this configuration, as Hugging Face writes it for the
+    /// architecture: every field [`ModelConfig::from_hf_json`] reads, so the two round-trip.
+    pub fn to_hf_json(&self) -> Value {
+        let eos = match self.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => serde_json::json!(one),
+            many => serde_json::json!(many),
+        };
+        serde_json::json!({
+            "architectures": [self.arch.hf_architecture()],
+            "model_type": self.arch.model_type(),
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "hidden_act": "silu",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
         })
     }
 
@@ -415,5 +465,34 @@ mod tests {
         assert_eq!(f[0], 1.0);
         let last_unscaled = 1.0 / 500000f64.powf(126.0 / 128.0);
         assert!((f[63] - last_unscaled / 8.0).abs() < 1e-15);
+    }
+
+    /// The config.json written into an output folder reads back as the same configuration,
+    /// for every architecture, with and without rope scaling and tied embeddings.
+    #[test]
+    fn hf_json_round_trips() {
+        let mut variants = Vec::new();
+        for (model_type, eos) in [
+            ("llama", json!(2)),
+            ("mistral", json!([2, 7])),
+            ("qwen2", json!(null)),
+        ] {
+            let mut j = smollm2();
+            j["model_type"] = json!(model_type);
+            j["eos_token_id"] = eos;
+            variants.push(j);
+        }
+        let mut j = smollm2();
+        j["model_type"] = json!("qwen3");
+        j["head_dim"] = json!(128);
+        j["tie_word_embeddings"] = json!(true);
+        j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        variants.push(j);
+        for j in variants {
+            let c = ModelConfig::from_hf_json(&j, Path::new("c")).unwrap();
+            let back = ModelConfig::from_hf_json(&c.to_hf_json(), Path::new("c")).unwrap();
+            assert_eq!(back, c, "{j}");
+        }
     }
 }

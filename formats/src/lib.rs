@@ -15,6 +15,7 @@ pub mod config;
 pub mod corpus;
 pub mod error;
 pub mod gguf;
+pub mod package;
 pub mod qtip;
 pub mod resident;
 pub mod sfx;

@@ -8,6 +8,7 @@ use sfx_calibration::convert::{
 };
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::package;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
 use sfx_runtime::ProjectionSet;
@@ -25,7 +26,7 @@ use tokenizers::Tokenizer;
     version,
     about = "Convert a float checkpoint into a tiered .sfx container (low-bit resident codes + refinement)",
     long_about = "Convert a float checkpoint into a tiered .sfx container.\n\n\
-        sfx-convert --quant awq3 --fit <hf-dir | hub-id | model.gguf> -o model.sfx\n\n\
+        sfx-convert --quant awq3 --fit <hf-dir | hub-id | model.gguf> -o out/\n\n\
         The model is processed one decoder block at a time: calibration text (Brown by default) \
         runs through the float block, the projections are quantized to the resident base \
         (RTN or AWQ, group 128, AWQ scales folded into the preceding RMSNorm / linear; or QTIP / \
@@ -35,7 +36,9 @@ use tokenizers::Tokenizer;
         ridge solve C (M + lambda I) = R G + lambda P, P = R unless --fit-prior zero) is stored \
         as 4-bit columns in the ram/ssd tier. A held-out text (wiki by default) measures the \
         projection-output error of the base, plain and fitted refinement per layer. The output \
-        is written atomically (temp file, fsync, rename); the byte layout is in \
+        is a folder (model.sfx, config.json, tokenizer files, a model card and manifest.json \
+        with every file's SHA-256: `sfx verify out/` checks it) or, for a path ending in .sfx, \
+        the container alone; either appears only when complete. The layouts are in \
         docs/format.md.\n\n\
         `sfx-convert import-gguf model.gguf -o dir/` imports a llama.cpp GGUF into a Hugging \
         Face folder instead.",
@@ -54,9 +57,23 @@ struct ConvertArgs {
     /// Float model: a Hugging Face folder, a Hub repo id (org/name[@revision]) or a .gguf file.
     #[arg(required = true)]
     model: Option<String>,
-    /// Output .sfx file (replaced atomically; nothing appears there if conversion fails).
+    /// Output: a folder (any path not ending in .sfx: model.sfx beside config.json with a
+    /// quantization_config block, the tokenizer files, generation_config.json, a README.md
+    /// model card and manifest.json with every file's size and SHA-256, checked by `sfx verify
+    /// DIR`), or a single .sfx file. Either is replaced whole only when complete; nothing
+    /// appears there if conversion fails, and an existing path that is not an earlier output
+    /// folder is refused.
     #[arg(short, long, required = true)]
     output: Option<PathBuf>,
+    /// Output folder: the license identifier for the model card (Hugging Face vocabulary,
+    /// e.g. apache-2.0). Default: the source's own (its README.md front matter, or a GGUF's
+    /// general.license), else "other".
+    #[arg(long)]
+    license: Option<String>,
+    /// Output folder: the Hub id of the float model for the card's base_model. Default: the
+    /// model argument when it is a Hub id, or a GGUF's general.base_model.0.repo_url.
+    #[arg(long, value_name = "ORG/NAME")]
+    base_model: Option<String>,
     /// Resident base: rtn2, rtn3, rtn4 (round-to-nearest) or awq2, awq3, awq4 (activation-aware
     /// scale + clip search), both asymmetric with group 128; qtip2, qtip3, qtip4 (QTIP: random
     /// Hadamard rotation, LDLQ with the calibration Hessian E[xx^T], HYB bitshift trellis over
@@ -276,10 +293,7 @@ fn token_windows(tok: &Tokenizer, text: &str, count: usize, len: usize) -> Resul
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", path.display()))?;
-    Ok(format!("{:x}", h.finalize()))
+    Ok(package::sha256_file(path)?.sha256)
 }
 
 /// Hashes of the source's files: the .gguf itself, or every regular file of the folder.
@@ -336,7 +350,7 @@ fn layer_line(r: &LayerReport, layers: usize) -> String {
 fn run_convert(a: ConvertArgs) -> Result<()> {
     let t0 = Instant::now();
     let (Some(spec), Some(output)) = (a.model, a.output) else {
-        bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <model.sfx>");
+        bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <out/ | model.sfx>");
     };
     let mut quant = match (&a.quant, &a.base) {
         (Some(q), None) => QuantSpec::parse(q)?,
@@ -471,8 +485,17 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         b.set_message(format!("{} {}", quant_name(&options), spec));
         b
     });
+    // A folder is built beside its destination and moved there whole.
+    let staging = if is_folder_output(&output) {
+        Some(Staging::create(&output)?)
+    } else {
+        None
+    };
+    let sfx_path = staging
+        .as_ref()
+        .map_or_else(|| output.clone(), |s| s.dir.join(package::MODEL_FILE));
     let mut writer =
-        SfxWriter::create(&output).with_context(|| format!("creating {}", output.display()))?;
+        SfxWriter::create(&sfx_path).with_context(|| format!("creating {}", output.display()))?;
     let mut on_layer = |r: &LayerReport, n: usize| {
         let line = layer_line(r, n);
         match &bar {
@@ -525,11 +548,99 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     writer
         .finish(&metadata)
         .with_context(|| format!("writing {}", output.display()))?;
+    let file_bytes = std::fs::metadata(&sfx_path).map(|m| m.len()).unwrap_or(0);
+    if let Some(staging) = staging {
+        let (license, base_model) = source_card_fields(&spec, origin_dir.as_deref());
+        let inputs = package::FolderInputs {
+            command_line: std::env::args().collect(),
+            git_revision: option_env!("SFX_GIT_REVISION").map(str::to_string),
+            generation_config: ckpt.generation_config.clone(),
+            license: a.license.clone().or(license),
+            base_model: a.base_model.clone().or(base_model),
+        };
+        package::write_folder_files(&staging.dir, &inputs)
+            .with_context(|| format!("writing the folder files of {}", output.display()))?;
+        staging.publish(&output)?;
+    }
     let seconds = t0.elapsed().as_secs_f64();
-    let file_bytes = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
     print_report(
         &a.heldout, &options, &report, &output, seconds, file_bytes, a.json,
     )
+}
+
+/// `-o` names a folder unless it ends in `.sfx`.
+fn is_folder_output(output: &Path) -> bool {
+    output.extension().is_none_or(|e| e != "sfx")
+}
+
+/// An output folder being built; removed unless published.
+struct Staging {
+    dir: PathBuf,
+}
+
+impl Staging {
+    fn create(output: &Path) -> Result<Self> {
+        if output.exists() && !output.is_dir() {
+            bail!(
+                "{}: exists and is not a folder (a single file needs a path ending in .sfx)",
+                output.display()
+            );
+        }
+        package::check_destination(output)?;
+        let dir = package::staging_dir(output)?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("removing a stale {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    fn publish(self, output: &Path) -> Result<()> {
+        package::publish_staged(&self.dir, output)
+            .with_context(|| format!("moving the finished folder to {}", output.display()))
+        // Drop then finds nothing left to remove.
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The card's license and base model as the source states them: a Hugging Face folder's
+/// README.md front matter (`license:`, `base_model:`; a Hub id is its own base model), or a
+/// GGUF's `general.license` and `general.base_model.0.repo_url`.
+fn source_card_fields(spec: &str, origin_dir: Option<&Path>) -> (Option<String>, Option<String>) {
+    let path = Path::new(spec);
+    if path.is_file() {
+        let Ok(gguf) = sfx_formats::gguf::GgufFile::open(path) else {
+            return (None, None);
+        };
+        let get = |k: &str| gguf.opt_str(k).ok().flatten().map(str::to_string);
+        let base = get("general.base_model.0.repo_url").map(|u| {
+            u.trim_start_matches("https://huggingface.co/")
+                .trim_end_matches('/')
+                .to_string()
+        });
+        return (get("general.license"), base);
+    }
+    let hub_id = (!path.exists()).then(|| spec.split('@').next().unwrap_or(spec).to_string());
+    let dir = origin_dir.unwrap_or(path);
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap_or_default();
+    let front = readme
+        .strip_prefix("---\n")
+        .and_then(|r| r.split_once("\n---"))
+        .map_or("", |(f, _)| f);
+    let value = |key: &str| {
+        front.lines().find_map(|l| {
+            l.strip_prefix(key)
+                .map(|v| v.trim().trim_matches('"').to_string())
+                .filter(|v| !v.is_empty())
+        })
+    };
+    (value("license:"), hub_id.or_else(|| value("base_model:")))
 }
 
 /// `--fit-prior` and `--lambda` (λ's default follows the prior).

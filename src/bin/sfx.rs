@@ -39,8 +39,12 @@ enum Command {
         #[arg(long)]
         tensors: bool,
     },
-    /// Check every section checksum of a .sfx container (the structure is validated on open).
+    /// Check a conversion's output folder (every file's size and SHA-256 against its
+    /// manifest.json, then model.sfx's own section checksums; the first wrong file is named)
+    /// or a single .sfx container (every section checksum; the structure is validated on
+    /// open).
     Verify {
+        /// An output folder or a .sfx file.
         file: std::path::PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -418,6 +422,9 @@ fn fetch() -> Result<()> {
 }
 
 fn verify(path: &std::path::Path, json: bool) -> Result<()> {
+    if path.is_dir() {
+        return verify_folder(path, json);
+    }
     let f = SfxFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let report = f
         .verify()
@@ -435,6 +442,31 @@ fn verify(path: &std::path::Path, json: bool) -> Result<()> {
             report.sections,
             report.bytes
         );
+    }
+    Ok(())
+}
+
+fn verify_folder(dir: &std::path::Path, json: bool) -> Result<()> {
+    let report = sfx_formats::package::verify_folder(dir)
+        .with_context(|| format!("verifying the folder {}", dir.display()))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"folder": dir.display().to_string(), "ok": true,
+                "files": report.files, "bytes": report.bytes, "sections": report.sections,
+                "unlisted": report.unlisted})
+        );
+    } else {
+        println!(
+            "{}: OK ({} files, {} bytes, {} sections of model.sfx checked)",
+            dir.display(),
+            report.files,
+            report.bytes,
+            report.sections
+        );
+        for name in &report.unlisted {
+            println!("  not in the manifest (not checked): {name}");
+        }
     }
     Ok(())
 }
