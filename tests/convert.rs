@@ -44,24 +44,32 @@ fn quick_rtn4(name: &str, extra: &[&str]) -> SfxFile {
     quick(name, "rtn4", extra)
 }
 
-/// [`quick_rtn4`] for any `--quant`.
-fn quick(name: &str, quant: &str, extra: &[&str]) -> SfxFile {
-    let path = out_dir().join(name);
-    let g = gguf();
-    let mut args = vec!["--quant", quant];
-    args.extend_from_slice(extra);
-    args.extend([
-        g.to_str().unwrap(),
-        "-o",
-        path.to_str().unwrap(),
+/// The arguments of a quick conversion (one 32-token calibration sequence, no held-out
+/// text) of the pinned GGUF to `out`.
+fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
+    let mut args = vec!["--quant".to_string(), quant.to_string()];
+    args.extend(extra.iter().map(|e| e.to_string()));
+    args.push(gguf().to_string_lossy().into_owned());
+    args.push("-o".into());
+    args.push(out.to_string_lossy().into_owned());
+    for a in [
         "--calib-seqs",
         "1",
         "--calib-len",
         "32",
         "--heldout",
         "none",
-    ]);
-    convert(&args, 2);
+    ] {
+        args.push(a.into());
+    }
+    args
+}
+
+/// [`quick_rtn4`] for any `--quant`.
+fn quick(name: &str, quant: &str, extra: &[&str]) -> SfxFile {
+    let path = out_dir().join(name);
+    let args = quick_args(quant, extra, &path);
+    convert(&args.iter().map(String::as_str).collect::<Vec<_>>(), 2);
     let file = SfxFile::open(&path).unwrap();
     file.verify().unwrap();
     file
@@ -524,23 +532,8 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     let folder = out_dir().join("rtn4-fit-folder");
     let _ = std::fs::remove_dir_all(&folder);
     let single = quick_rtn4("rtn4-fit-single.sfx", &["--fit", "--k", "8"]);
-    let g = gguf();
-    let args = [
-        "--quant",
-        "rtn4",
-        "--fit",
-        "--k",
-        "8",
-        g.to_str().unwrap(),
-        "-o",
-        folder.to_str().unwrap(),
-        "--calib-seqs",
-        "1",
-        "--calib-len",
-        "32",
-        "--heldout",
-        "none",
-    ];
+    let args = quick_args("rtn4", &["--fit", "--k", "8"], &folder);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     convert(&args, 2);
     // The folder's container is the single file's, byte for byte.
     assert_eq!(
@@ -613,10 +606,8 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     let other = out_dir().join("not-an-output-folder");
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("keep.txt"), b"mine").unwrap();
-    let mut refused_args = args.to_vec();
-    refused_args[7] = other.to_str().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-        .args(&refused_args)
+        .args(quick_args("rtn4", &["--fit", "--k", "8"], &other))
         .env("SFX_ASSETS", assets())
         .output()
         .unwrap();
