@@ -457,7 +457,8 @@ fn human_params(p: u64) -> String {
     }
 }
 
-pub fn run(a: BenchArgs) -> Result<()> {
+pub fn run(mut a: BenchArgs) -> Result<()> {
+    a.model = a.model.map(|m| sfx_formats::package::container_spec(&m));
     if a.reps == 0 {
         bail!("-r/--repetitions must be at least 1");
     }

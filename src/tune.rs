@@ -458,7 +458,8 @@ fn utc_now() -> String {
     )
 }
 
-pub fn run(a: TuneArgs) -> Result<()> {
+pub fn run(mut a: TuneArgs) -> Result<()> {
+    a.model = sfx_formats::package::container_path(&a.model);
     if a.budgets.is_empty() {
         bail!("--budget: give at least one slowdown budget, e.g. 5% or 2.5%,5%,10%,20%");
     }

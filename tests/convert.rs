@@ -542,6 +542,21 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     );
     let (ok, text) = sfx_verify(&folder);
     assert!(ok && text.contains(": OK ("), "{text}");
+    // The tools take the folder where they take its container: the same greedy tokens.
+    let generate = |model: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sfx-run"))
+            .arg(model)
+            .args(["-p", "The capital of France is", "-n", "6"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(generate(&folder), generate(single.path()));
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
             .unwrap();

@@ -57,7 +57,8 @@ use tokenizers::Tokenizer;
         Texts come from $SFX_ASSETS (default ./assets); fetch them with `sfx fetch`."
 )]
 struct Cli {
-    /// Model: .gguf file, Hugging Face folder, Hub repo id, or .sfx container.
+    /// Model: .gguf file, Hugging Face folder, Hub repo id, .sfx container, or an sfx-convert
+    /// output folder (its model.sfx).
     model: String,
 
     /// Prompt to continue (or, with --chat, the user message).
@@ -557,7 +558,8 @@ fn load_sfx<B: ResidentKernels>(backend: B, spec: &str, cli: &Cli) -> Result<Loa
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.model = sfx_formats::package::container_spec(&cli.model);
     if let Some(n) = cli.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)

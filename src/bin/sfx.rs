@@ -29,7 +29,8 @@ enum Command {
     /// every sha256. Needs python3 + pip, npm and apt-get.
     Fetch,
     /// Show a model's configuration, tensors and tokenizer: a .gguf file, a Hugging Face
-    /// folder, a Hub repo id, or a .sfx container (sections with tiers and bytes).
+    /// folder, a Hub repo id, or a .sfx container or output folder (sections with tiers and
+    /// bytes).
     Inspect {
         model: String,
         /// Print JSON instead of text.
@@ -86,6 +87,7 @@ enum Command {
     /// MODEL.tune.json beside the model (one entry per machine and tier, written
     /// atomically); sfx-run applies it by default, --budget picks one, --k/--s override.
     Tune {
+        /// A .sfx container or an sfx-convert output folder (its model.sfx).
         model: std::path::PathBuf,
         /// Slowdown budgets against the resident base (comma list of percentages or
         /// fractions).
@@ -135,7 +137,7 @@ enum Command {
     /// rows with mean ± sd over repetitions, after a context of -d tokens. Any model file, or
     /// a synthetic model of a real architecture with random weights made on the device.
     Bench {
-        /// Model: .gguf, Hugging Face folder, Hub id or .sfx.
+        /// Model: .gguf, Hugging Face folder, Hub id, .sfx or an sfx-convert output folder.
         #[arg(short = 'm', long, conflicts_with = "synthetic")]
         model: Option<String>,
         /// Synthetic model of a real shape: llama-3.1-8b, llama-3.2-1b, llama-3.2-3b,
@@ -240,7 +242,7 @@ fn main() -> Result<()> {
             model,
             json,
             tensors,
-        } => inspect(&model, json, tensors),
+        } => inspect(&sfx_formats::package::container_spec(&model), json, tensors),
         Command::Verify { file, json } => verify(&file, json),
         Command::Text { name } => {
             let assets = sfx_formats::corpus::assets_dir();

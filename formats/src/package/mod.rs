@@ -101,6 +101,23 @@ pub struct FolderReport {
     pub unlisted: Vec<String>,
 }
 
+/// The container of an output folder (`DIR/model.sfx` where `DIR` has a manifest), so every
+/// tool takes the folder where it takes the file; any other path as given.
+pub fn container_path(spec: &Path) -> PathBuf {
+    if spec.join(MANIFEST_FILE).is_file() && spec.join(MODEL_FILE).is_file() {
+        spec.join(MODEL_FILE)
+    } else {
+        spec.to_path_buf()
+    }
+}
+
+/// [`container_path`] of a model argument given as text (a Hub id stays as it is).
+pub fn container_spec(spec: &str) -> String {
+    container_path(Path::new(spec))
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Lowercase hex SHA-256 and length of a file, read in 1 MiB pieces.
 pub fn sha256_file(path: &Path) -> Result<FileEntry, FormatError> {
     let mut f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
