@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assets, f32_options as opts, float_model, gguf, logits, mean_kl, wiki_tokens};
+use common::{
+    assets, f32_options as opts, float_model, gguf, logits, mean_kl, stdout_of, wiki_tokens,
+};
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::sfx::{Layout, SfxFile};
 use sfx_formats::{OwnedTensors, TensorSource};
@@ -544,17 +546,11 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     assert!(ok && text.contains(": OK ("), "{text}");
     // The tools take the folder where they take its container: the same greedy tokens.
     let generate = |model: &Path| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sfx-run"))
-            .arg(model)
-            .args(["-p", "The capital of France is", "-n", "6"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_sfx-run"))
+                .arg(model)
+                .args(["-p", "The capital of France is", "-n", "6"]),
+        )
     };
     assert_eq!(generate(&folder), generate(single.path()));
     let config: serde_json::Value =

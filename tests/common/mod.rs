@@ -3,6 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
+/// Runs `cmd`, panics with its stderr unless it succeeds, and returns its stdout.
+pub fn stdout_of(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `$SFX_ASSETS`, else the workspace's `assets/` (filled by `make assets`, which `make test`
 /// runs first).
 pub fn assets() -> PathBuf {
