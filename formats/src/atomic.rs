@@ -73,7 +73,7 @@ pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<(), FormatEr
     f.commit()
 }
 
-fn parent_dir(p: &Path) -> PathBuf {
+pub(crate) fn parent_dir(p: &Path) -> PathBuf {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

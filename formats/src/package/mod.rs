@@ -11,7 +11,7 @@
 
 mod card;
 
-use crate::atomic::write_atomic;
+use crate::atomic::{parent_dir, sync_dir, write_atomic};
 use crate::sfx::SfxFile;
 use crate::FormatError;
 use serde::{Deserialize, Serialize};
@@ -146,11 +146,7 @@ pub fn staging_dir(out: &Path) -> Result<PathBuf, FormatError> {
         .ok_or_else(|| FormatError::invalid(out, "output folder path has no name"))?
         .to_string_lossy()
         .into_owned();
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok(parent.join(format!(".{name}.partial-{}", std::process::id())))
+    Ok(parent_dir(out).join(format!(".{name}.partial-{}", std::process::id())))
 }
 
 fn pretty(v: &Value) -> Vec<u8> {
@@ -269,18 +265,16 @@ pub fn publish_staged(staging: &Path, out: &Path) -> Result<(), FormatError> {
     if out.exists() {
         let old = staging.with_extension("old");
         std::fs::rename(out, &old).map_err(|e| FormatError::io(out, e))?;
-        std::fs::rename(staging, out).map_err(|e| FormatError::io(out, e))?;
+        if let Err(e) = std::fs::rename(staging, out) {
+            // Put the earlier folder back rather than leave nothing at `out`.
+            let _ = std::fs::rename(&old, out);
+            return Err(FormatError::io(out, e));
+        }
         std::fs::remove_dir_all(&old).map_err(|e| FormatError::io(&old, e))?;
     } else {
         std::fs::rename(staging, out).map_err(|e| FormatError::io(out, e))?;
     }
-    if let Some(parent) = out.parent() {
-        crate::atomic::sync_dir(if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        });
-    }
+    sync_dir(&parent_dir(out));
     Ok(())
 }
 
