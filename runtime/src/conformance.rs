@@ -970,7 +970,7 @@ pub fn cases() -> Vec<Case> {
             );
         }
     }
-    // Embedding rows from group codes at every width (2 and 4 bits: the tile layout on
+    // Embedding rows from group codes at every width (2, 3 and 4 bits: the tile layout on
     // CUDA, a 576-column row ending in a half super-chunk at 2 bits): the first and last ids
     // of the table and random ones; the gather is exact (the same f32 products as the CPU).
     for bits in SUPPORTED_BITS {
@@ -1145,6 +1145,25 @@ pub fn cases() -> Vec<Case> {
         3e-3,
         1e-5,
     );
+    // The same at group 128, which CUDA re-lays out into its tensor-core tiles (2, 3 and 4
+    // bits): every projection of the decode steps runs the tile matvecs, the prefill their
+    // dequantized panels.
+    for bits in [2, 3, 4] {
+        add(
+            "model_decode",
+            format!("tiny-wide-qwen3 q{bits}g128 prefill 7 + 12 steps, graphs on"),
+            Op::Decode {
+                preset: "tiny-wide-qwen3",
+                prompt: 7,
+                steps: 12,
+                graphs: true,
+                weights: SyntheticWeights::Group { bits, group: 128 },
+                refine: None,
+            },
+            3e-3,
+            1e-5,
+        );
+    }
     // A whole trellis-coded model through the graph's fused paths (HYB K2, and 1MAD K3);
     // its prefill multiplies TF32 panels on CUDA, hence the looser bound.
     for (code, k) in [(TrellisCode::Hyb { q: 9 }, 2), (TrellisCode::OneMad, 3)] {

@@ -108,9 +108,8 @@ struct Cli {
     /// Worker threads (default: all cores; also RAYON_NUM_THREADS).
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// Where the model runs: cpu, cuda, cuda:N, or auto (the GPU for float models when one
-    /// is present; a .sfx runs on the CPU until its low-bit formats have CUDA kernels). On
-    /// the CPU, coded projections decode against int8 activation blocks of 32 (as llama.cpp
+    /// Where the model runs: cpu, cuda, cuda:N, or auto (the GPU when one is present, for
+    /// every model form: each resident format a .sfx holds has CUDA kernels). On the CPU, coded projections decode against int8 activation blocks of 32 (as llama.cpp
     /// does); SFX_CPU_ACTIVATIONS=f32 keeps f32 activations (the reference numerics).
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
@@ -569,12 +568,7 @@ fn main() -> Result<()> {
     if cli.ppl.is_some() && (cli.prompt.is_some() || cli.prompt_file.is_some()) {
         bail!("--ppl and --prompt are separate modes; run them separately");
     }
-    // `auto` keeps a .sfx on the CPU: its low-bit projections have CPU kernels only so far.
-    let device = match cli.device {
-        DeviceChoice::Auto if is_sfx_file(std::path::Path::new(&cli.model)) => DeviceChoice::Cpu,
-        d => d,
-    };
-    with_backend(device, Main(&cli))
+    with_backend(cli.device, Main(&cli))
 }
 
 /// The whole command on the chosen backend.

@@ -1,14 +1,14 @@
 //! Group-quantized projections (RTN / AWQ codes) on the CUDA backend, inside a
 //! [`CudaMatrix`] (no dequantized copy), so every projection op of the backend takes them
 //! (q/k/v in one launch, gate/up with SwiGLU in one, the input RMSNorm folded in, the
-//! residual added in the epilogue). 2- and 4-bit codes with groups of 2ⁿ · 128 columns are
+//! residual added in the epilogue). 2-, 3- and 4-bit codes with groups of 2ⁿ · 128 columns are
 //! re-laid out at load into the tensor-core tile layout (kernels/group_mma.cu, docs/format.md
 //! "CUDA tile layout"); other widths and groups stay as the `.sfx` file stores them, for the
 //! CUDA-core kernels of kernels/group.cu. Prefill dequantizes the matrix into a transient f32
 //! panel (stream-ordered allocation, freed after the GEMM) for cuBLAS's TF32 GEMM.
 
 use super::device::DeviceMem;
-use super::kernels::GROUP_BITS;
+use super::kernels::{GROUP_BITS, TILE_BITS};
 use super::resident::CudaResidentLinear;
 use super::{
     blocks, i32_of, Arg, Codes, CudaBackend, CudaBuffer, CudaMatrix, MatrixData, WeightRef,
@@ -44,11 +44,12 @@ pub(super) struct GroupCodes {
 /// How the codes lie in device memory.
 enum CodeLayout {
     /// As the file stores them (row-major bit streams, f16 scales and u8 zero points apart):
-    /// the CUDA-core kernels of group.cu (3 bits, and GPUs without bf16 MMA).
+    /// the CUDA-core kernels of group.cu (the head's 6 and 8 bits, groups that are not
+    /// 2ⁿ · 128 columns, and GPUs without bf16 MMA).
     Rows { scales: DeviceMem, zeros: DeviceMem },
     /// Re-laid out at load into MMA fragment order, 16 rows × 32 columns per lane chunk, scale
     /// and zero point packed per (tile, group, row): the tensor-core kernels of
-    /// group_mma.cu (2 and 4 bits on sm_80+; docs/format.md, "CUDA tile layout").
+    /// group_mma.cu (2, 3 and 4 bits on sm_80+; docs/format.md, "CUDA tile layout").
     Tiles {
         scale_zero: DeviceMem,
         super_chunks: usize,
@@ -66,9 +67,9 @@ impl GroupCodes {
             )
     }
 
-    /// Index of the tile kernels' code width (2 → 0, 4 → 1).
+    /// Index of the tile kernels' code width in [`TILE_BITS`] (checked at upload).
     fn tile_index(&self) -> usize {
-        usize::from(self.bits / 4)
+        tile_index(self.bits)
     }
 
     /// Index of the file-layout kernels' code width in [`GROUP_BITS`] (checked at upload).
@@ -291,10 +292,10 @@ impl CudaBackend {
         // The tile kernels take one scale per 128-column unit and find its group by a shift:
         // groups of 2ⁿ units (128 is the converter's).
         let tiles = self.inner.group_tiles
-            && matches!(q.bits(), 2 | 4)
+            && TILE_BITS.contains(&q.bits())
             && group.is_multiple_of(TILE_UNIT_COLS)
             && (group / TILE_UNIT_COLS).is_power_of_two();
-        let super_chunks = (cols / CHUNK).div_ceil(8 / usize::from(q.bits()));
+        let super_chunks = (cols / CHUNK).div_ceil(TileWidth::of(q.bits()).chunks);
         let smem = if tiles {
             // The smallest plan, as SwiGLU's gate (two tiles per block), must fit.
             Self::tile_smem(super_chunks, q.bits(), TilePlan::DEFAULT, true)
@@ -369,13 +370,16 @@ impl CudaBackend {
         let (rows, cols) = (q.rows(), q.cols());
         let tiles = rows.div_ceil(TILE_ROWS);
         let gpr = q.groups_per_row();
-        let chunks_padded = super_chunks * (8 / usize::from(q.bits()));
+        let width = TileWidth::of(q.bits());
         let k = &self.k().group.tile;
-        let bi = usize::from(q.bits() / 4);
-        let packed = self.dev().alloc(tiles * super_chunks * 32 * 16)?;
+        let packed = self
+            .dev()
+            .alloc(tiles * super_chunks * 32 * width.lane_bytes)?;
+        // One thread per (tile, chunk, lane); at 3 bits per (tile, chunk pair, lane).
+        let threads = tiles * super_chunks * width.chunks * 32 / width.chunks_per_thread;
         self.launch(
-            &k.pack_codes[bi],
-            (blocks(tiles * chunks_padded * 32, 256), 1, 1),
+            &k.pack_codes[tile_index(q.bits())],
+            (blocks(threads, 256), 1, 1),
             (256, 1, 1),
             0,
             &mut [
@@ -858,15 +862,51 @@ fn blocks_per_sm(smem_block: usize, smem_per_sm: usize) -> usize {
 /// Columns of a warp's unit of work (`GtUnit`).
 const TILE_UNIT_COLS: usize = 128;
 
+/// Index of a tile-layout code width in the kernel tables ([`TILE_BITS`]).
+fn tile_index(bits: u8) -> usize {
+    TILE_BITS.iter().position(|&b| b == bits).unwrap_or(0)
+}
+
+/// A tile-layout super-chunk of one code width (`GtSuper`): 32-column chunks in it, a lane's
+/// bytes of it, and chunks one packing thread writes (3 bits interleave chunk pairs).
+struct TileWidth {
+    chunks: usize,
+    lane_bytes: usize,
+    chunks_per_thread: usize,
+}
+
+impl TileWidth {
+    fn of(bits: u8) -> Self {
+        match bits {
+            3 => Self {
+                chunks: 4,
+                lane_bytes: 24,
+                chunks_per_thread: 2,
+            },
+            4 => Self {
+                chunks: 2,
+                lane_bytes: 16,
+                chunks_per_thread: 1,
+            },
+            _ => Self {
+                chunks: 4,
+                lane_bytes: 16,
+                chunks_per_thread: 1,
+            },
+        }
+    }
+}
+
 impl CudaBackend {
     /// Dynamic shared memory of a tile matvec: three bf16 planes of x over whole 128-column
     /// units, each 4 words longer (bank offset), then every warp's ring (`GtSlot`: per tile
-    /// and lane 16 B of codes per super-chunk of the unit, 8 B of scale/zero).
+    /// and lane its bytes of the unit's super-chunks, 8 B of scale/zero).
     fn tile_smem(super_chunks: usize, bits: u8, plan: TilePlan, swiglu: bool) -> usize {
-        let per_unit = usize::from(bits / 2); // super-chunks per unit: 1 at 2 bits, 2 at 4
+        let width = TileWidth::of(bits);
+        let per_unit = TILE_UNIT_COLS / (CHUNK * width.chunks); // super-chunks per unit
         let padded_cols = super_chunks.div_ceil(per_unit) * TILE_UNIT_COLS;
         let tiles = plan.tiles * if swiglu { 2 } else { 1 };
-        let slot_per_tile = 32 * (16 * per_unit + 8);
+        let slot_per_tile = 32 * (width.lane_bytes * per_unit + 8);
         4 * 3 * (padded_cols / 2 + 4) + plan.warps * plan.stages * tiles * slot_per_tile
     }
 
@@ -1229,6 +1269,16 @@ mod tests {
         assert_eq!(
             CudaBackend::tile_smem(112, 2, TilePlan::DEFAULT, false),
             12 * (14336 / 2 + 4) + 8 * 3 * 768
+        );
+        // At 3 bits a lane's share of a unit is 24 B of codes, 8 B of scale/zero.
+        assert_eq!(
+            CudaBackend::tile_smem(112, 3, TilePlan::DEFAULT, false),
+            12 * (14336 / 2 + 4) + 8 * 3 * 32 * 32
+        );
+        // At 4 bits two 64-column super-chunks (16 B a lane each) make a unit.
+        assert_eq!(
+            CudaBackend::tile_smem(224, 4, TilePlan::DEFAULT, false),
+            12 * (14336 / 2 + 4) + 8 * 3 * 32 * 40
         );
     }
 }

@@ -53,26 +53,29 @@ pub(crate) struct GroupKernels {
     pub dequant_f32: [Kernel; 5],
     /// `[width]`: rows of the table by token id (a tied embedding of coded head).
     pub gather_f32: [Kernel; 5],
-    /// The tensor-core kernels over the tile layout (group_mma.cu), `[0]` 2 bits, `[1]` 4.
+    /// The tensor-core kernels over the tile layout (group_mma.cu), by [`TILE_BITS`].
     pub tile: TileKernels,
 }
 
-/// Group codes in the tensor-core tile layout (2 and 4 bits, sm_80+): matvecs by `[bits 2,
-/// 4][tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
+/// Code widths of the tensor-core tile layout, in the order of [`TileKernels`]' tables.
+pub(crate) const TILE_BITS: [u8; 3] = [2, 3, 4];
+
+/// Group codes in the tensor-core tile layout (2, 3 and 4 bits, sm_80+): matvecs by `[width]
+/// [tiles per block 1, 2, 4 (SwiGLU 1, 2) × ring slots per warp 3, 4]`, the packing from the
 /// file layout, and the prefill panel.
 pub(crate) struct TileKernels {
-    /// `[refined][bits 2, 4][plan]`: plans `_r{1,2,4}_s{3,4}`, `_r1_s3_w16`
+    /// `[refined][width][plan]`: plans `_r{1,2,4}_s{3,4}`, `_r1_s3_w16`
     /// (TilePlan::kernel_index); `[1]` the `_rf` entries, as [`GroupKernels::matvec`].
-    pub matvec: [[[Kernel; 7]; 2]; 2],
-    pub matvec_norm: [[[Kernel; 7]; 2]; 2],
+    pub matvec: [[[Kernel; 7]; 3]; 2],
+    pub matvec_norm: [[[Kernel; 7]; 3]; 2],
     /// `_r{1,2}_s{3,4}`, `_r1_s3_w16`.
-    pub swiglu: [[[Kernel; 5]; 2]; 2],
-    pub swiglu_norm: [[[Kernel; 5]; 2]; 2],
-    /// `[0]` 2 bits, `[1]` 4: rows of the table by token id.
-    pub gather_f32: [Kernel; 2],
-    pub pack_codes: [Kernel; 2],
+    pub swiglu: [[[Kernel; 5]; 3]; 2],
+    pub swiglu_norm: [[[Kernel; 5]; 3]; 2],
+    /// `[width]`: rows of the table by token id.
+    pub gather_f32: [Kernel; 3],
+    pub pack_codes: [Kernel; 3],
     pub pack_scales: Kernel,
-    pub dequant_f32: [Kernel; 2],
+    pub dequant_f32: [Kernel; 3],
 }
 
 /// Trellis-coded weights (trellis.cu): matvecs by `[code: HYB, 1MAD, 3INST][K − 2][order:
@@ -208,10 +211,12 @@ impl Kernels {
                 [
                     [
                         [$(gt.function(concat!($prefix, "_b2_r", $r))?),+],
+                        [$(gt.function(concat!($prefix, "_b3_r", $r))?),+],
                         [$(gt.function(concat!($prefix, "_b4_r", $r))?),+],
                     ],
                     [
                         [$(gt.function(concat!($prefix, "_rf_b2_r", $r))?),+],
+                        [$(gt.function(concat!($prefix, "_rf_b3_r", $r))?),+],
                         [$(gt.function(concat!($prefix, "_rf_b4_r", $r))?),+],
                     ],
                 ]
@@ -373,15 +378,18 @@ impl Kernels {
                     ),
                     pack_codes: [
                         gt.function("gt_pack_codes_b2")?,
+                        gt.function("gt_pack_codes_b3")?,
                         gt.function("gt_pack_codes_b4")?,
                     ],
                     pack_scales: gt.function("gt_pack_scales")?,
                     dequant_f32: [
                         gt.function("gt_dequant_f32_b2")?,
+                        gt.function("gt_dequant_f32_b3")?,
                         gt.function("gt_dequant_f32_b4")?,
                     ],
                     gather_f32: [
                         gt.function("gt_gather_f32_b2")?,
+                        gt.function("gt_gather_f32_b3")?,
                         gt.function("gt_gather_f32_b4")?,
                     ],
                 },

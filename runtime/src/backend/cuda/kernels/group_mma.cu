@@ -23,6 +23,15 @@
 // words of 8/B consecutive chunks (a super-chunk: 128 columns at 2 bits, 64 at 4) are one
 // 16-byte load, the warp's 512 bytes contiguous:
 //   word ((tile · n_sc + sc) · 32 + lane) · 4 + (chunk mod (8/B)) · (B/2) + i.
+// At 3 bits a super-chunk is a whole 128-column unit, 24 bytes a lane (tile3_word): the
+// warp's first 512 bytes hold words 0..3 of each lane, the next 256 words 4..5, so a lane
+// loads 16 + 8 bytes. Its chunks go in pairs, three words a pair; the two registers of rows g
+// and g + 8 that share columns (a = 2h, 2h + 1: a couple) have their codes in one 6-bit field
+// per column, row g's code in bits 0..2 and row g + 8's in bits 3..5 (unpack_b3 reads rows
+// g + 8 eight times too large, as 2 bits read them four times), the field of column k in the
+// low half-word and of k + 1 sixteen bits above. Six of a pair's eight couples sit whole in
+// one word at bit 0 or 6; the other two fill bits 12..15 (+16) of the three words, four bits
+// of the field in word 0 or 1 and two in word 2 (tile3_couple).
 // Scales and zero points: per (tile, group, g) two words (rows g and g+8), each the f16 scale
 // bits | (bf16 bits of 128 + z) << 16. Rows and columns past the matrix are zero codes with
 // zero scales (their x is zero, their outputs are not written).
@@ -52,7 +61,37 @@ __device__ __forceinline__ uint32_t file_code(const uint8_t* codes, int row_byte
                                               int cols, int r, int k) {
     if (r >= rows || k >= cols) return 0;
     const int bit = k * B;
-    return (codes[(size_t)r * row_bytes + (bit >> 3)] >> (bit & 7)) & ((1u << B) - 1);
+    const uint8_t* at = codes + (size_t)r * row_bytes + (bit >> 3);
+    // A 3-bit code may straddle two bytes (never past the row's last byte: it would then end
+    // in the byte it starts in).
+    const uint32_t v = (bit & 7) + B > 8 ? at[0] | (uint32_t)at[1] << 8 : at[0];
+    return (v >> (bit & 7)) & ((1u << B) - 1);
+}
+
+// Bytes of a lane's share of one super-chunk (16 at 2 and 4 bits, 24 at 3) and of the warp's.
+template <int B>
+struct GtSuper {
+    static constexpr int LANE_BYTES = B == 3 ? 24 : 16;
+    static constexpr int BYTES = 32 * LANE_BYTES;
+    static constexpr int CHUNKS = B == 4 ? 2 : 4;  // 32-column chunks in one
+};
+
+// u32 index of word i (0..5) of a lane inside a 3-bit super-chunk.
+__device__ __forceinline__ int tile3_word(int lane, int i) {
+    return i < 4 ? lane * 4 + i : 128 + lane * 2 + (i - 4);
+}
+
+// Couple j (0..7) of a chunk pair whose words are w[0..2], as one word: row g's codes at bits
+// 0..2 (column k) and 16..18 (column k + 1), row g + 8's at 3..5 and 19..21.
+__device__ __forceinline__ uint32_t tile3_couple(const uint32_t* w, int j) {
+    if (j < 6) return w[j >> 1] >> (6 * (j & 1));
+    const uint32_t head = w[j - 6] >> 12, tail = w[2] >> (j == 6 ? 8 : 10);
+    return (head & 0x000F000Fu) | (tail & ~0x000F000Fu);
+}
+
+// Couple of pair p = 4·ks + a (either register of it) of chunk ci (0, 1) of a pair.
+__device__ __forceinline__ int tile3_couple_of(int ci, int p) {
+    return 4 * ci + 2 * (p >> 2) + ((p & 3) >> 1);
 }
 
 template <int B>
@@ -92,6 +131,39 @@ extern "C" __global__ void gt_pack_codes_b4(const uint8_t* codes, uint32_t* out,
     pack_codes_body<4>(codes, out, rows, cols, row_bytes, n_sc);
 }
 
+// 3 bits: one thread per (tile, chunk pair, lane) writes the pair's three words.
+extern "C" __global__ void gt_pack_codes_b3(const uint8_t* __restrict__ codes,
+                                            uint32_t* __restrict__ out, int rows, int cols,
+                                            int row_bytes, int n_sc) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int tiles = (rows + 15) / 16;
+    if (i >= (size_t)tiles * n_sc * 2 * 32) return;
+    const int lane = (int)(i % 32), pair = (int)(i / 32 % (2 * n_sc));
+    const int tile = (int)(i / 32 / (2 * n_sc));
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t w[3] = {0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int ci = j >> 2, ks = (j >> 1) & 1, h = j & 1;
+        const int k = (2 * pair + ci) * 32 + ks * 16 + 2 * t + h * 8;
+        const int r = tile * 16 + g;
+        // The couple's fields: column k low, k + 1 high; row g in bits 0..2, g + 8 in 3..5.
+        const uint32_t lo = file_code<3>(codes, row_bytes, rows, cols, r, k) |
+                            file_code<3>(codes, row_bytes, rows, cols, r + 8, k) << 3;
+        const uint32_t hi = file_code<3>(codes, row_bytes, rows, cols, r, k + 1) |
+                            file_code<3>(codes, row_bytes, rows, cols, r + 8, k + 1) << 3;
+        if (j < 6) {
+            w[j >> 1] |= (lo | hi << 16) << (6 * (j & 1));
+        } else {
+            w[j - 6] |= ((lo & 0xF) | (hi & 0xF) << 16) << 12;
+            w[2] |= ((lo >> 4) | (hi >> 4) << 16) << (j == 6 ? 12 : 14);
+        }
+    }
+    uint32_t* dst = out + ((size_t)tile * n_sc + pair / 2) * (GtSuper<3>::BYTES / 4);
+#pragma unroll
+    for (int k = 0; k < 3; ++k) dst[tile3_word(lane, 3 * (pair & 1) + k)] = w[k];
+}
+
 // One thread per (tile, group, g).
 extern "C" __global__ void gt_pack_scales(const uint16_t* __restrict__ scales,
                                           const uint8_t* __restrict__ zeros,
@@ -111,25 +183,47 @@ extern "C" __global__ void gt_pack_scales(const uint16_t* __restrict__ scales,
     out[i] = make_uint2(v[0], v[1]);
 }
 
+// The 16 codes a lane holds for one chunk of a tile (any width): pair p = 4·ks + a, its code
+// of column k (e = 0) or k + 1 (e = 1).
+template <int B>
+struct LaneCodes {
+    static constexpr int WORDS = B == 3 ? 3 : B / 2;
+    uint32_t w[WORDS];
+
+    __device__ __forceinline__ LaneCodes(const uint32_t* __restrict__ codes, int tile, int n_sc,
+                                         int c, int lane) {
+        constexpr int CHUNKS = GtSuper<B>::CHUNKS;
+        const int sc = c / CHUNKS, sub = c % CHUNKS;
+        const uint32_t* src = codes + ((size_t)tile * n_sc + sc) * (GtSuper<B>::BYTES / 4);
+#pragma unroll
+        for (int k = 0; k < WORDS; ++k) {
+            w[k] = B == 3 ? src[tile3_word(lane, 3 * (sub >> 1) + k)] : src[lane * 4 + sub * WORDS + k];
+        }
+    }
+
+    __device__ __forceinline__ uint32_t code(int c, int p, int e) const {
+        if (B == 3) {
+            const uint32_t m = tile3_couple(w, tile3_couple_of(c & 1, p));
+            return (m >> (16 * e + 3 * (p & 1))) & 7u;
+        }
+        constexpr int PER_WORD = 16 / B;
+        return (w[p / PER_WORD] >> (16 * e + B * (p % PER_WORD))) & ((1u << B) - 1);
+    }
+};
+
 // Prefill: one thread per (tile, chunk, lane) writes its 16 weights (q − z)·s as f32.
 template <int B>
 __device__ void tile_dequant_body(const uint32_t* __restrict__ codes,
                                   const uint2* __restrict__ sz, float* __restrict__ out,
                                   int rows, int cols, int n_sc, int gpr, int group) {
-    constexpr int CHUNKS = 8 / B, WORDS = B / 2, PER_WORD = 16 / B;
     const int chunks = cols / 32;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int tiles = (rows + 15) / 16;
     if (i >= (size_t)tiles * chunks * 32) return;
     const int lane = (int)(i % 32), c = (int)(i / 32 % chunks), tile = (int)(i / 32 / chunks);
     const int g = lane >> 2, t = lane & 3;
-    const int sc = c / CHUNKS, sub = c % CHUNKS;
-    const uint32_t* src = codes + (((size_t)tile * n_sc + sc) * 32 + lane) * 4 + sub * WORDS;
-    uint32_t w[WORDS];
-#pragma unroll
-    for (int k = 0; k < WORDS; ++k) w[k] = src[k];
+    const LaneCodes<B> lc(codes, tile, n_sc, c, lane);
     const uint2 szw = sz[((size_t)tile * gpr + (c * 32) / group) * 8 + g];
-    constexpr uint32_t MASK = (1u << B) - 1;
 #pragma unroll
     for (int p = 0; p < 8; ++p) {
         const int ks = p >> 2, a = p & 3;
@@ -139,9 +233,7 @@ __device__ void tile_dequant_body(const uint32_t* __restrict__ codes,
         const float s = __half2float(__ushort_as_half((unsigned short)(word & 0xffff)));
         const float z = (float)((word >> 16) & 0x7f);
         const int k = c * 32 + ks * 16 + 2 * t + (a >> 1) * 8;
-        const int j = p % PER_WORD;
-        const uint32_t v = w[p / PER_WORD];
-        const float lo = (float)((v >> (B * j)) & MASK), hi = (float)((v >> (16 + B * j)) & MASK);
+        const float lo = (float)lc.code(c, p, 0), hi = (float)lc.code(c, p, 1);
         *reinterpret_cast<float2*>(out + (size_t)r * cols + k) =
             make_float2((lo - z) * s, (hi - z) * s);
     }
@@ -150,6 +242,11 @@ __device__ void tile_dequant_body(const uint32_t* __restrict__ codes,
 extern "C" __global__ void gt_dequant_f32_b2(const uint32_t* codes, const uint2* sz, float* out,
                                              int rows, int cols, int n_sc, int gpr, int group) {
     tile_dequant_body<2>(codes, sz, out, rows, cols, n_sc, gpr, group);
+}
+
+extern "C" __global__ void gt_dequant_f32_b3(const uint32_t* codes, const uint2* sz, float* out,
+                                             int rows, int cols, int n_sc, int gpr, int group) {
+    tile_dequant_body<3>(codes, sz, out, rows, cols, n_sc, gpr, group);
 }
 
 extern "C" __global__ void gt_dequant_f32_b4(const uint32_t* codes, const uint2* sz, float* out,
@@ -166,8 +263,6 @@ __device__ void tile_gather_body(const uint32_t* __restrict__ codes,
                                  const uint32_t* __restrict__ tokens, float* __restrict__ out,
                                  int rows, int cols, int n_sc, int gpr, int group) {
     SFX_PDL_TRIGGER();
-    constexpr int CHUNKS = 8 / B, WORDS = B / 2, PER_WORD = 16 / B;
-    constexpr uint32_t MASK = (1u << B) - 1;
     const int chunks = cols / 32;
     const int i = blockIdx.x * blockDim.x + threadIdx.x, tok = blockIdx.y;
     if (i >= chunks * 4) return;
@@ -183,12 +278,7 @@ __device__ void tile_gather_body(const uint32_t* __restrict__ codes,
         return;
     }
     const int tile = (int)(r >> 4), g = (int)(r & 7), hi = (int)((r >> 3) & 1);
-    const int lane = 4 * g + t;
-    const int sc = c / CHUNKS, sub = c % CHUNKS;
-    const uint32_t* src = codes + (((size_t)tile * n_sc + sc) * 32 + lane) * 4 + sub * WORDS;
-    uint32_t w[WORDS];
-#pragma unroll
-    for (int k = 0; k < WORDS; ++k) w[k] = src[k];
+    const LaneCodes<B> lc(codes, tile, n_sc, c, 4 * g + t);
     const uint2 szw = sz[((size_t)tile * gpr + (c * 32) / group) * 8 + g];
     const uint32_t word = hi ? szw.y : szw.x;
     const float s = __half2float(__ushort_as_half((unsigned short)(word & 0xffff)));
@@ -197,9 +287,7 @@ __device__ void tile_gather_body(const uint32_t* __restrict__ codes,
     for (int p = 0; p < 8; ++p) {
         const int ks = p >> 2, a = p & 3;
         if ((a & 1) != hi) continue;
-        const int j = p % PER_WORD;
-        const uint32_t v = w[p / PER_WORD];
-        const float lo = (float)((v >> (B * j)) & MASK), hv = (float)((v >> (16 + B * j)) & MASK);
+        const float lo = (float)lc.code(c, p, 0), hv = (float)lc.code(c, p, 1);
         *reinterpret_cast<float2*>(dst + ks * 16 + 2 * t + (a >> 1) * 8) =
             make_float2((lo - z) * s, (hv - z) * s);
     }
@@ -209,6 +297,12 @@ extern "C" __global__ void gt_gather_f32_b2(const uint32_t* codes, const uint2* 
                                             const uint32_t* tokens, float* out, int rows,
                                             int cols, int n_sc, int gpr, int group) {
     tile_gather_body<2>(codes, sz, tokens, out, rows, cols, n_sc, gpr, group);
+}
+
+extern "C" __global__ void gt_gather_f32_b3(const uint32_t* codes, const uint2* sz,
+                                            const uint32_t* tokens, float* out, int rows,
+                                            int cols, int n_sc, int gpr, int group) {
+    tile_gather_body<3>(codes, sz, tokens, out, rows, cols, n_sc, gpr, group);
 }
 
 extern "C" __global__ void gt_gather_f32_b4(const uint32_t* codes, const uint2* sz,
@@ -241,6 +335,20 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a),
                                      *reinterpret_cast<const __nv_bfloat162*>(&b));
     return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// 3 bits (tile3_couple): row g's register of a couple is its field's low three bits, row
+// g + 8's the high three, read as 128 + 8q; with zz1 = 128 + 8z (`zero_x8`) the weights are the
+// exact integers 8(q − z), and the caller scales rows g + 8 by 1/8. `w` are the three words of
+// chunk `sub`'s pair.
+__device__ __forceinline__ void unpack_b3(const uint32_t* w, int sub, int ks, uint32_t zz0,
+                                          uint32_t zz1, uint32_t (&a)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t m = tile3_couple(w, tile3_couple_of(sub & 1, 4 * ks + 2 * h));
+        a[2 * h] = bf16x2_sub(mask_or<0x00070007u>(m, 0x43004300u), zz0);
+        a[2 * h + 1] = bf16x2_sub(mask_or<0x00380038u>(m, 0x43004300u), zz1);
+    }
 }
 
 // The A registers of k-step ks of a chunk whose codes are `w` (B/2 words), with 128 + z of
@@ -277,10 +385,18 @@ __device__ __forceinline__ uint32_t zero_x4(uint32_t zz) {
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// What rows g + 8 of a tile are scaled by beyond their group scale (unpack_a).
+// 128 + z (bf16x2) → 128 + 8z: 8·(128 + z) − 896, exact (z below 128: integers below 1152,
+// multiples of 8 above 1024).
+__device__ __forceinline__ uint32_t zero_x8(uint32_t zz) {
+    const __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&zz),
+                                     __float2bfloat162_rn(8.0f), __float2bfloat162_rn(-896.0f));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// What rows g + 8 of a tile are scaled by beyond their group scale (unpack_a, unpack_b3).
 template <int B>
 struct HiRowScale {
-    static constexpr float VALUE = B == 2 ? 0.25f : 1.0f;
+    static constexpr float VALUE = B == 2 ? 0.25f : B == 3 ? 0.125f : 1.0f;
 };
 
 // x ⊙ w (with NORM) over columns [c0, c0 + pcols) split into three bf16 planes in shared
@@ -324,19 +440,20 @@ __device__ __forceinline__ float stage_planes(const float* __restrict__ xt,
 }
 
 // A warp's unit of work: 128 columns of every tile of its block, one group's scale at most
-// (groups are 2ⁿ units, checked at upload): SPU super-chunks (1 at 2 bits, 2 at 4), so both
-// widths amortise a unit's waits, copies, scales and loop over the same eight MMAs per tile.
+// (groups are 2ⁿ units, checked at upload): SPU super-chunks (1 at 2 and 3 bits, 2 at 4), so
+// every width amortises a unit's waits, copies, scales and loop over the same eight MMAs per
+// tile.
 template <int B>
 struct GtUnit {
     static constexpr int SPU = B == 4 ? 2 : 1;  // super-chunks per unit
     static constexpr int CHUNKS = 4;            // 32-column chunks per unit
 };
 
-// Bytes of one warp's ring slot: the codes of NT tiles (16·SPU B per lane each), then their
+// Bytes of one warp's ring slot: the codes of NT tiles (SPU super-chunks each), then their
 // scale/zero words (8 B per lane each).
 template <int B, int NT>
 struct GtSlot {
-    static constexpr int CODE_BYTES = NT * 32 * 16 * GtUnit<B>::SPU;
+    static constexpr int CODE_BYTES = NT * GtSuper<B>::BYTES * GtUnit<B>::SPU;
     static constexpr int BYTES = CODE_BYTES + NT * 32 * 8;
 };
 
@@ -360,7 +477,8 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
                                                int cols, int n_sc, int gpr, int group_shift,
                                                int accumulate, int seq) {
     constexpr int WORDS = B / 2, SPU = GtUnit<B>::SPU, CHUNKS = GtUnit<B>::CHUNKS;
-    constexpr int SC_CHUNKS = 8 / B;  // chunks per super-chunk
+    constexpr int SC_CHUNKS = GtSuper<B>::CHUNKS;  // chunks per super-chunk
+    constexpr int SCB = GtSuper<B>::BYTES;
     constexpr int NT = SWIGLU ? 2 * R : R;  // tiles per block: gate tiles, then up tiles
     using Slot = GtSlot<B, NT>;
     extern __shared__ __align__(16) uint32_t gt_planes[];
@@ -389,7 +507,7 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     auto tile_of = [&](int s, int r) { return min(tile_first + s * R + r % R, tiles - 1); };
     auto codes_at_tile = [&](int s, int r) {
         const GtItem& it = (SWIGLU && r >= R) ? g.item[1] : item;
-        return it.codes + (size_t)tile_of(s, r) * n_sc * 32 + lane;
+        return reinterpret_cast<const unsigned char*>(it.codes) + (size_t)tile_of(s, r) * n_sc * SCB;
     };
     auto sz_at_tile = [&](int s, int r) {
         const GtItem& it = (SWIGLU && r >= R) ? g.item[1] : item;
@@ -397,8 +515,8 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     };
 
     // Layout of dynamic shared memory: the three x planes (over whole units), then the
-    // warps' rings; a lane's bytes of a slot are its 16·SPU B of each tile's codes, then its
-    // 8 B of each scale/zero.
+    // warps' rings; a lane's bytes of a slot are its share of each tile's super-chunks (16 B,
+    // at 3 bits 16 + 8 B apart), then its 8 B of each scale/zero.
     const int n_units = (n_sc + SPU - 1) / SPU;
     const int pcols = n_units * CHUNKS * 32;
     const int pstride = pcols / 2 + 4;  // words; +4 puts the three planes on distinct banks
@@ -416,12 +534,14 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             const int gi = min((issue_u * CHUNKS) >> group_shift, gpr - 1);
 #pragma unroll
             for (int r = 0; r < NT; ++r) {
-                const uint4* codes = codes_at_tile(issue_s, r);
+                const unsigned char* codes = codes_at_tile(issue_s, r);
 #pragma unroll
                 for (int h = 0; h < SPU; ++h) {
                     const int sc = issue_u * SPU + h;
-                    copy16_async(slot + codes_at + (r * SPU + h) * 32 * 16,
-                                 codes + (size_t)min(sc, n_sc - 1) * 32, sc < n_sc ? 16 : 0);
+                    unsigned char* dst = slot + (r * SPU + h) * SCB;
+                    const unsigned char* src = codes + (size_t)min(sc, n_sc - 1) * SCB;
+                    copy16_async(dst + codes_at, src + codes_at, sc < n_sc ? 16 : 0);
+                    if constexpr (B == 3) copy8_async(dst + 512 + lane * 8, src + 512 + lane * 8);
                 }
                 copy8_async(slot + sz_at + r * 32 * 8, sz_at_tile(issue_s, r) + (size_t)gi * 8);
             }
@@ -528,13 +648,15 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             const unsigned char* slot = ring + read_k * Slot::BYTES;
             read_k = read_k == S - 1 ? 0 : read_k + 1;
             uint4 w[NT][SPU];
+            uint2 w3[NT];  // 3 bits: words 4 and 5
             uint2 szw[NT];
 #pragma unroll
             for (int r = 0; r < NT; ++r) {
 #pragma unroll
                 for (int h = 0; h < SPU; ++h) {
-                    w[r][h] = *reinterpret_cast<const uint4*>(slot + codes_at + (r * SPU + h) * 512);
+                    w[r][h] = *reinterpret_cast<const uint4*>(slot + codes_at + (r * SPU + h) * SCB);
                 }
+                if constexpr (B == 3) w3[r] = *reinterpret_cast<const uint2*>(slot + r * SCB + 512 + lane * 8);
                 szw[r] = *reinterpret_cast<const uint2*>(slot + sz_at + r * 32 * 8);
             }
             issue();  // into the slot this warp's previous unit (u − WARPS) left
@@ -543,7 +665,8 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
             for (int r = 0; r < NT; ++r) {
                 zz[r][0] = __byte_perm(szw[r].x, 0, 0x3232);
                 zz[r][1] = __byte_perm(szw[r].y, 0, 0x3232);
-                if (B == 2) zz[r][1] = zero_x4(zz[r][1]);
+                if constexpr (B == 2) zz[r][1] = zero_x4(zz[r][1]);
+                if constexpr (B == 3) zz[r][1] = zero_x8(zz[r][1]);
             }
 #pragma unroll
             for (int sub = 0; sub < CHUNKS; ++sub) {
@@ -555,9 +678,14 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
 #pragma unroll
                     for (int r = 0; r < NT; ++r) {
                         const uint4& ws = w[r][sub / SC_CHUNKS];
-                        const uint32_t words[4] = {ws.x, ws.y, ws.z, ws.w};
                         uint32_t a[4];
-                        unpack_a<B>(words + (sub % SC_CHUNKS) * WORDS, ks, zz[r][0], zz[r][1], a);
+                        if constexpr (B == 3) {
+                            const uint32_t words[6] = {ws.x, ws.y, ws.z, ws.w, w3[r].x, w3[r].y};
+                            unpack_b3(words + 3 * (sub >> 1), sub, ks, zz[r][0], zz[r][1], a);
+                        } else {
+                            const uint32_t words[4] = {ws.x, ws.y, ws.z, ws.w};
+                            unpack_a<B>(words + (sub % SC_CHUNKS) * WORDS, ks, zz[r][0], zz[r][1], a);
+                        }
                         mma_bf16(d[r], a, b0, b1);
                     }
                 }
@@ -689,4 +817,5 @@ __device__ __forceinline__ void gt_matvec_body(const GtGroup& g, const float* __
     SFX_GT_SWIGLU(B, 1, 3, 16, 1_s3_w16)
 
 SFX_GT_WIDTH(2)
+SFX_GT_WIDTH(3)
 SFX_GT_WIDTH(4)
