@@ -7,7 +7,14 @@
 //! Without nvcc the crate builds with no kernels and the CUDA backend says so at start; with
 //! `SFX_NVCC` set (as `make` and CI do), a kernel that fails to compile fails the build.
 //! `SFX_CUDA_ARCHS` (default `75,80,86,89,90,120`) lists the real architectures.
+//!
+//! Compiled fat binaries are kept in `<target>/<profile>/sfx-kernels/`, keyed by a hash of
+//! every file of the kernel folder, nvcc's version and the command line: clippy and the test
+//! build run this script apart (each its own OUT_DIR), and `make test` used to compile every
+//! kernel twice. `SFX_KERNEL_CACHE=0` turns the cache off.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -42,6 +49,7 @@ fn main() {
         "SFX_NVCC",
         "SFX_CUDA_ARCHS",
         "SFX_NVCC_LINEINFO",
+        "SFX_KERNEL_CACHE",
         "CUDA_HOME",
         "PATH",
     ] {
@@ -69,6 +77,7 @@ fn main() {
         .copied()
         .min_by_key(|a| a.parse::<u32>().unwrap_or(u32::MAX));
 
+    let cache = kernel_cache(&out, &nvcc, &src);
     let mut built = Vec::new();
     let mut failures = Vec::new();
     for k in KERNELS {
@@ -91,11 +100,21 @@ fn main() {
             cmd.arg(format!("-gencode=arch=compute_{a},code=compute_{a}"));
         }
         cmd.arg("-o").arg(&output).arg(&input);
+        let cached = cache.as_ref().map(|c| c.entry(k, &cmd));
+        if let Some(hit) = cached.as_ref().filter(|p| p.is_file()) {
+            if std::fs::copy(hit, &output).is_ok() {
+                built.push((k.to_string(), output));
+                continue;
+            }
+        }
         match cmd.output() {
             Ok(o) if o.status.success() => {
                 let log = String::from_utf8_lossy(&o.stderr);
                 for line in log.lines().filter(|l| l.contains("warning")) {
                     println!("cargo:warning={k}.cu: {line}");
+                }
+                if let Some(entry) = &cached {
+                    store(&output, entry, k);
                 }
                 built.push((k.to_string(), output));
             }
@@ -120,6 +139,88 @@ fn main() {
     }
     println!("cargo:rustc-cfg=sfx_cuda_kernels");
     write_table(&out, &built);
+}
+
+/// Where compiled kernels are kept between this script's runs of one profile, with the part of
+/// their key every kernel shares (the kernel folder's files, nvcc's version); `None` when
+/// turned off or nvcc cannot say its version.
+struct KernelCache {
+    dir: PathBuf,
+    key: u64,
+}
+
+impl KernelCache {
+    /// The cache file of kernel `name` compiled by `cmd` (its whole command line in the key;
+    /// the output path is inside OUT_DIR, which differs between runs, so it is left out).
+    fn entry(&self, name: &str, cmd: &Command) -> PathBuf {
+        let mut h = DefaultHasher::new();
+        self.key.hash(&mut h);
+        let args: Vec<_> = cmd.get_args().collect();
+        for (i, a) in args.iter().enumerate() {
+            let is_output = i > 0 && args[i - 1] == "-o";
+            if !is_output {
+                a.hash(&mut h);
+            }
+        }
+        self.dir.join(format!("{name}-{:016x}.fatbin", h.finish()))
+    }
+}
+
+fn kernel_cache(out: &Path, nvcc: &Path, src: &Path) -> Option<KernelCache> {
+    if std::env::var("SFX_KERNEL_CACHE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    // OUT_DIR is <target>/<profile>/build/<unit>/out.
+    let dir = out.ancestors().nth(3)?.join("sfx-kernels");
+    let version = Command::new(nvcc).arg("--version").output().ok()?;
+    if !version.status.success() {
+        return None;
+    }
+    let mut h = DefaultHasher::new();
+    nvcc.hash(&mut h);
+    version.stdout.hash(&mut h);
+    // Every file of the folder (sources and headers), in name order.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(src)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    for f in files {
+        f.file_name().hash(&mut h);
+        std::fs::read(&f).ok()?.hash(&mut h);
+    }
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(KernelCache {
+        dir,
+        key: h.finish(),
+    })
+}
+
+/// Copies a freshly compiled kernel `name` into the cache, whole or not at all (a temporary
+/// name, then a rename), and drops its older entries so edits do not pile up; a failure only
+/// costs the next run a compile.
+fn store(compiled: &Path, entry: &Path, name: &str) {
+    let Some(dir) = entry.parent() else {
+        return;
+    };
+    let prefix = format!("{name}-");
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let file = e.file_name();
+            let file = file.to_string_lossy();
+            let hash = file
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".fatbin"));
+            // `{name}-{16 hex digits}.fatbin` only: other kernels' names may share a prefix.
+            if hash.is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit())) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::copy(compiled, &tmp).is_ok() && std::fs::rename(&tmp, entry).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// `kernels.rs`: the embedded fat binaries by module name.

@@ -795,7 +795,7 @@ fn bad_options_are_named() {
     let g = g.to_str().unwrap();
     let o = out_dir().join("never.sfx");
     let o = o.to_str().unwrap();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &["--quant", "rtn3", "--fit", "--lambda=-1", g, "-o", o],
             "--lambda \"-1\"",
@@ -835,6 +835,7 @@ fn bad_options_are_named() {
             "--head \"q5\"",
         ),
         (&["--quant", "rtn3", "--k", "2000", g, "-o", o], "--k 2000"),
+        (&["--quant", "rtn3", "--k", "0", g, "-o", o], "--k 0"),
         (&["--quant", "rtn3", "--k", "1,2", g, "-o", o], "four"),
         (&["--quant", "rtn3", "--mlp", "rows", g, "-o", o], "--mlp"),
         (

@@ -277,9 +277,12 @@ impl ConvertOptions {
                 "--awq-grid: at least one α value".into(),
             ));
         }
-        if let Some(&k) = self.k.iter().find(|&&k| k > 1024) {
+        if let Some(&k) = self.k.iter().find(|&&k| k == 0 || k > 1024) {
+            // k = 0 used to reach the fit and fail there, minutes in, as a λ error.
             return Err(ConvertError::Options(format!(
-                "--k {k}: a budget is per 1024 input channels, at most 1024"
+                "--k {k}: a budget is 1 to 1024 channels per 1024 inputs (the file's default \
+                 and what the statistics are gathered for; a run without refinement is \
+                 `sfx-run --k 0`)"
             )));
         }
         if !self.k_ladder.is_empty() {
