@@ -142,23 +142,26 @@ fn main() {
 }
 
 /// Where compiled kernels are kept between this script's runs of one profile, with the part of
-/// their key every kernel shares (the kernel folder's files, nvcc's version); `None` when
-/// turned off or nvcc cannot say its version.
+/// their key every kernel shares (the kernel folder's files by name and contents, nvcc's
+/// version); `None` when turned off or nvcc cannot say its version.
 struct KernelCache {
     dir: PathBuf,
     key: u64,
 }
 
 impl KernelCache {
-    /// The cache file of kernel `name` compiled by `cmd` (its whole command line in the key;
-    /// the output path is inside OUT_DIR, which differs between runs, so it is left out).
+    /// The cache file of kernel `name` compiled by `cmd`: its flags are in the key, its paths
+    /// are not (the output lies in OUT_DIR, which differs between runs; the source and include
+    /// folder's contents are in the shared key, so another checkout of the same sources hits).
     fn entry(&self, name: &str, cmd: &Command) -> PathBuf {
         let mut h = DefaultHasher::new();
         self.key.hash(&mut h);
+        name.hash(&mut h);
         let args: Vec<_> = cmd.get_args().collect();
         for (i, a) in args.iter().enumerate() {
-            let is_output = i > 0 && args[i - 1] == "-o";
-            if !is_output {
+            let is_path =
+                i + 1 == args.len() || (i > 0 && (args[i - 1] == "-o" || args[i - 1] == "-I"));
+            if !is_path {
                 a.hash(&mut h);
             }
         }
@@ -177,7 +180,6 @@ fn kernel_cache(out: &Path, nvcc: &Path, src: &Path) -> Option<KernelCache> {
         return None;
     }
     let mut h = DefaultHasher::new();
-    nvcc.hash(&mut h);
     version.stdout.hash(&mut h);
     // Every file of the folder (sources and headers), in name order.
     let mut files: Vec<PathBuf> = std::fs::read_dir(src)

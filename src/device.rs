@@ -33,6 +33,17 @@ impl std::str::FromStr for DeviceChoice {
     }
 }
 
+impl std::fmt::Display for DeviceChoice {
+    /// As `--device` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::Auto => f.write_str("auto"),
+        }
+    }
+}
+
 /// A device choice with `auto` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolved {

@@ -4,6 +4,8 @@
 
 pub mod bench;
 pub mod device;
+pub mod heldout;
 pub mod model_open;
+pub mod quality;
 pub mod test_backend;
 pub mod tune;

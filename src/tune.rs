@@ -8,23 +8,21 @@
 //! float model's predictions on held-out text, computed once and kept.
 
 use crate::device::{with_backend, DeviceChoice, OnBackend};
+use crate::heldout::{float_reference_rows, scoring_options, text_windows};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sfx_calibration::tune::{Candidate, Measure, Scheme, Space, Tuner};
-use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::sfx::{SfxFile, Tier};
 use sfx_formats::tune::{sidecar_path, BudgetProfile, Machine, MachineProfiles, TuneFile};
 use sfx_runtime::backend::Backend;
-use sfx_runtime::eval::{
-    evaluate_against, reference_rows, window_parts, EvalPart, ModelScorer, ReferenceRow,
-};
+use sfx_runtime::eval::{evaluate_against, EvalPart, ModelScorer, ReferenceRow};
 use sfx_runtime::refine::{
     file_budgets, file_ladder, file_settings, open_refinement, plan_from_sfx, MlpMode,
     RefineOpenOptions, Refiner, TierChoice,
 };
 use sfx_runtime::resident::ResidentKernels;
-use sfx_runtime::sfx_model::{load_sfx_model_on, sfx_tokenizer_json};
-use sfx_runtime::{LogitsMode, Model, ModelOptions};
+use sfx_runtime::sfx_model::load_sfx_model_on;
+use sfx_runtime::{LogitsMode, Model};
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -56,14 +54,6 @@ pub struct TuneArgs {
     pub tokens: usize,
     pub rounds: usize,
     pub json: bool,
-}
-
-/// Weights as stored (sfx-run's default), the default KV cache and step graphs.
-fn model_options() -> ModelOptions {
-    ModelOptions {
-        precision: sfx_runtime::WeightPrecision::Native,
-        ..ModelOptions::default()
-    }
 }
 
 /// The machine a backend runs on, as a profile records it: `sfx tune` when it measures,
@@ -113,30 +103,6 @@ fn shift_space(values: &[f32]) -> Result<Vec<[u8; 4]>> {
         }
     }
     Ok(out)
-}
-
-/// The reference's KL rows on the tuning text, from the float model on its own backend.
-struct ReferenceTask<'a> {
-    spec: &'a str,
-    parts: &'a [EvalPart],
-    capacity: usize,
-}
-
-impl OnBackend for ReferenceTask<'_> {
-    type Output = Vec<Vec<ReferenceRow>>;
-    fn run<B: ResidentKernels>(self, backend: B) -> Result<Self::Output> {
-        let ckpt = Checkpoint::open(self.spec)
-            .with_context(|| format!("--kl-ref {}: opening the float model", self.spec))?;
-        let model = Model::load(
-            backend.with_reference_numerics(),
-            &ckpt.config,
-            ckpt.tensors.as_ref(),
-            &model_options(),
-        )
-        .with_context(|| format!("--kl-ref {}: loading", self.spec))?;
-        let mut scorer = ModelScorer::new(&model, self.capacity)?;
-        Ok(reference_rows(self.parts, &mut scorer)?)
-    }
 }
 
 /// A log line above the progress bar, or on stderr when the bar is not drawn (not a
@@ -292,7 +258,7 @@ impl OnBackend for Task<'_> {
     fn run<B: ResidentKernels>(self, backend: B) -> Result<Outcome> {
         let a = self.args;
         let t0 = Instant::now();
-        let model = load_sfx_model_on(backend, self.file, &model_options())
+        let model = load_sfx_model_on(backend, self.file, &scoring_options())
             .with_context(|| format!("loading {}", a.model.display()))?;
         let backend_name = model.backend().name();
         let machine = machine_for(&backend_name);
@@ -529,29 +495,7 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
     file.verify_where(|s| s.tier != Tier::Resident)
         .with_context(|| format!("{}: refinement sections", a.model.display()))?;
 
-    let tok_json = sfx_tokenizer_json(&file)
-        .ok_or_else(|| anyhow!("{}: no tokenizer in the metadata", a.model.display()))?;
-    let tokenizer = tokenizers::Tokenizer::from_bytes(tok_json.as_bytes())
-        .map_err(|e| anyhow!("{}: tokenizer: {e}", a.model.display()))?;
-    let assets = sfx_formats::corpus::assets_dir();
-    let body = sfx_formats::corpus::load_named_text(&assets, &a.text)
-        .with_context(|| format!("--text {}", a.text))?;
-    let ids = tokenizer
-        .encode_fast(body.as_str(), false)
-        .map_err(|e| anyhow!("--text {}: tokenizing: {e}", a.text))?
-        .get_ids()
-        .to_vec();
-    let parts = window_parts(&ids, a.window, a.windows);
-    if parts.len() < a.windows {
-        bail!(
-            "--text {}: {} tokens hold {} windows of {}, {} asked for",
-            a.text,
-            ids.len(),
-            parts.len(),
-            a.window,
-            a.windows
-        );
-    }
+    let parts = text_windows(&file, &a.model, "--text", &a.text, a.window, a.windows)?;
     if a.context >= a.window {
         bail!(
             "--context {} must be shorter than --ctx {}",
@@ -560,14 +504,7 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
         );
     }
     let t0 = Instant::now();
-    let rows = with_backend(
-        a.device,
-        ReferenceTask {
-            spec: reference,
-            parts: &parts,
-            capacity: a.window,
-        },
-    )?;
+    let rows = float_reference_rows(a.device, reference, &parts)?;
     if !a.json {
         eprintln!(
             "float reference {reference}: {} scored tokens of {} in {:.1} s",

@@ -534,7 +534,12 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     let folder = out_dir().join("rtn4-fit-folder");
     let _ = std::fs::remove_dir_all(&folder);
     let single = quick_rtn4("rtn4-fit-single.sfx", &["--fit", "--k", "8"]);
-    let args = quick_args("rtn4", &["--fit", "--k", "8"], &folder);
+    let receipt = ["--quality", "wiki:1", "--quality-ctx", "256"];
+    let args = quick_args(
+        "rtn4",
+        &[&["--fit", "--k", "8"][..], &receipt].concat(),
+        &folder,
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     convert(&args, 2);
     // The folder's container is the single file's, byte for byte.
@@ -589,6 +594,37 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
         card.starts_with("---\n") && card.contains("\nlicense: "),
         "{card}"
     );
+    // The quality receipt is listed, shown on the card, and its numbers are what the command
+    // it records measures again (run in the folder, as the card says).
+    assert!(manifest["files"]["quality.json"]["sha256"].is_string());
+    let receipt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("quality.json")).unwrap())
+            .unwrap();
+    assert!(
+        card.contains("## Quality") && card.contains("| resident base |"),
+        "{card}"
+    );
+    let command: Vec<&str> = receipt["command"].as_str().unwrap().split(' ').collect();
+    assert_eq!(&command[..2], ["sfx-run", "."], "{receipt}");
+    let again: serde_json::Value = serde_json::from_str(&stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_sfx-run"))
+            .args(&command[1..])
+            .arg("--json")
+            .current_dir(&folder)
+            .env("SFX_ASSETS", assets())
+            .env("RAYON_NUM_THREADS", "2"),
+    ))
+    .unwrap();
+    let close = |a: &serde_json::Value, b: &serde_json::Value| {
+        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9 * a.abs().max(1e-12), "{a} vs {b}");
+    };
+    close(&receipt["base"]["ppl"], &again["base"]["ppl"]);
+    close(&receipt["base"]["kl_mean"], &again["base"]["kl"]["mean"]);
+    close(&receipt["refined"]["ppl"], &again["ppl"]);
+    close(&receipt["refined"]["kl_mean"], &again["kl"]["mean"]);
+    assert_eq!(receipt["refined"]["k"][0], 8);
+    assert_eq!(receipt["scored_tokens"], 255);
     // A flipped byte in any file is named by `sfx verify`, which exits non-zero.
     for name in [
         "README.md",
@@ -596,6 +632,7 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
         "model.sfx",
         "tokenizer.json",
         "manifest.json",
+        "quality.json",
     ] {
         let bad = out_dir().join(format!("rtn4-fit-folder-bad-{name}"));
         let _ = std::fs::remove_dir_all(&bad);
@@ -795,7 +832,9 @@ fn bad_options_are_named() {
     let g = g.to_str().unwrap();
     let o = out_dir().join("never.sfx");
     let o = o.to_str().unwrap();
-    let cases: [(&[&str], &str); 14] = [
+    let folder = out_dir().join("never-folder");
+    let folder = folder.to_str().unwrap();
+    let cases: [(&[&str], &str); 16] = [
         (
             &["--quant", "rtn3", "--fit", "--lambda=-1", g, "-o", o],
             "--lambda \"-1\"",
@@ -836,6 +875,14 @@ fn bad_options_are_named() {
         ),
         (&["--quant", "rtn3", "--k", "2000", g, "-o", o], "--k 2000"),
         (&["--quant", "rtn3", "--k", "0", g, "-o", o], "--k 0"),
+        (
+            &["--quant", "rtn3", "--quality", "wiki:2", g, "-o", o],
+            "output folder",
+        ),
+        (
+            &["--quant", "rtn3", "--quality", "wiki", g, "-o", folder],
+            "--quality",
+        ),
         (&["--quant", "rtn3", "--k", "1,2", g, "-o", o], "four"),
         (&["--quant", "rtn3", "--mlp", "rows", g, "-o", o], "--mlp"),
         (
@@ -849,6 +896,7 @@ fn bad_options_are_named() {
     ];
     for (args, needle) in cases {
         refused(args, needle);
+        assert!(!Path::new(folder).exists(), "{args:?} left {folder}");
     }
     assert!(!Path::new(o).exists());
 }

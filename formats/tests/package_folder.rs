@@ -4,7 +4,7 @@
 use sfx_formats::config::ModelConfig;
 use sfx_formats::package::{
     publish_staged, staging_dir, verify_folder, write_folder_files, FolderInputs, MANIFEST_FILE,
-    MODEL_FILE,
+    MODEL_FILE, QUALITY_FILE,
 };
 use sfx_formats::sfx::{Codec, Layout, Provenance, SectionSpec, SfxMetadata, SfxWriter, Tier};
 use std::path::Path;
@@ -61,6 +61,13 @@ fn staged_folder(out: &Path) -> std::path::PathBuf {
         git_revision: Some("abc1234".into()),
         license: Some("apache-2.0".into()),
         base_model: Some("HuggingFaceTB/SmolLM2-135M-Instruct".into()),
+        quality: Some(serde_json::json!({
+            "text": "wiki", "windows": 2, "window": 2048, "scored_tokens": 4094,
+            "device": "cpu", "command": "sfx-run . --ppl wiki:2",
+            "base": {"ppl": 30.5, "kl_mean": 0.41234, "kl_p99": 2.5, "same_top1_pct": 71.5},
+            "refined": {"ppl": 21.25, "kl_mean": 0.2, "kl_p99": 1.5, "same_top1_pct": 80.0,
+                        "k": [16, 16, 16, 16]},
+        })),
         ..Default::default()
     };
     write_folder_files(&staging, &inputs).unwrap();
@@ -96,6 +103,7 @@ fn a_folder_verifies_and_a_flipped_byte_in_any_file_is_named() {
             "generation_config.json",
             MANIFEST_FILE,
             MODEL_FILE,
+            QUALITY_FILE,
             "tokenizer.json",
             "tokenizer_config.json"
         ]
@@ -166,6 +174,16 @@ fn the_folder_files_say_what_the_container_holds() {
         "tags:",
     ] {
         assert!(front.lines().any(|l| l == key), "{key} in\n{front}");
+    }
+    // The quality receipt as written, and as the card's table.
+    let receipt: serde_json::Value = serde_json::from_str(&read(QUALITY_FILE)).unwrap();
+    assert_eq!(receipt["base"]["kl_mean"], 0.41234);
+    for row in [
+        "| resident base | 30.500 | 0.4123 | 2.5000 | 71.5 % |",
+        "| refined, k = [16,16,16,16] | 21.250 | 0.2000 | 1.5000 | 80.0 % |",
+        "`sfx-run . --ppl wiki:2`",
+    ] {
+        assert!(card.contains(row), "{row} in\n{card}");
     }
 }
 

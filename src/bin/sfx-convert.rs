@@ -18,6 +18,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use strataflux::bench::{parse_list, per_set};
+use strataflux::device::DeviceChoice;
+use strataflux::quality::{self, QualityText};
 use tokenizers::Tokenizer;
 
 #[derive(Parser)]
@@ -159,6 +161,20 @@ struct ConvertArgs {
     /// bytes of each choice: docs/results.md, "Quantized head and embedding".
     #[arg(long, default_value = "q8")]
     head: String,
+    /// Output folders: the quality receipt's held-out text, TEXT:N (N windows of
+    /// --quality-ctx tokens of wiki, brown, austen/<novel> or a file), or "none". The resident
+    /// base and the refined model (the file's own budgets) are scored against the float
+    /// source: PPL and KL go to quality.json and the model card, with the sfx-run command
+    /// that measures them again. On the GPU when there is one (--quality-device). Default
+    /// wiki:2.
+    #[arg(long, value_name = "TEXT:N")]
+    quality: Option<String>,
+    /// Tokens per window of the quality receipt.
+    #[arg(long, default_value_t = 2048)]
+    quality_ctx: usize,
+    /// Where the quality receipt is measured: cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    quality_device: DeviceChoice,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -417,6 +433,16 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         head: HeadFormat::parse(&a.head)?,
         base: a.base.clone(),
     };
+    // Checked before the conversion's work: a bad --quality must not end an hour's run.
+    let quality = match (a.quality.as_deref(), is_folder_output(&output)) {
+        (Some("none"), _) => None,
+        (q, true) => Some(QualityText::parse(q.unwrap_or("wiki:2"), a.quality_ctx)?),
+        (Some(_), false) => bail!(
+            "--quality: the receipt is written into an output folder (-o DIR), not beside a \
+             single .sfx file; measure a file with sfx-run FILE --ppl wiki:2 --kl-ref SOURCE"
+        ),
+        (None, false) => None,
+    };
     if a.calib_seqs == 0 || a.calib_len == 0 {
         bail!("--calib-seqs and --calib-len must be at least 1");
     }
@@ -551,12 +577,28 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     let file_bytes = std::fs::metadata(&sfx_path).map(|m| m.len()).unwrap_or(0);
     if let Some(staging) = staging {
         let (license, base_model) = source_card_fields(&spec, origin_dir.as_deref());
+        let quality = match &quality {
+            Some(text) => {
+                let say = |m: &str| {
+                    if !a.json {
+                        eprintln!("{m}");
+                    }
+                };
+                // Run from inside the published folder.
+                Some(
+                    quality::measure(&sfx_path, ".", &spec, text, a.quality_device, &say)
+                        .context("measuring the quality receipt (--quality none skips it)")?,
+                )
+            }
+            None => None,
+        };
         let inputs = package::FolderInputs {
             command_line: std::env::args().collect(),
             git_revision: option_env!("SFX_GIT_REVISION").map(str::to_string),
             generation_config: ckpt.generation_config.clone(),
             license: a.license.clone().or(license),
             base_model: a.base_model.clone().or(base_model),
+            quality,
         };
         package::write_folder_files(&staging.dir, &inputs)
             .with_context(|| format!("writing the folder files of {}", output.display()))?;

@@ -2,7 +2,7 @@
 //! `quantization_config` block and the `README.md` model card (Hugging Face's YAML front
 //! matter, then how to run it and what it holds), both from the container's metadata.
 
-use super::{FolderInputs, MANIFEST_FILE, MODEL_FILE};
+use super::{FolderInputs, MANIFEST_FILE, MODEL_FILE, QUALITY_FILE};
 use crate::sfx::{SfxFile, SfxMetadata};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -123,6 +123,9 @@ pub(super) fn model_card(
         };
         let _ = writeln!(s, "| {tier} | {place} | {} ({bytes}) |", gib(*bytes));
     }
+    if let Some(q) = &inputs.quality {
+        quality_table(&mut s, q);
+    }
     s.push_str("\n## Conversion\n\n| | |\n|---|---|\n");
     let _ = writeln!(s, "| resident base | {name} |");
     let _ = writeln!(
@@ -162,6 +165,47 @@ pub(super) fn model_card(
         "\nThe exact command, tool revision and every file's SHA-256 are in `{MANIFEST_FILE}`."
     );
     s
+}
+
+/// The receipt as a table: base and refined rows against the float source.
+fn quality_table(s: &mut String, q: &Value) {
+    let _ = writeln!(
+        s,
+        "\n## Quality\n\nAgainst the float source on held-out text (`{}`, {} × {}-token \
+         windows, {} scored tokens, measured on {}; `{QUALITY_FILE}`):\n",
+        text(q.get("text")),
+        text(q.get("windows")),
+        text(q.get("window")),
+        text(q.get("scored_tokens")),
+        text(q.get("device")),
+    );
+    s.push_str("| model | PPL | KL mean | KL p99 | same top-1 |\n|---|---:|---:|---:|---:|\n");
+    let row = |s: &mut String, label: &str, r: &Value| {
+        let num = |k: &str, digits: usize| {
+            r.get(k)
+                .and_then(Value::as_f64)
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+        };
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} % |",
+            num("ppl", 3),
+            num("kl_mean", 4),
+            num("kl_p99", 4),
+            num("same_top1_pct", 1)
+        );
+    };
+    if let Some(b) = q.get("base") {
+        row(s, "resident base", b);
+    }
+    if let Some(r) = q.get("refined").filter(|r| !r.is_null()) {
+        row(s, &format!("refined, k = {}", text(r.get("k"))), r);
+    }
+    let _ = writeln!(
+        s,
+        "\nTo measure it again, in this folder: `{}`",
+        text(q.get("command"))
+    );
 }
 
 /// The source's last path component (a Hub id's name, a file's stem).

@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 pub const MODEL_FILE: &str = "model.sfx";
 /// The manifest's file name; it lists every other file.
 pub const MANIFEST_FILE: &str = "manifest.json";
+/// The quality receipt (PPL and KL against the float source on held-out text).
+pub const QUALITY_FILE: &str = "quality.json";
 /// What `manifest.json`'s `format` says, and its version.
 const MANIFEST_FORMAT: &str = "strataflux-folder";
 const MANIFEST_VERSION: u32 = 1;
@@ -88,6 +90,9 @@ pub struct FolderInputs {
     pub license: Option<String>,
     /// The Hub id of the float model, for the card's `base_model`.
     pub base_model: Option<String>,
+    /// The quality receipt (`strataflux::quality`), written as `quality.json` and shown as
+    /// the card's quality table; none when the conversion was asked not to measure it.
+    pub quality: Option<Value>,
 }
 
 /// What [`verify_folder`] checked.
@@ -186,6 +191,9 @@ pub fn write_folder_files(dir: &Path, inputs: &FolderInputs) -> Result<Manifest,
         })
     });
     write_atomic(dir.join("generation_config.json"), &pretty(&generation))?;
+    if let Some(q) = &inputs.quality {
+        write_atomic(dir.join(QUALITY_FILE), &pretty(q))?;
+    }
     let tiers = card::tier_bytes(&sfx);
     let readme = card::model_card(meta, &tiers, inputs);
     write_atomic(dir.join("README.md"), readme.as_bytes())?;
