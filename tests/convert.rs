@@ -898,6 +898,26 @@ fn bad_options_are_named() {
         refused(args, needle);
         assert!(!Path::new(folder).exists(), "{args:?} left {folder}");
     }
+    // Without the receipt's text (no assets), a folder conversion stops before any work.
+    let out = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args([
+            "--quant",
+            "rtn3",
+            g,
+            "-o",
+            folder,
+            "--calib",
+            "/nonexistent/calib.txt",
+        ])
+        .env("SFX_ASSETS", "/nonexistent/assets")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--quality wiki"),
+        "{stderr}"
+    );
+    assert!(!Path::new(folder).exists());
     assert!(!Path::new(o).exists());
 }
 

@@ -443,6 +443,16 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         ),
         (None, false) => None,
     };
+    if let Some(q) = &quality {
+        // The text is read again at the end; a missing one must not end an hour's run there.
+        sfx_formats::corpus::load_named_text(&sfx_formats::corpus::assets_dir(), &q.text)
+            .with_context(|| {
+                format!(
+                    "--quality {}: the receipt's held-out text (--quality none skips it)",
+                    q.text
+                )
+            })?;
+    }
     if a.calib_seqs == 0 || a.calib_len == 0 {
         bail!("--calib-seqs and --calib-len must be at least 1");
     }
