@@ -40,8 +40,9 @@ impl QualityText {
                 windows,
                 window,
             } => {
-                if windows == 0 || window < 2 {
-                    bail!("--quality {spec:?}: at least one window of at least 2 tokens");
+                // EvalSpec refuses zero windows; their length is --quality-ctx's.
+                if window < 2 {
+                    bail!("--quality-ctx {window}: a window holds at least 2 tokens");
                 }
                 Ok(Self {
                     text,
@@ -211,7 +212,7 @@ mod tests {
             QualityText::parse("brown:1", 256).unwrap().ppl_spec(),
             "brown:1"
         );
-        for bad in ["wiki", "wiki:x", "austen-long:2048"] {
+        for bad in ["wiki", "wiki:x", "wiki:0", "austen-long:2048"] {
             assert!(QualityText::parse(bad, 2048).is_err(), "{bad}");
         }
         assert!(QualityText::parse("wiki:1", 1).is_err());
