@@ -10,7 +10,7 @@ MODEL := $(SFX_ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf
 # works (CPU only; the CUDA backend then says the binary has no kernels).
 NVCC_PATH := $(CURDIR)/.cache/cuda-tools/nvidia/cu13/bin/nvcc
 
-.PHONY: all build build-gpu cuda-tools assets test fmt-check clippy unit demo eval golden clean
+.PHONY: all build build-gpu cuda-tools assets hub-client test fmt-check clippy unit demo eval golden clean
 
 all: build
 
@@ -26,6 +26,10 @@ cuda-tools:
 
 assets:
 	bash scripts/fetch_assets.sh
+
+# The Hugging Face Hub client `sfx publish` uploads with (`hf upload-large-folder`).
+hub-client:
+	python3 -m pip install --user --upgrade huggingface_hub
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

@@ -529,15 +529,55 @@ fn sfx_verify(path: &Path) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `sfx publish ARGS` with no Hugging Face token or client reachable but what `env` adds
+/// (HOME is an empty folder): (success, stdout, stderr).
+fn sfx_publish(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sfx"));
+    cmd.arg("publish").args(args).env("HOME", home.path());
+    for var in [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HOME",
+        "XDG_CACHE_HOME",
+        "SFX_HF_CLI",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("PATH", home.path());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The YAML front matter of a model card, parsed.
+fn card_front_matter(card: &str) -> yaml_rust2::Yaml {
+    let body = card
+        .strip_prefix("---\n")
+        .expect("front matter opens the card");
+    let end = body.find("\n---\n").expect("front matter is closed");
+    let mut docs = yaml_rust2::YamlLoader::load_from_str(&body[..end]).expect("YAML parses");
+    docs.remove(0)
+}
+
 #[test]
 fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     let folder = out_dir().join("rtn4-fit-folder");
     let _ = std::fs::remove_dir_all(&folder);
     let single = quick_rtn4("rtn4-fit-single.sfx", &["--fit", "--k", "8"]);
     let receipt = ["--quality", "wiki:1", "--quality-ctx", "256"];
+    // A GGUF names no Hub repository of its float model; the card's base_model comes from here.
+    let card_source = ["--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct"];
     let args = quick_args(
         "rtn4",
-        &[&["--fit", "--k", "8"][..], &receipt].concat(),
+        &[&["--fit", "--k", "8"][..], &receipt, &card_source].concat(),
         &folder,
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -590,8 +630,18 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
         Some(64)
     );
     let card = std::fs::read_to_string(folder.join("README.md")).unwrap();
+    // The card's front matter is YAML with the keys the Hub reads.
+    let front = card_front_matter(&card);
+    for key in ["license", "library_name", "pipeline_tag"] {
+        assert!(front[key].as_str().is_some(), "{key} missing: {card}");
+    }
+    assert_eq!(
+        front["base_model"].as_str(),
+        Some("HuggingFaceTB/SmolLM2-135M-Instruct")
+    );
+    assert_eq!(front["base_model_relation"].as_str(), Some("quantized"));
     assert!(
-        card.starts_with("---\n") && card.contains("\nlicense: "),
+        front["tags"].as_vec().is_some_and(|t| !t.is_empty()),
         "{card}"
     );
     // The quality receipt is listed, shown on the card, and its numbers are what the command
@@ -625,6 +675,87 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     close(&receipt["refined"]["kl_mean"], &again["kl"]["mean"]);
     assert_eq!(receipt["refined"]["k"][0], 8);
     assert_eq!(receipt["scored_tokens"], 255);
+    // `sfx publish --dry-run` lists exactly the manifest's files and the manifest itself,
+    // with the sizes and SHA-256s verify checked; it needs neither token nor client.
+    let folder_arg = folder.to_str().unwrap();
+    let (ok, dry, err) = sfx_publish(
+        &[
+            folder_arg,
+            "--repo",
+            "my-org/smol-rtn4",
+            "--dry-run",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let dry: serde_json::Value = serde_json::from_str(&dry).unwrap();
+    let sent: Vec<&str> = dry["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    let mut want: Vec<&str> = manifest["files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    want.push("manifest.json");
+    assert_eq!(sent, want);
+    for f in dry["files"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        let bytes = std::fs::metadata(folder.join(name)).unwrap().len();
+        assert_eq!(f["bytes"].as_u64(), Some(bytes), "{name}");
+        if name != "manifest.json" {
+            assert_eq!(f["sha256"], manifest["files"][name]["sha256"], "{name}");
+        }
+    }
+    assert!(dry["token"].is_null() && dry["client"].is_null(), "{dry}");
+    // Without a token nothing is sent, and the error says how to give one.
+    let (ok, _, err) = sfx_publish(&[folder_arg, "--repo", "my-org/smol-rtn4"], &[]);
+    assert!(!ok && err.contains("no Hugging Face token"), "{err}");
+    // With a token the official client is run on the folder (a stand-in records its
+    // arguments here); a bad repository id is refused before anything else.
+    let bin = tempfile::tempdir().unwrap();
+    let record = bin.path().join("args.txt");
+    let client = bin.path().join("hf");
+    std::fs::write(
+        &client,
+        format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\n", record.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&client, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let client_env = [
+        ("HF_TOKEN", "hf_test"),
+        ("SFX_HF_CLI", client.to_str().unwrap()),
+    ];
+    let (ok, out, err) = sfx_publish(
+        &[folder_arg, "--repo", "my-org/smol-rtn4", "--private"],
+        &client_env,
+    );
+    assert!(ok && out.contains("published"), "{out}{err}");
+    assert_eq!(
+        std::fs::read_to_string(&record)
+            .unwrap()
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "upload-large-folder",
+            "my-org/smol-rtn4",
+            folder_arg,
+            "--private"
+        ]
+    );
+    let (ok, _, err) = sfx_publish(&[folder_arg, "--repo", "smol-rtn4"], &client_env);
+    assert!(!ok && err.contains("no namespace"), "{err}");
+    // A file the manifest does not list is refused by name (it would go out unchecked).
+    let stray = folder.join("notes.txt");
+    std::fs::write(&stray, b"draft").unwrap();
+    let (ok, _, err) = sfx_publish(&[folder_arg, "--repo", "o/n", "--dry-run"], &[]);
+    std::fs::remove_file(&stray).unwrap();
+    assert!(!ok && err.contains("notes.txt"), "{err}");
     // A flipped byte in any file is named by `sfx verify`, which exits non-zero.
     for name in [
         "README.md",
@@ -647,6 +778,9 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
         std::fs::write(bad.join(name), &bytes).unwrap();
         let (ok, text) = sfx_verify(&bad);
         assert!(!ok && text.contains(name), "{name}: {text}");
+        // Publishing it is refused too, naming the same file.
+        let (ok, _, err) = sfx_publish(&[bad.to_str().unwrap(), "--repo", "o/n", "--dry-run"], &[]);
+        assert!(!ok && err.contains(name), "{name}: {err}");
         std::fs::remove_dir_all(&bad).unwrap();
     }
     // Converting into a folder that is not an output folder is refused before any work,
@@ -932,4 +1066,53 @@ fn refused(args: &[&str], needle: &str) {
     assert!(!out.status.success(), "{args:?} succeeded");
     assert!(stderr.contains(needle), "{args:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+}
+
+#[test]
+fn publish_workflow_parses_and_calls_only_project_commands() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".github/workflows/publish.yml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc = yaml_rust2::YamlLoader::load_from_str(&text)
+        .unwrap()
+        .remove(0);
+    let jobs = doc["jobs"].as_hash().expect("jobs");
+    assert!(!jobs.is_empty());
+    let allowed = [
+        "make build",
+        "make assets",
+        "make hub-client",
+        "./target/release/sfx-convert ",
+        "./target/release/sfx verify ",
+        "./target/release/sfx publish ",
+    ];
+    let mut steps_run = Vec::new();
+    for (_, job) in jobs {
+        assert!(
+            job["strategy"]["matrix"]["quant"]
+                .as_vec()
+                .is_some_and(|q| q.len() >= 2),
+            "a model × quant matrix"
+        );
+        for step in job["steps"].as_vec().expect("steps") {
+            if let Some(uses) = step["uses"].as_str() {
+                assert!(uses.starts_with("actions/checkout@"), "{uses}");
+                continue;
+            }
+            let run = step["run"].as_str().expect("a step runs a command");
+            for line in run.lines().filter(|l| !l.trim().is_empty()) {
+                assert!(
+                    allowed.iter().any(|a| line.trim().starts_with(a)),
+                    "not a project command: {line}"
+                );
+            }
+            steps_run.push(run.to_string());
+        }
+    }
+    // Convert, verify, then publish, in that order (the receipt comes with the folder).
+    let at = |what: &str| steps_run.iter().position(|r| r.contains(what)).unwrap();
+    assert!(at("sfx-convert") < at("sfx verify") && at("sfx verify") < at("sfx publish"));
+    assert!(
+        doc["on"]["push"]["tags"].as_vec().is_some(),
+        "runs on a tag"
+    );
 }

@@ -51,6 +51,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Publish an output folder to a Hugging Face Hub model repository. The folder is verified
+    /// first (as `sfx verify`) and must hold only what its manifest lists; the upload is the
+    /// Hub's official client, `hf upload-large-folder` (resumable; `pip install -U
+    /// huggingface_hub`), which creates the repository if needed. The token is the client's:
+    /// HF_TOKEN, or the file `hf auth login` writes. --dry-run lists exactly what would be
+    /// sent (every file with its size and SHA-256), where the token was found and the command,
+    /// and sends nothing.
+    Publish {
+        /// The output folder (`sfx-convert … -o DIR/`).
+        folder: std::path::PathBuf,
+        /// The Hub repository, namespace/name.
+        #[arg(long)]
+        repo: String,
+        /// Create the repository private (an existing repository keeps its visibility).
+        #[arg(long)]
+        private: bool,
+        /// Branch to publish to (default: main).
+        #[arg(long)]
+        revision: Option<String>,
+        /// Verify and list what would be sent; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a canonical text of the evaluation protocol (wiki, brown, austen/<novel>)
     /// exactly as sfx-run scores it and sfx-convert calibrates on, so other tools (e.g.
     /// llama-imatrix, llama-perplexity) can be given the same text.
@@ -244,6 +270,21 @@ fn main() -> Result<()> {
             tensors,
         } => inspect(&sfx_formats::package::container_spec(&model), json, tensors),
         Command::Verify { file, json } => verify(&file, json),
+        Command::Publish {
+            folder,
+            repo,
+            private,
+            revision,
+            dry_run,
+            json,
+        } => strataflux::publish::run(strataflux::publish::PublishArgs {
+            folder,
+            repo,
+            private,
+            revision,
+            dry_run,
+            json,
+        }),
         Command::Text { name } => {
             let assets = sfx_formats::corpus::assets_dir();
             let text = sfx_formats::corpus::load_named_text(&assets, &name)

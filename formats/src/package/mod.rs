@@ -100,6 +100,9 @@ pub struct FolderInputs {
 pub struct FolderReport {
     pub files: usize,
     pub bytes: u64,
+    /// The files the manifest lists, as checked (name order), and the manifest itself.
+    pub checked: BTreeMap<String, FileEntry>,
+    pub manifest: FileEntry,
     /// Sections of `model.sfx` whose checksums were checked.
     pub sections: usize,
     /// Files in the folder the manifest does not list (not part of the model).
@@ -319,6 +322,7 @@ pub fn verify_folder(dir: &Path) -> Result<FolderReport, FormatError> {
         ));
     }
     let mut bytes = 0;
+    let mut checked = BTreeMap::new();
     for (name, want) in &manifest.files {
         if name.contains('/') || name.contains('\\') || name.starts_with('.') {
             return Err(FormatError::invalid(
@@ -344,6 +348,7 @@ pub fn verify_folder(dir: &Path) -> Result<FolderReport, FormatError> {
             ));
         }
         bytes += got.bytes;
+        checked.insert(name.clone(), got);
     }
     let sfx = SfxFile::open(dir.join(MODEL_FILE))?;
     let sections = sfx.verify()?.sections;
@@ -354,6 +359,11 @@ pub fn verify_folder(dir: &Path) -> Result<FolderReport, FormatError> {
     Ok(FolderReport {
         files: manifest.files.len(),
         bytes,
+        checked,
+        manifest: FileEntry {
+            bytes: text.len() as u64,
+            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
+        },
         sections,
         unlisted,
     })
