@@ -528,4 +528,55 @@ mod tests {
         assert_ne!(a, c3);
         assert!(a.iter().all(|v| v.is_finite()));
     }
+
+    /// A refiner whose budgets are all 0 does not enter the step (the model runs the base), one
+    /// with a budget does; their counters say which ran.
+    #[test]
+    fn a_refiner_that_selects_nothing_is_left_out_of_the_step() {
+        use crate::refine::{MlpMode, RefineSettings, Refiner};
+        let b = crate::CpuBackend::new();
+        let c = preset("tiny").unwrap();
+        let m = Model::synthetic(b, &c, DType::F32, 3, &ModelOptions::default()).unwrap();
+        let refiner = |k: [usize; 4]| {
+            let settings = RefineSettings {
+                k,
+                s: [0.0; 4],
+                mlp: MlpMode::Channels,
+                bundle_k: 0,
+            };
+            Refiner::new_in_backend(refinement_plan(&c), settings, &b, |src| {
+                Ok(std::borrow::Cow::Owned(refinement_columns(src, 5)))
+            })
+            .unwrap()
+        };
+        let steps = |r: &mut Refiner<crate::CpuBackend>| {
+            let mut cache = m.new_cache(8).unwrap();
+            let logits = m
+                .forward_refined(&[1, 5, 9], &mut cache, crate::LogitsMode::Last, r)
+                .unwrap()
+                .into_vec();
+            (r.counters().tokens, logits)
+        };
+        let mut none = refiner([0; 4]);
+        assert!(none.selects_nothing());
+        let base = {
+            let mut cache = m.new_cache(8).unwrap();
+            m.forward(&[1, 5, 9], &mut cache, crate::LogitsMode::Last)
+                .unwrap()
+                .into_vec()
+        };
+        assert_eq!(steps(&mut none), (0, base.clone()));
+        let mut one_set = refiner([0, 0, 0, 64]);
+        assert!(!one_set.selects_nothing());
+        let (tokens, refined) = steps(&mut one_set);
+        assert!(tokens > 0 && refined != base, "{tokens}");
+        // Bundles with a neuron budget refine even where every channel budget is 0.
+        let bundles = |bundle_k| RefineSettings {
+            k: [0; 4],
+            s: [0.0; 4],
+            mlp: MlpMode::Bundles,
+            bundle_k,
+        };
+        assert!(!bundles(12).selects_nothing() && bundles(0).selects_nothing());
+    }
 }

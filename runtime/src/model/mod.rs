@@ -399,6 +399,7 @@ impl<B: Backend> Model<B> {
             });
         }
 
+        let refiner = refiner.filter(|r| !r.selects_nothing());
         self.backend
             .run(|| self.forward_checked(tokens, cache, mode, head, observer, refiner))
     }

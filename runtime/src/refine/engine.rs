@@ -125,6 +125,13 @@ pub struct RefineSettings {
     pub bundle_k: usize,
 }
 
+impl RefineSettings {
+    /// Every set's budget 0 and no neuron bundles: nothing is ever selected.
+    pub fn selects_nothing(&self) -> bool {
+        self.k.iter().all(|&k| k == 0) && !(self.mlp == MlpMode::Bundles && self.bundle_k > 0)
+    }
+}
+
 /// Work done by the engine since the last reset.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct RefineCounters {
@@ -302,6 +309,14 @@ impl<B: Backend> Refiner<B> {
 
     pub fn settings(&self) -> &RefineSettings {
         &self.settings
+    }
+
+    /// Whether the settings select nothing anywhere: every set's budget 0 and no neuron
+    /// bundles. A step with such an engine is the resident base's, so the model runs it without
+    /// the engine: attached, it still cost a decode step on CUDA 6.8 % (SmolLM2, H100), which
+    /// made `sfx tune` report that even no refinement missed every budget.
+    pub fn selects_nothing(&self) -> bool {
+        self.settings.selects_nothing()
     }
 
     /// Work done since the last reset. In the backend every selected unit is applied (the
