@@ -14,7 +14,11 @@ are all it needs; scripts/golden/README.md):
     python3 -m venv /work/pyref && /work/pyref/bin/pip install gguf==0.19.0 numpy==2.4.6
     /work/pyref/bin/python scripts/golden/make_iq_fixtures.py
 Deterministic: the same versions give the same file.
+--check-ggml PATH/libggml-base.so also runs ggml's own C `dequantize_row_*` (a llama.cpp CPU
+build) on the same blocks and exits non-zero unless it equals gguf-py bit for bit.
 """
+import argparse
+import ctypes
 import json
 import os
 from importlib.metadata import version
@@ -46,7 +50,24 @@ def blocks_for(qtype, rng):
     return raw.reshape(-1), (n + 2) * block_size
 
 
+def check_ggml(lib_path, cases):
+    lib = ctypes.CDLL(lib_path)
+    for c in cases:
+        fn = getattr(lib, "dequantize_row_" + c["type"].lower())
+        blocks = np.frombuffer(bytes.fromhex(c["blocks_hex"]), dtype=np.uint8).copy()
+        want = np.frombuffer(bytes.fromhex(c["f32_le_hex"]), dtype="<f4")
+        out = np.zeros(c["n_values"], dtype=np.float32)
+        fn(blocks.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+           ctypes.c_int64(c["n_values"]))
+        if not np.array_equal(out.view(np.uint32), want.view(np.uint32)):
+            raise SystemExit(f"{c['type']}: ggml's dequantize_row differs from gguf-py")
+        print(f"{c['type']}: ggml C equals gguf-py on {c['n_values']} values")
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check-ggml", metavar="LIBGGML_BASE_SO")
+    args = ap.parse_args()
     rng = np.random.default_rng(SEED)
     cases = []
     for qtype in TYPES:
@@ -67,6 +88,8 @@ def main():
         "seed": SEED,
         "cases": cases,
     }
+    if args.check_ggml:
+        check_ggml(args.check_ggml, cases)
     tmp = OUT + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
