@@ -358,11 +358,11 @@ fn unknown_ggml_type_names_the_tensor() {
 #[test]
 fn known_but_undecodable_type_fails_on_dequantize_only() {
     let d = tempfile::tempdir().unwrap();
-    // IQ2_XXS (id 16): 66 bytes per 256 elements; the file is valid.
-    let g = GgufBuilder::new().tensor("iq", &[256], 16, vec![0u8; 66]);
+    // IQ1_S (id 19): 50 bytes per 256 elements; the file is valid.
+    let g = GgufBuilder::new().tensor("iq", &[256], 19, vec![0u8; 50]);
     let f = GgufFile::open(g.write(d.path(), "iq.gguf")).unwrap();
     let msg = f.dequantize("iq").unwrap_err().to_string();
-    assert_contains(&msg, &["tensor 'iq'", "IQ2_XXS", "not supported"]);
+    assert_contains(&msg, &["tensor 'iq'", "IQ1_S", "not supported"]);
     let msg = f.dequantize("nope").unwrap_err().to_string();
     assert_contains(&msg, &["'nope' not found"]);
 }

@@ -4,6 +4,8 @@
 
 #[path = "common/gguf_writer.rs"]
 mod gguf_writer;
+#[path = "common/iq_fixture.rs"]
+mod iq_fixture;
 
 use gguf_writer::{s, tiny_tokenizer, GgufBuilder, V};
 use serde_json::{json, Value};
@@ -51,6 +53,11 @@ struct Spec {
 
 /// A one-layer model; returns the builder and the HF-layout values of every tensor.
 fn model(spec: &Spec) -> (GgufBuilder, HfTensors) {
+    model_sized(spec, HIDDEN, FFN)
+}
+
+/// [`model`] with a chosen hidden and feed-forward width.
+fn model_sized(spec: &Spec, hidden: usize, ffn: usize) -> (GgufBuilder, HfTensors) {
     let a = spec.arch;
     let hd = spec.head_dim;
     let (q, kv) = (HEADS * hd, KV_HEADS * hd);
@@ -60,8 +67,8 @@ fn model(spec: &Spec) -> (GgufBuilder, HfTensors) {
         .kv("general.architecture", s(a))
         .kv(&format!("{a}.block_count"), V::U32(1))
         .kv(&format!("{a}.context_length"), V::U32(2048))
-        .kv(&format!("{a}.embedding_length"), V::U32(HIDDEN as u32))
-        .kv(&format!("{a}.feed_forward_length"), V::U32(FFN as u32))
+        .kv(&format!("{a}.embedding_length"), V::U32(hidden as u32))
+        .kv(&format!("{a}.feed_forward_length"), V::U32(ffn as u32))
         .kv(&format!("{a}.attention.head_count"), V::U32(HEADS as u32))
         .kv(
             &format!("{a}.attention.head_count_kv"),
@@ -72,7 +79,7 @@ fn model(spec: &Spec) -> (GgufBuilder, HfTensors) {
             &format!("{a}.attention.layer_norm_rms_epsilon"),
             V::F32(1e-6),
         );
-    if hd != HIDDEN / HEADS {
+    if hd != hidden / HEADS {
         g = g.kv(&format!("{a}.attention.key_length"), V::U32(hd as u32));
         g = g.kv(&format!("{a}.attention.value_length"), V::U32(hd as u32));
     }
@@ -80,64 +87,64 @@ fn model(spec: &Spec) -> (GgufBuilder, HfTensors) {
         (
             "token_embd.weight",
             "model.embed_tokens.weight".into(),
-            vec![VOCAB, HIDDEN],
+            vec![VOCAB, hidden],
         ),
         (
             "output_norm.weight",
             "model.norm.weight".into(),
-            vec![HIDDEN],
+            vec![hidden],
         ),
         (
             "blk.0.attn_norm.weight",
             "model.layers.0.input_layernorm.weight".into(),
-            vec![HIDDEN],
+            vec![hidden],
         ),
         (
             "blk.0.ffn_norm.weight",
             "model.layers.0.post_attention_layernorm.weight".into(),
-            vec![HIDDEN],
+            vec![hidden],
         ),
         (
             "blk.0.attn_q.weight",
             "model.layers.0.self_attn.q_proj.weight".into(),
-            vec![q, HIDDEN],
+            vec![q, hidden],
         ),
         (
             "blk.0.attn_k.weight",
             "model.layers.0.self_attn.k_proj.weight".into(),
-            vec![kv, HIDDEN],
+            vec![kv, hidden],
         ),
         (
             "blk.0.attn_v.weight",
             "model.layers.0.self_attn.v_proj.weight".into(),
-            vec![kv, HIDDEN],
+            vec![kv, hidden],
         ),
         (
             "blk.0.attn_output.weight",
             "model.layers.0.self_attn.o_proj.weight".into(),
-            vec![HIDDEN, q],
+            vec![hidden, q],
         ),
         (
             "blk.0.ffn_gate.weight",
             "model.layers.0.mlp.gate_proj.weight".into(),
-            vec![FFN, HIDDEN],
+            vec![ffn, hidden],
         ),
         (
             "blk.0.ffn_up.weight",
             "model.layers.0.mlp.up_proj.weight".into(),
-            vec![FFN, HIDDEN],
+            vec![ffn, hidden],
         ),
         (
             "blk.0.ffn_down.weight",
             "model.layers.0.mlp.down_proj.weight".into(),
-            vec![HIDDEN, FFN],
+            vec![hidden, ffn],
         ),
     ];
     if spec.lm_head {
         t.push((
             "output.weight",
             "lm_head.weight".into(),
-            vec![VOCAB, HIDDEN],
+            vec![VOCAB, hidden],
         ));
     }
     if spec.biases {
@@ -440,6 +447,96 @@ fn small_model_writes_a_loadable_folder() {
         serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg, m.hf_config);
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 5);
+}
+
+/// A model whose weights are i-quants (the blocks of `tests/fixtures/iq_dequant_reference.json`,
+/// repeated to fill each matrix) imports to exactly gguf-py's values, the permuted Q rows
+/// included; before IQ4_NL had a decoder one such tensor made the whole file fail. A type
+/// still without a decoder fails the import, naming the tensor and the type.
+#[test]
+fn iq_quantized_weights_import_to_gguf_py_values() {
+    const WIDE: usize = 256; // a whole IQ super-block per row
+    let spec = Spec {
+        arch: "llama",
+        head_dim: WIDE / HEADS,
+        biases: false,
+        qk_norm: false,
+        lm_head: true,
+    };
+    let (mut g, _) = model_sized(&spec, WIDE, WIDE);
+    let cases = iq_fixture::cases();
+    let case = |name: &str| cases.iter().find(|c| c.ty.name() == name).unwrap();
+    let plan = [
+        (
+            "blk.0.attn_q.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "IQ4_NL",
+        ),
+        (
+            "blk.0.attn_v.weight",
+            "model.layers.0.self_attn.v_proj.weight",
+            "IQ4_NL",
+        ),
+        (
+            "blk.0.attn_output.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "IQ4_XS",
+        ),
+        (
+            "blk.0.ffn_gate.weight",
+            "model.layers.0.mlp.gate_proj.weight",
+            "IQ2_XXS",
+        ),
+        (
+            "blk.0.ffn_up.weight",
+            "model.layers.0.mlp.up_proj.weight",
+            "IQ2_XS",
+        ),
+        (
+            "blk.0.ffn_down.weight",
+            "model.layers.0.mlp.down_proj.weight",
+            "IQ2_S",
+        ),
+        ("token_embd.weight", "model.embed_tokens.weight", "IQ3_XXS"),
+        ("output.weight", "lm_head.weight", "IQ3_S"),
+    ];
+    let mut want = Vec::new();
+    for (gguf_name, hf_name, ty) in plan {
+        let c = case(ty);
+        let t = g.tensors.iter_mut().find(|t| t.name == gguf_name).unwrap();
+        let n = (t.dims[0] * t.dims[1]) as usize;
+        let reps = n.div_ceil(c.n);
+        let n_bytes = n / c.ty.block_size() * c.ty.type_size();
+        t.ty = c.ty.id();
+        t.data = c.blocks.repeat(reps)[..n_bytes].to_vec();
+        let mut values = c.want.repeat(reps);
+        values.truncate(n);
+        want.push((gguf_name, hf_name, values, t.dims[1] as usize));
+    }
+    let m = import(&g).unwrap();
+    for (gguf_name, hf_name, gguf_order, rows) in want {
+        let got = m.tensors.tensor(hf_name).unwrap().to_f32_vec();
+        // Q rows come back un-permuted: permuting them again gives the file's order.
+        let got = if gguf_name.contains("attn_q") {
+            permute(&got, rows, WIDE, HEADS)
+        } else {
+            got
+        };
+        iq_fixture::assert_bits(gguf_name, &got, &gguf_order);
+    }
+
+    // IQ1_S (id 19, 50 bytes per 256 weights) has no decoder yet.
+    let t = g
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_up.weight")
+        .unwrap();
+    t.ty = 19;
+    t.data = vec![0u8; WIDE * WIDE / 256 * 50];
+    let err = import(&g).unwrap_err();
+    for part in ["blk.0.ffn_up.weight", "IQ1_S", "not supported", "IQ4_NL"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
 }
 
 /// Writes this file's one-layer Llama model (tokenizer included) as the seed of the

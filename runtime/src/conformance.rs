@@ -952,8 +952,13 @@ pub fn cases() -> Vec<Case> {
     // GGUF weights in their blocks, every type the CPU runs in blocks: decode (one and two
     // tokens, bias, accumulation) and a prefill of 9 tokens; legacy blocks on SmolLM2's
     // widths, K-quants on multiples of 256. Backends without block kernels (CUDA) run the
-    // dequantized float path.
-    for ty in crate::resident::gguf_blocks::BLOCK_TYPES {
+    // dequantized float path, as every backend does for the 4-bit i-quants (no block kernels
+    // read them yet): those cases check that fallback.
+    let iq4 = [GgmlType::IQ4NL, GgmlType::IQ4XS];
+    for ty in crate::resident::gguf_blocks::BLOCK_TYPES
+        .into_iter()
+        .chain(iq4)
+    {
         let k = ty.block_size() == 256;
         let wide = if k { 1024 } else { 1536 };
         let narrow = if k { 512 } else { 576 };
@@ -2005,7 +2010,8 @@ fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> 
     let (levels, sub) = match ty {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => (16.0, 1.0),
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => (32.0, 1.0),
-        GgmlType::Q8_0 => (256.0, 1.0),
+        GgmlType::Q8_0 | GgmlType::IQ4NL => (256.0, 1.0),
+        GgmlType::IQ4XS => (256.0, 32.0),
         GgmlType::Q2K => (4.0, 8.0),
         GgmlType::Q3K => (8.0, 32.0),
         _ => (64.0, 128.0),

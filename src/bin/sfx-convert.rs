@@ -185,7 +185,8 @@ enum Command {
     /// Import a llama.cpp GGUF model into a Hugging Face folder.
     ///
     /// Writes config.json, model.safetensors (BF16, dequantized from any of F32, F16, BF16,
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), tokenizer.json (rebuilt from the GGUF's
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S,
+    /// IQ3_XXS, IQ3_S; a file with any other type is refused, naming the tensor), tokenizer.json (rebuilt from the GGUF's
     /// embedded BPE vocabulary, merges and pre-tokenizer), tokenizer_config.json (with the chat
     /// template) and generation_config.json. llama.cpp's Q/K row permutation is undone, so the
     /// folder loads in transformers and in sfx-run alike. Architectures: llama, mistral, qwen2,

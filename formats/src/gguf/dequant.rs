@@ -1,13 +1,13 @@
 //! ggml tensor types and their dequantization to f32.
 //!
 //! Block layouts follow ggml's `ggml-common.h` (the block structs, one per type, each
-//! documented below). Each formula is evaluated in f32 in the same order
+//! documented below; the i-quants' in [`super::iq`]). Each formula is evaluated in f32 in the same order
 //! as ggml's reference `dequantize_row_*` and the Python `gguf` package: the scale products
 //! (f16 scale × small integer) are exact in f32, so the only rounding is the final
 //! multiply/add, and results are bit-identical to both. No fused multiply-add is used (Rust
 //! never contracts `a * b + c`).
 
-use super::GgufError;
+use super::{iq, GgufError};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -53,8 +53,8 @@ pub enum GgmlType {
 }
 
 /// The types [`dequantize`] supports, for error messages.
-pub const DEQUANTIZABLE: &str =
-    "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+pub const DEQUANTIZABLE: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, \
+     Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S";
 
 impl GgmlType {
     /// The type with GGUF id `id`, or `None` for ids ggml does not define (or has retired).
@@ -224,7 +224,25 @@ impl GgmlType {
         use GgmlType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q2K
+                | Q3K
+                | Q4K
+                | Q5K
+                | Q6K
+                | IQ4NL
+                | IQ4XS
+                | IQ2XXS
+                | IQ2XS
+                | IQ2S
+                | IQ3XXS
+                | IQ3S
         )
     }
 
@@ -299,6 +317,13 @@ pub fn dequantize(
         GgmlType::Q4K => block_q4_k,
         GgmlType::Q5K => block_q5_k,
         GgmlType::Q6K => block_q6_k,
+        GgmlType::IQ4NL => iq::block_iq4_nl,
+        GgmlType::IQ4XS => iq::block_iq4_xs,
+        GgmlType::IQ2XXS => iq::block_iq2_xxs,
+        GgmlType::IQ2XS => iq::block_iq2_xs,
+        GgmlType::IQ2S => iq::block_iq2_s,
+        GgmlType::IQ3XXS => iq::block_iq3_xxs,
+        GgmlType::IQ3S => iq::block_iq3_s,
         _ => unreachable!("checked by can_dequantize"),
     };
     // Plain types decode a whole run at once; block types one block at a time.
@@ -853,7 +878,13 @@ mod tests {
     #[test]
     fn parallel_path_matches_sequential() {
         let n_blocks = (PARALLEL_MIN_ELEMENTS * 2) / 256 + 3;
-        for ty in [GgmlType::Q4_1, GgmlType::Q6K, GgmlType::F16] {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::IQ4NL,
+            GgmlType::IQ2S,
+        ] {
             let n = n_blocks * 256;
             let mut b = bytes(ty.bytes_for(n as u64).unwrap() as usize, 9);
             if ty == GgmlType::F16 {
@@ -882,7 +913,7 @@ mod tests {
         assert!(e.to_string().contains("need 20 bytes"), "{e}");
         let e = dequantize_to_vec(GgmlType::Q4_1, &[0u8; 20], 31).unwrap_err();
         assert!(e.to_string().contains("whole number"), "{e}");
-        let e = dequantize_to_vec(GgmlType::IQ2XXS, &[0u8; 66], 256).unwrap_err();
-        assert!(e.to_string().contains("IQ2_XXS"), "{e}");
+        let e = dequantize_to_vec(GgmlType::IQ1S, &[0u8; 50], 256).unwrap_err();
+        assert!(e.to_string().contains("IQ1_S is not supported"), "{e}");
     }
 }

@@ -12,6 +12,8 @@
 mod dequant;
 mod error;
 mod import;
+mod iq;
+mod iq_grids;
 mod reader;
 mod tokenizer;
 

@@ -13,7 +13,7 @@
 //! - Prefill: panels of rows dequantized into faer's f32 GEMM, as the group codes do.
 //! - A tied embedding gathers its rows from the same blocks.
 //!
-//! Other GGUF types (F16, BF16, F32) are dequantized at load.
+//! Other GGUF types (F16, BF16, F32, the i-quants IQ4_NL … IQ3_S) are dequantized at load.
 
 use crate::backend::cpu::gemm::matmul_t_panels;
 use crate::backend::cpu::math::dot;
@@ -649,6 +649,24 @@ pub(crate) mod tests {
                 w.dequantize_row(r, &mut row);
                 assert_eq!(row, want[r * cols..(r + 1) * cols], "{ty} row {r}");
             }
+        }
+    }
+
+    /// The i-quants have no block kernels: `runs_in_blocks` leaves them to the importer, which
+    /// dequantizes them to f32, and one handed to the CPU's block path anyway is declined
+    /// (the factory then builds a float linear; the conformance suite's IQ4 cases run that).
+    #[test]
+    fn i_quants_are_declined_by_the_block_kernels() {
+        use GgmlType::*;
+        for ty in [IQ4NL, IQ4XS, IQ2XXS, IQ2XS, IQ2S, IQ3XXS, IQ3S] {
+            assert!(!runs_in_blocks(ty), "{ty}");
+            let t = BlockTensor {
+                ty,
+                rows: 2,
+                cols: QK_K,
+                bytes: vec![0; 2 * QK_K / ty.block_size() * ty.type_size()],
+            };
+            assert!(GgufWeight::from_gguf(&t).unwrap().is_none(), "{ty}");
         }
     }
 
