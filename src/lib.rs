@@ -7,5 +7,6 @@ pub mod device;
 pub mod heldout;
 pub mod model_open;
 pub mod quality;
+pub mod resume;
 pub mod test_backend;
 pub mod tune;
