@@ -8,5 +8,6 @@ pub mod heldout;
 pub mod model_open;
 pub mod publish;
 pub mod quality;
+pub mod resume;
 pub mod test_backend;
 pub mod tune;

@@ -808,6 +808,9 @@ fn killed_conversion_leaves_the_output_path_untouched() {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("model.sfx");
     std::fs::write(&out, b"previous contents").unwrap();
+    // The partial state an earlier run of this test left (tests/resume.rs continues it).
+    let state = dir.join(".model.sfx.resume");
+    let _ = std::fs::remove_dir_all(&state);
     let g = gguf();
     let mut child = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
         .args([
@@ -831,16 +834,11 @@ fn killed_conversion_leaves_the_output_path_untouched() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Kill once the temporary file exists and has sections in it.
+    // Kill once the partial container exists and has sections in it.
     let started = std::time::Instant::now();
     loop {
-        let tmp_bytes: u64 = std::fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-            .sum();
-        if tmp_bytes > 1 << 20 {
+        let part_bytes = std::fs::metadata(state.join("model.sfx.part")).map_or(0, |m| m.len());
+        if part_bytes > 1 << 20 {
             break;
         }
         assert!(
@@ -849,13 +847,14 @@ fn killed_conversion_leaves_the_output_path_untouched() {
         );
         assert!(
             started.elapsed().as_secs() < 120,
-            "no temporary file appeared"
+            "no partial container appeared"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), b"previous contents");
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// `--k-ladder` fits every rung in one calibration pass: each rung's columns and bundles are

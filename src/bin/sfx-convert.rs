@@ -4,7 +4,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sfx_calibration::convert::{
-    convert, ConvertOptions, ConvertReport, HeadFormat, LayerReport, MlpScheme, QuantSpec,
+    convert, ConvertError, ConvertOptions, ConvertReport, ConvertState, HeadFormat, Hooks,
+    LayerReport, MlpScheme, QuantSpec,
 };
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
@@ -20,6 +21,7 @@ use std::time::Instant;
 use strataflux::bench::{parse_list, per_set};
 use strataflux::device::DeviceChoice;
 use strataflux::quality::{self, QualityText};
+use strataflux::resume::{self, PartialDir};
 use tokenizers::Tokenizer;
 
 #[derive(Parser)]
@@ -42,6 +44,9 @@ use tokenizers::Tokenizer;
         with every file's SHA-256: `sfx verify out/` checks it) or, for a path ending in .sfx, \
         the container alone; either appears only when complete. The layouts are in \
         docs/format.md.\n\n\
+        Every finished block is checkpointed beside the output (.NAME.resume/); an interrupted \
+        conversion (killed, power lost) continues with --resume and ends byte-identical to an \
+        uninterrupted one.\n\n\
         `sfx-convert import-gguf model.gguf -o dir/` imports a llama.cpp GGUF into a Hugging \
         Face folder instead.",
     args_conflicts_with_subcommands = true,
@@ -175,6 +180,17 @@ struct ConvertArgs {
     /// Where the quality receipt is measured: cpu, cuda, cuda:N or auto.
     #[arg(long, default_value = "auto")]
     quality_device: DeviceChoice,
+    /// Continue an interrupted conversion to the same -o from its last finished block.
+    /// After every block the converter fsyncs the partial container and records a
+    /// checkpoint in .NAME.resume/ beside the output; a resumed run must be given the same
+    /// model, calibration text and options (it is refused, naming each difference, e.g.
+    /// "--k: checkpoint 16,16,16,16, now 32,32,32,32"), runs the finished blocks again to
+    /// rebuild the residual streams, and writes a file byte-identical to an uninterrupted
+    /// run's. Without --resume, a conversion refuses to start over such a checkpoint: remove
+    /// the .NAME.resume folder to discard it. Options used only after the container is
+    /// written (--license, --base-model, --quality*) are this run's.
+    #[arg(long)]
+    resume: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -366,7 +382,7 @@ fn layer_line(r: &LayerReport, layers: usize) -> String {
 
 fn run_convert(a: ConvertArgs) -> Result<()> {
     let t0 = Instant::now();
-    let (Some(spec), Some(output)) = (a.model, a.output) else {
+    let (Some(spec), Some(output)) = (a.model.clone(), a.output.clone()) else {
         bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <out/ | model.sfx>");
     };
     let mut quant = match (&a.quant, &a.base) {
@@ -434,6 +450,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         head: HeadFormat::parse(&a.head)?,
         base: a.base.clone(),
     };
+    options.validate()?;
     // Checked before the conversion's work: a bad --quality must not end an hour's run.
     let quality = match (a.quality.as_deref(), is_folder_output(&output)) {
         (Some("none"), _) => None,
@@ -463,6 +480,39 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             a.heldout
         );
     }
+    let abort_after = abort_after_block()?;
+    let folder = is_folder_output(&output);
+    if folder {
+        if output.exists() && !output.is_dir() {
+            bail!(
+                "{}: exists and is not a folder (a single file needs a path ending in .sfx)",
+                output.display()
+            );
+        }
+        package::check_destination(&output)?;
+    }
+    // Before the slow part (hashing the model, tokenizing): whether there is something to
+    // resume, or something a fresh start would clobber.
+    let partial = PartialDir::open(&output)?;
+    let recorded = partial.checkpoint()?;
+    match (&recorded, a.resume) {
+        (Some(cp), false) => bail!(
+            "{}: an interrupted conversion to this output finished {} of {} blocks ({}); pass \
+             --resume to continue it, or remove {} to start over",
+            output.display(),
+            cp.converter.blocks_done,
+            cp.blocks,
+            partial.checkpoint_path().display(),
+            partial.dir.display()
+        ),
+        (None, true) => bail!(
+            "--resume: there is no interrupted conversion to {} to continue (no {})",
+            output.display(),
+            partial.checkpoint_path().display()
+        ),
+        (None, false) => partial.clear()?,
+        (Some(_), true) => {}
+    }
     let ckpt = Checkpoint::open(&spec).with_context(|| format!("opening model {spec}"))?;
     let tok_json = ckpt.tokenizer_json.as_deref().ok_or_else(|| {
         anyhow!("{spec}: no tokenizer.json (needed to tokenize calibration text)")
@@ -483,12 +533,15 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         token_windows(&tokenizer, &text, a.heldout_seqs, a.calib_len)
             .with_context(|| format!("--heldout {}", a.heldout))?
     };
-    let mut calib_hash = Sha256::new();
-    for w in &calib {
-        for t in w {
-            calib_hash.update(t.to_le_bytes());
+    let tokens_sha256 = |windows: &[Vec<u32>]| {
+        let mut h = Sha256::new();
+        for w in windows {
+            for t in w {
+                h.update(t.to_le_bytes());
+            }
         }
-    }
+        format!("{:x}", h.finalize())
+    };
 
     let origin_dir = if Path::new(&spec).exists() {
         None
@@ -505,9 +558,23 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         source_id,
         source_revision,
         source_files_sha256: source_hashes(&spec, origin_dir.as_deref())?,
-        calibration_text_sha256: Some(format!("{:x}", calib_hash.finalize())),
+        calibration_text_sha256: Some(tokens_sha256(&calib)),
         seed: None,
     };
+    let fingerprint = fingerprint(&a, &spec, &options, &provenance, &tokens_sha256(&heldout))?;
+    if let Some(cp) = &recorded {
+        let diff = resume::differences(&cp.fingerprint, &fingerprint, FINGERPRINT_CATCH_ALL);
+        if !diff.is_empty() {
+            bail!(
+                "--resume: the interrupted conversion in {} was made with other inputs or \
+                 options:\n  {}\nrerun it with what it was made with, or remove {} to start \
+                 over",
+                partial.dir.display(),
+                diff.join("\n  "),
+                partial.dir.display()
+            );
+        }
+    }
 
     let layers = ckpt.config.num_hidden_layers;
     let tty = std::io::stderr().is_terminal() && !a.json;
@@ -522,17 +589,60 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         b.set_message(format!("{} {}", quant_name(&options), spec));
         b
     });
-    // A folder is built beside its destination and moved there whole.
-    let staging = if is_folder_output(&output) {
-        Some(Staging::create(&output)?)
+    // A folder is assembled in the partial-state folder and moved to its destination whole.
+    let staging = partial.folder_path();
+    let sfx_path = if folder {
+        staging.join(package::MODEL_FILE)
     } else {
-        None
+        output.clone()
     };
-    let sfx_path = staging
-        .as_ref()
-        .map_or_else(|| output.clone(), |s| s.dir.join(package::MODEL_FILE));
-    let mut writer =
-        SfxWriter::create(&sfx_path).with_context(|| format!("creating {}", output.display()))?;
+    let part = partial.part_path();
+    let mut writer = match &recorded {
+        None => {
+            if folder {
+                std::fs::create_dir_all(&staging)
+                    .with_context(|| format!("creating {}", staging.display()))?;
+            }
+            SfxWriter::create_resumable(&sfx_path, &part)
+                .with_context(|| format!("creating {}", part.display()))?
+        }
+        Some(cp) => {
+            if folder && !part.exists() && sfx_path.exists() {
+                // Killed after the container was finished but before the folder was: it
+                // begins with the checkpoint's bytes, so it resumes like the partial file.
+                std::fs::rename(&sfx_path, &part)
+                    .with_context(|| format!("moving {} back", sfx_path.display()))?;
+            }
+            if folder {
+                // Folder files of a run killed while writing them are written again.
+                let _ = std::fs::remove_dir_all(&staging);
+                std::fs::create_dir_all(&staging)
+                    .with_context(|| format!("creating {}", staging.display()))?;
+            }
+            if !part.exists() {
+                bail!(
+                    "--resume: {} is missing: the interrupted conversion got as far as moving \
+                     its container to {}; check that, and remove {} to start over",
+                    part.display(),
+                    output.display(),
+                    partial.dir.display()
+                );
+            }
+            let done = cp.converter.blocks_done;
+            eprintln!(
+                "resuming {} after block {done}/{} ({}); blocks 1-{done} run again to rebuild \
+                 the residual streams",
+                output.display(),
+                cp.blocks,
+                partial.checkpoint_path().display()
+            );
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+            SfxWriter::resume(&sfx_path, &part, &cp.writer)
+                .with_context(|| format!("--resume: {}", part.display()))?
+        }
+    };
     let mut on_layer = |r: &LayerReport, n: usize| {
         let line = layer_line(r, n);
         match &bar {
@@ -550,6 +660,19 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => eprintln!("{line}"),
         }
     };
+    let mut on_checkpoint = |w: &mut SfxWriter, state: &ConvertState| {
+        let cp =
+            resume::Checkpoint::new(fingerprint.clone(), layers, w.checkpoint()?, state.clone());
+        partial
+            .record(&cp)
+            .map_err(|e| ConvertError::Checkpoint(format!("{e:#}")))?;
+        if abort_after == Some(state.blocks_done) {
+            // Test hook: dies like a kill -9 would, right after a durable checkpoint.
+            std::process::abort();
+        }
+        Ok(())
+    };
+    let resumed = recorded.as_ref().map(|cp| cp.converter.blocks_done);
     let report = convert(
         &ckpt.config,
         &*ckpt.tensors,
@@ -557,10 +680,21 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         &heldout,
         &options,
         &mut writer,
-        &mut on_layer,
-        &mut on_sketch,
+        recorded.as_ref().map(|cp| &cp.converter),
+        Hooks {
+            on_layer: &mut on_layer,
+            on_sketch: &mut on_sketch,
+            on_checkpoint: &mut on_checkpoint,
+        },
     )
-    .with_context(|| format!("converting {spec}"))?;
+    .with_context(|| format!("converting {spec}"))
+    .map_err(|e| match partial.checkpoint_path().exists() {
+        true => e.context(format!(
+            "the finished blocks are kept in {}: fix the cause and rerun with --resume",
+            partial.dir.display()
+        )),
+        false => e,
+    })?;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -586,7 +720,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         .finish(&metadata)
         .with_context(|| format!("writing {}", output.display()))?;
     let file_bytes = std::fs::metadata(&sfx_path).map(|m| m.len()).unwrap_or(0);
-    if let Some(staging) = staging {
+    if folder {
         let (license, base_model) = source_card_fields(&spec, origin_dir.as_deref());
         let quality = match &quality {
             Some(text) => {
@@ -604,62 +738,120 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => None,
         };
         let inputs = package::FolderInputs {
-            command_line: std::env::args().collect(),
+            // --resume changes how the output was reached, not what it is.
+            command_line: std::env::args().filter(|a| a != "--resume").collect(),
             git_revision: option_env!("SFX_GIT_REVISION").map(str::to_string),
             generation_config: ckpt.generation_config.clone(),
             license: a.license.clone().or(license),
             base_model: a.base_model.clone().or(base_model),
             quality,
         };
-        package::write_folder_files(&staging.dir, &inputs)
+        package::write_folder_files(&staging, &inputs)
             .with_context(|| format!("writing the folder files of {}", output.display()))?;
-        staging.publish(&output)?;
+        package::publish_staged(&staging, &output)
+            .with_context(|| format!("moving the finished folder to {}", output.display()))?;
     }
+    partial.finish()?;
     let seconds = t0.elapsed().as_secs_f64();
     print_report(
-        &a.heldout, &options, &report, &output, seconds, file_bytes, a.json,
+        &a.heldout, &options, &report, &output, seconds, file_bytes, resumed, a.json,
     )
+}
+
+/// `SFX_CONVERT_ABORT_AFTER_BLOCK=N`, a test hook: abort (as a kill -9 would end the process)
+/// right after the checkpoint of the N-th block is recorded.
+fn abort_after_block() -> Result<Option<usize>> {
+    match std::env::var("SFX_CONVERT_ABORT_AFTER_BLOCK") {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| anyhow!("SFX_CONVERT_ABORT_AFTER_BLOCK={v:?}: expected a block count")),
+    }
+}
+
+/// The fingerprint field holding every conversion option at once: it catches an option no
+/// named field covers.
+const FINGERPRINT_CATCH_ALL: &str = "conversion options";
+
+/// What decides the container's bytes, keyed by what a user changes: the tool build, the
+/// model (as named: the name is in the file's provenance) and its files' hashes, each
+/// option that reaches the file, and the calibration and held-out tokens.
+fn fingerprint(
+    a: &ConvertArgs,
+    spec: &str,
+    o: &ConvertOptions,
+    provenance: &Provenance,
+    heldout_sha256: &str,
+) -> Result<BTreeMap<String, String>> {
+    let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut f = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        f.insert(k.to_string(), v);
+    };
+    put(
+        "sfx-convert",
+        format!(
+            "{} ({})",
+            env!("CARGO_PKG_VERSION"),
+            option_env!("SFX_GIT_REVISION").unwrap_or("no revision")
+        ),
+    );
+    put("model", spec.to_string());
+    put(
+        "model files",
+        provenance
+            .source_files_sha256
+            .iter()
+            .map(|(n, h)| format!("{n} {h}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    put(
+        "--quant",
+        format!("{}{}", o.quant.method_name(), o.quant.bits),
+    );
+    put(
+        "--awq-grid",
+        format!("{},{}", o.quant.awq_alpha_steps, o.quant.awq_clip_steps),
+    );
+    put("--trellis-code", format!("{:?}", o.quant.trellis_code));
+    put(
+        "--base",
+        match &o.base {
+            None => "none".into(),
+            Some(p) => format!("{} {}", p.display(), sha256_file(p)?),
+        },
+    );
+    put("--fit", o.fit.to_string());
+    put("--k", join(&o.k));
+    put("--k-ladder", join(&o.k_ladder));
+    put("--lambda", o.fit_spec.lambda.describe().to_string());
+    put("--fit-prior", o.fit_spec.prior.as_str().into());
+    put("--mlp", o.mlp.as_str().into());
+    put("--refine-tier", o.refine_tier.as_str().into());
+    put("--yaqa-seqs", o.yaqa_sequences.to_string());
+    put("--head", o.head.name());
+    put("--calib", a.calib.clone());
+    put("--calib-seqs", a.calib_seqs.to_string());
+    put("--calib-len", a.calib_len.to_string());
+    put(
+        "calibration tokens",
+        provenance
+            .calibration_text_sha256
+            .clone()
+            .unwrap_or_default(),
+    );
+    put("--heldout", a.heldout.clone());
+    put("--heldout-seqs", a.heldout_seqs.to_string());
+    put("held-out tokens", heldout_sha256.to_string());
+    put(FINGERPRINT_CATCH_ALL, format!("{o:?}"));
+    Ok(f)
 }
 
 /// `-o` names a folder unless it ends in `.sfx`.
 fn is_folder_output(output: &Path) -> bool {
     output.extension().is_none_or(|e| e != "sfx")
-}
-
-/// An output folder being built; removed unless published.
-struct Staging {
-    dir: PathBuf,
-}
-
-impl Staging {
-    fn create(output: &Path) -> Result<Self> {
-        if output.exists() && !output.is_dir() {
-            bail!(
-                "{}: exists and is not a folder (a single file needs a path ending in .sfx)",
-                output.display()
-            );
-        }
-        package::check_destination(output)?;
-        let dir = package::staging_dir(output)?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)
-                .with_context(|| format!("removing a stale {}", dir.display()))?;
-        }
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self { dir })
-    }
-
-    fn publish(self, output: &Path) -> Result<()> {
-        package::publish_staged(&self.dir, output)
-            .with_context(|| format!("moving the finished folder to {}", output.display()))
-        // Drop then finds nothing left to remove.
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// The card's license and base model as the source states them: a Hugging Face folder's
@@ -769,6 +961,7 @@ fn totals(report: &ConvertReport) -> Vec<(String, usize, f64, f64, f64)> {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)] // the report's parts, as run_convert holds them
 fn print_report(
     heldout: &str,
     o: &ConvertOptions,
@@ -776,6 +969,7 @@ fn print_report(
     output: &Path,
     seconds: f64,
     file_bytes: u64,
+    resumed: Option<usize>,
     json: bool,
 ) -> Result<()> {
     let rss = peak_rss_bytes();
@@ -785,6 +979,9 @@ fn print_report(
             "output": output.display().to_string(),
             "quant": quant_name(o),
             "seconds": seconds,
+            "resumed_after_blocks": resumed,
+            "checkpoint_seconds": r.checkpoint_seconds,
+            "replay_seconds": r.replay_seconds,
             "peak_rss_bytes": rss,
             "file_bytes": file_bytes,
             "bytes_by_tier": r.bytes_by_tier,
@@ -805,6 +1002,13 @@ fn print_report(
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    if let Some(done) = resumed {
+        println!(
+            "resumed after block {done} (running blocks 1-{done} again took {:.1} s); the time \
+             below is this run's",
+            r.replay_seconds
+        );
+    }
     println!(
         "wrote {} ({:.1} MiB) in {:.1} s, peak RSS {}",
         output.display(),
@@ -814,6 +1018,10 @@ fn print_report(
             "{:.0} MiB",
             b as f64 / (1 << 20) as f64
         ))
+    );
+    println!(
+        "  checkpoints after each block: {:.2} s in all",
+        r.checkpoint_seconds
     );
     for (tier, bytes) in &r.bytes_by_tier {
         println!("  {tier:<8} {:>10.2} MiB", *bytes as f64 / (1 << 20) as f64);

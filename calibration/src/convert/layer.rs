@@ -23,7 +23,7 @@ use std::time::Instant;
 /// after adding the 4-bit plain residual R / fitted C on the top-k channels of x.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct SetReport {
-    pub set: &'static str,
+    pub set: String,
     pub k: usize,
     pub signal: f64,
     pub base: f64,
@@ -377,7 +377,7 @@ impl LayerContext<'_> {
                 Vec::new()
             };
             let mut rep = SetReport {
-                set: set.name(),
+                set: set.name().to_string(),
                 k,
                 ..Default::default()
             };
@@ -511,6 +511,27 @@ impl LayerContext<'_> {
             seconds: t0.elapsed().as_secs_f64(),
         };
         Ok((report, code_bits, weights))
+    }
+
+    /// Advances the streams through float block `l` without converting it: how a resumed
+    /// conversion rebuilds the streams of the blocks its checkpoint says are done.
+    pub(super) fn replay(
+        &self,
+        l: usize,
+        calib_h: &mut [Vec<f32>],
+        held_h: &mut [Vec<f32>],
+    ) -> Result<(), ConvertError> {
+        let factory = FloatLinearFactory {
+            precision: WeightPrecision::F32,
+        };
+        let block = self.runner.load_layer(self.tensors, &factory, l)?;
+        for h in calib_h.iter_mut().chain(held_h.iter_mut()) {
+            // An observer, even one that ignores what it sees, keeps the norm and the
+            // projections unfused: the arithmetic of `process`'s pass, bit for bit.
+            let mut ignore = |_l: usize, _s: ProjectionSet, _x: &[f32], _rows: usize| {};
+            self.runner.forward_layer(&block, l, h, Some(&mut ignore))?;
+        }
+        Ok(())
     }
 
     /// `E[x xᵀ]` and `E|x|` per projection set over the calibration sequences (the streams

@@ -15,6 +15,7 @@
 //!    bundles, and the block's sections are streamed to the writer.
 
 mod layer;
+mod state;
 
 use crate::quant::{Awq, QuantError, ResidentQuantizer, Rtn};
 use crate::refine::RefineError;
@@ -26,6 +27,7 @@ use sfx_runtime::{CpuBackend, LayerwiseRunner, ProjectionSet, RuntimeError};
 use std::collections::BTreeMap;
 
 pub use layer::{LayerReport, SetReport};
+pub use state::{streams_sha256, ConvertState, LayerRecord};
 
 /// Errors of a conversion; each names the tensor, option or stage at fault.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,9 @@ pub enum ConvertError {
         #[source]
         source: RefineError,
     },
+    /// Recording a block's checkpoint failed, or a checkpoint cannot be continued.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// Resident quantization methods.
@@ -271,7 +276,9 @@ impl ConvertOptions {
         (!self.k_ladder.is_empty()).then_some(k)
     }
 
-    fn validate(&self) -> Result<(), ConvertError> {
+    /// Checks the options against each other (also done by [`convert`]); a caller calls it
+    /// first to refuse bad options before any work.
+    pub fn validate(&self) -> Result<(), ConvertError> {
         if self.quant.awq_alpha_steps == 0 {
             return Err(ConvertError::Options(
                 "--awq-grid: at least one α value".into(),
@@ -346,6 +353,11 @@ pub struct ConvertReport {
     pub heldout_tokens: u64,
     /// Bytes of the output head and embedding tables (one table when tied).
     pub head_bytes: u64,
+    /// Time spent recording checkpoints (hashing the streams, the writer's fsync, the
+    /// `on_checkpoint` hook), this run.
+    pub checkpoint_seconds: f64,
+    /// Time a resumed run spent running the finished blocks again.
+    pub replay_seconds: f64,
 }
 
 /// Section accounting shared by the pipeline's writers.
@@ -491,10 +503,27 @@ impl Sink<'_> {
     }
 }
 
+/// Progress hooks of [`convert`].
+pub struct Hooks<'h> {
+    /// After every block, once its checkpoint is recorded: its report and the block count.
+    pub on_layer: &'h mut dyn FnMut(&LayerReport, usize),
+    /// YAQA's Hessian sketch: sequences done, total.
+    pub on_sketch: &'h mut dyn FnMut(usize, usize),
+    /// After every block's sections are written: make them durable and record `state`
+    /// (the writer's own checkpoint comes from [`SfxWriter::checkpoint`]), so a later run can
+    /// resume from here. An error ends the conversion.
+    pub on_checkpoint: &'h mut dyn FnMut(&mut SfxWriter, &ConvertState) -> Result<(), ConvertError>,
+}
+
 /// Converts the float model in `tensors` into sections of `writer` (the caller writes the
 /// metadata and finishes the file). `calib` and `heldout` are token sequences (each run from
-/// position 0); `on_layer(report, layers)` is called after every block.
-#[allow(clippy::too_many_arguments)] // inputs, options, output and two progress hooks
+/// position 0).
+///
+/// With `resume`, the state a checkpoint recorded, `writer` holds the sections of its
+/// finished blocks ([`SfxWriter::resume`]) and the conversion goes on after them; the inputs
+/// and options must be those of the interrupted run (the caller checks; the replayed residual
+/// streams are checked against the state's hash here).
+#[allow(clippy::too_many_arguments)] // inputs, options, output, resume point and hooks
 pub fn convert(
     config: &ModelConfig,
     tensors: &dyn TensorSource,
@@ -502,8 +531,8 @@ pub fn convert(
     heldout: &[Vec<u32>],
     options: &ConvertOptions,
     writer: &mut SfxWriter,
-    on_layer: &mut dyn FnMut(&LayerReport, usize),
-    on_sketch: &mut dyn FnMut(usize, usize),
+    resume: Option<&ConvertState>,
+    hooks: Hooks<'_>,
 ) -> Result<ConvertReport, ConvertError> {
     options.validate()?;
     if calib.is_empty() || calib.iter().any(|s| s.is_empty()) {
@@ -531,9 +560,33 @@ pub fn convert(
         refine_bytes: 0,
         refine_zstd_bytes: 0,
     };
+    let mut report = ConvertReport::default();
+    let (mut code_bits, mut weights) = (0u64, 0u64);
+    let blocks_done = match resume {
+        Some(st) => {
+            if st.blocks_done == 0 || st.blocks_done > config.num_hidden_layers {
+                return Err(ConvertError::Checkpoint(format!(
+                    "it records {} finished blocks of a {}-block model",
+                    st.blocks_done, config.num_hidden_layers
+                )));
+            }
+            for name in &st.shared {
+                let bytes = sink.writer.read_section(name)?;
+                sink.shared.insert(name.clone(), bytes);
+            }
+            sink.bytes_by_tier = st.bytes_by_tier.clone();
+            sink.refine_bytes = st.refine_bytes;
+            sink.refine_zstd_bytes = st.refine_zstd_bytes;
+            report.layers = st.layers.iter().map(LayerReport::from).collect();
+            (code_bits, weights) = (st.code_bits, st.weights);
+            st.blocks_done
+        }
+        None => 0,
+    };
 
     const EMBED: &str = "model.embed_tokens.weight";
-    if options.head == HeadFormat::Float {
+    // A checkpoint comes after a block, so a resumed file already holds the embedding.
+    if options.head == HeadFormat::Float && resume.is_none() {
         sink.put_source(tensors, EMBED)?;
     }
     let mut calib_h = calib
@@ -561,7 +614,7 @@ pub fn convert(
             tensors,
             &calib[..n],
             &opts,
-            on_sketch,
+            hooks.on_sketch,
         )?)
     } else {
         None
@@ -573,14 +626,42 @@ pub fn convert(
         options,
         kron: kron.as_ref(),
     };
-    let mut report = ConvertReport::default();
-    let (mut code_bits, mut weights) = (0u64, 0u64);
-    for l in 0..config.num_hidden_layers {
+    if let Some(st) = resume {
+        let t = std::time::Instant::now();
+        for l in 0..blocks_done {
+            ctx.replay(l, &mut calib_h, &mut held_h)?;
+        }
+        if streams_sha256(&calib_h, &held_h) != st.streams_sha256 {
+            return Err(ConvertError::Checkpoint(format!(
+                "running blocks 0..{blocks_done} again did not give the residual streams the \
+                 interrupted run recorded (different calibration tokens or a different build)"
+            )));
+        }
+        report.replay_seconds = t.elapsed().as_secs_f64();
+    }
+    for l in blocks_done..config.num_hidden_layers {
         let (lr, bits, n) = ctx.process(l, &mut calib_h, &mut held_h, &mut sink)?;
         code_bits += bits;
         weights += n;
-        on_layer(&lr, config.num_hidden_layers);
         report.layers.push(lr);
+        let t = std::time::Instant::now();
+        let state = ConvertState {
+            blocks_done: l + 1,
+            layers: report.layers.iter().map(LayerRecord::from).collect(),
+            code_bits,
+            weights,
+            bytes_by_tier: sink.bytes_by_tier.clone(),
+            refine_bytes: sink.refine_bytes,
+            refine_zstd_bytes: sink.refine_zstd_bytes,
+            shared: sink.shared.keys().cloned().collect(),
+            streams_sha256: streams_sha256(&calib_h, &held_h),
+        };
+        (hooks.on_checkpoint)(sink.writer, &state)?;
+        report.checkpoint_seconds += t.elapsed().as_secs_f64();
+        // Reported once durable: a block the progress shows is one a resume starts after.
+        if let Some(lr) = report.layers.last() {
+            (hooks.on_layer)(lr, config.num_hidden_layers);
+        }
     }
 
     let final_norm = layer::load_vector(tensors, "model.norm.weight", config.hidden_size)?;

@@ -17,7 +17,7 @@ mod writer;
 
 pub use metadata::{Provenance, SfxMetadata};
 pub use reader::{SectionView, SfxFile, VerifyReport};
-pub use writer::{SectionSpec, SectionWriter, SfxWriter};
+pub use writer::{SectionSpec, SectionWriter, SfxWriter, WriterCheckpoint};
 
 use crate::tensor::DType;
 

@@ -9,7 +9,7 @@ use crate::FormatError;
 use sha2::Digest;
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// What a section is, given when it is added.
@@ -46,13 +46,46 @@ pub struct SfxWriter {
     section_open: bool,
 }
 
+/// Where a resumable writer stood at a durable point ([`SfxWriter::checkpoint`]): what
+/// [`SfxWriter::resume`] needs to continue after a crash.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WriterCheckpoint {
+    /// Bytes of the temporary file that belong to finished sections; a resumed writer
+    /// discards everything after them.
+    pub len: u64,
+    /// The section table so far: the 256-byte entries as written at the end of the file,
+    /// in lowercase hex.
+    pub table: String,
+}
+
+/// The header block every file starts with.
+fn header_block() -> Vec<u8> {
+    let mut block = vec![0u8; ALIGN as usize];
+    block[..HEADER_LEN].copy_from_slice(&encode_header(0));
+    block
+}
+
 impl SfxWriter {
     pub fn create(path: impl AsRef<Path>) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
-        let mut file = AtomicFile::create(&path)?;
-        let mut block = vec![0u8; ALIGN as usize];
-        block[..HEADER_LEN].copy_from_slice(&encode_header(0));
-        file.write_all(&block)?;
+        let file = AtomicFile::create(&path)?;
+        Self::start(file, path)
+    }
+
+    /// [`SfxWriter::create`] with the bytes going to `part` (kept if the writer dies) until
+    /// [`SfxWriter::finish`] renames it to `path`; [`SfxWriter::checkpoint`] marks durable
+    /// points to resume from. `part` must be on `path`'s filesystem.
+    pub fn create_resumable(
+        path: impl AsRef<Path>,
+        part: impl AsRef<Path>,
+    ) -> Result<Self, FormatError> {
+        let path = path.as_ref().to_path_buf();
+        let file = AtomicFile::create_resumable(&path, part)?;
+        Self::start(file, path)
+    }
+
+    fn start(mut file: AtomicFile, path: PathBuf) -> Result<Self, FormatError> {
+        file.write_all(&header_block())?;
         Ok(Self {
             file,
             path,
@@ -61,6 +94,84 @@ impl SfxWriter {
             names: HashSet::new(),
             section_open: false,
         })
+    }
+
+    /// Makes every finished section durable (flush, fsync) and returns the state that
+    /// [`SfxWriter::resume`] continues from. Record it only after this returns: then a crash
+    /// at any instant leaves a recorded state whose bytes are on disk.
+    pub fn checkpoint(&mut self) -> Result<WriterCheckpoint, FormatError> {
+        self.check_usable()?;
+        self.file.sync()?;
+        let mut table = String::with_capacity(self.entries.len() * ENTRY_LEN * 2);
+        for e in &self.entries {
+            for b in e.encode() {
+                table.push_str(&format!("{b:02x}"));
+            }
+        }
+        Ok(WriterCheckpoint {
+            len: self.pos,
+            table,
+        })
+    }
+
+    /// Continues the resumable file `part` (of [`SfxWriter::create_resumable`]) from
+    /// `checkpoint`. The file's first `checkpoint.len` bytes are checked against the recorded
+    /// table (header block, every section's place, zero padding and SHA-256), so a file that
+    /// is not the one the checkpoint describes is refused, naming what is wrong; the bytes
+    /// after them are cut off.
+    pub fn resume(
+        path: impl AsRef<Path>,
+        part: impl AsRef<Path>,
+        checkpoint: &WriterCheckpoint,
+    ) -> Result<Self, FormatError> {
+        let (path, part) = (path.as_ref().to_path_buf(), part.as_ref());
+        let bad = |msg: String| FormatError::invalid(part, msg);
+        let entries = decode_table(&checkpoint.table).map_err(&bad)?;
+        check_prefix(part, checkpoint.len, &entries)?;
+        let file = AtomicFile::reopen_resumable(&path, part, checkpoint.len)?;
+        let mut names = HashSet::new();
+        for e in &entries {
+            if !names.insert(e.name.clone()) {
+                return Err(bad(format!("checkpoint lists section '{}' twice", e.name)));
+            }
+        }
+        Ok(Self {
+            file,
+            path,
+            pos: checkpoint.len,
+            entries,
+            names,
+            section_open: false,
+        })
+    }
+
+    /// The decoded bytes of section `name`, already written (a resumed conversion reads back
+    /// the model-wide sections it compares later ones with).
+    pub fn read_section(&mut self, name: &str) -> Result<Vec<u8>, FormatError> {
+        self.check_usable()?;
+        let tmp = self.file.tmp_path().to_path_buf();
+        let entry = self
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| FormatError::invalid(&tmp, format!("no section '{name}' written")))?
+            .clone();
+        self.file
+            .writer()
+            .flush()
+            .map_err(|e| FormatError::io(&tmp, e))?;
+        let mut f = File::open(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        io::Seek::seek(&mut f, io::SeekFrom::Start(entry.offset))
+            .map_err(|e| FormatError::io(&tmp, e))?;
+        let mut stored = Vec::new();
+        f.take(entry.stored_len)
+            .read_to_end(&mut stored)
+            .map_err(|e| FormatError::io(&tmp, e))?;
+        match entry.codec {
+            Codec::Raw => Ok(stored),
+            Codec::Zstd => zstd::bulk::decompress(&stored, entry.decoded_len as usize)
+                .map_err(|e| FormatError::invalid(&tmp, format!("section '{name}': {e}"))),
+        }
     }
 
     /// Adds a section whose bytes are in memory.
@@ -201,6 +312,92 @@ impl SfxWriter {
     }
 }
 
+/// The entries of a [`WriterCheckpoint::table`].
+fn decode_table(hex: &str) -> Result<Vec<Entry>, String> {
+    let bytes = hex.as_bytes();
+    if !bytes.len().is_multiple_of(2 * ENTRY_LEN) {
+        return Err(format!(
+            "checkpoint table is {} hex digits, not a multiple of {}",
+            bytes.len(),
+            2 * ENTRY_LEN
+        ));
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        _ => Err(format!(
+            "checkpoint table: {:?} is not a hex digit",
+            c as char
+        )),
+    };
+    let raw = bytes
+        .chunks_exact(2)
+        .map(|p| Ok(digit(p[0])? << 4 | digit(p[1])?))
+        .collect::<Result<Vec<u8>, String>>()?;
+    raw.chunks_exact(ENTRY_LEN)
+        .enumerate()
+        .map(|(i, b)| Entry::decode(b, i))
+        .collect()
+}
+
+/// Checks that the first `len` bytes of `part` are a header block followed by exactly the
+/// sections of `entries`: each at the next 4 KiB boundary after zero padding, with its
+/// recorded SHA-256, the last ending at `len`.
+fn check_prefix(part: &Path, len: u64, entries: &[Entry]) -> Result<(), FormatError> {
+    let io = |e| FormatError::io(part, e);
+    let bad = |msg: String| FormatError::invalid(part, msg);
+    let on_disk = part.metadata().map_err(io)?.len();
+    if on_disk < len {
+        return Err(bad(format!(
+            "{on_disk} bytes, but its checkpoint says {len} were written"
+        )));
+    }
+    let mut r = BufReader::with_capacity(1 << 20, File::open(part).map_err(io)?);
+    let mut header = vec![0u8; ALIGN as usize];
+    r.read_exact(&mut header).map_err(io)?;
+    if header != header_block() {
+        return Err(bad("does not start with an .sfx header block".into()));
+    }
+    let mut pos = ALIGN;
+    let mut buf = vec![0u8; 1 << 20];
+    for e in entries {
+        let start = align_up(pos).unwrap_or(u64::MAX);
+        let end = e.offset.checked_add(e.stored_len);
+        if e.offset != start || end.is_none_or(|end| end > len) {
+            return Err(bad(format!(
+                "section '{}' at {}+{} is not where its checkpoint's table puts the next                  section ({start}, within {len} bytes)",
+                e.name, e.offset, e.stored_len
+            )));
+        }
+        let pad = (start - pos) as usize;
+        r.read_exact(&mut buf[..pad]).map_err(io)?;
+        if buf[..pad].iter().any(|&b| b != 0) {
+            return Err(bad(format!("nonzero padding before section '{}'", e.name)));
+        }
+        let mut hasher = sha2::Sha256::new();
+        let mut left = e.stored_len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            r.read_exact(&mut buf[..n]).map_err(io)?;
+            hasher.update(&buf[..n]);
+            left -= n as u64;
+        }
+        if <[u8; 32]>::from(hasher.finalize()) != e.sha256 {
+            return Err(bad(format!(
+                "section '{}' does not match its checksum in the checkpoint",
+                e.name
+            )));
+        }
+        pos = start + e.stored_len;
+    }
+    if pos != len {
+        return Err(bad(format!(
+            "its checkpoint's sections end at {pos}, but the checkpoint says {len} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Counts and hashes the stored bytes on their way to the file: the checksum is computed
 /// while writing, never by reading the file back.
 struct HashingSink<'a> {
@@ -302,5 +499,106 @@ impl SectionWriter<'_> {
         *self.pos += stored_len;
         *self.section_open = false;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sfx::SfxFile;
+    use crate::DType;
+
+    fn dense(n: usize, seed: u8) -> (SectionSpec, Vec<u8>, String) {
+        let name = format!("t{seed}");
+        let layout = Layout::Dense {
+            dtype: DType::F32,
+            shape: vec![n as u64],
+        };
+        let bytes = (0..4 * n).map(|i| (i as u8).wrapping_mul(seed)).collect();
+        (
+            SectionSpec::new(name.clone(), Tier::Resident, Codec::Raw, layout),
+            bytes,
+            name,
+        )
+    }
+
+    fn add(w: &mut SfxWriter, n: usize, seed: u8) {
+        let (spec, bytes, _) = dense(n, seed);
+        w.add_section(spec, &bytes).unwrap();
+    }
+
+    #[test]
+    fn resumed_writer_ends_byte_identical_to_one_that_was_never_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let straight = dir.path().join("straight.sfx");
+        let mut w = SfxWriter::create(&straight).unwrap();
+        for (n, seed) in [(3000, 3), (10, 5), (2000, 7)] {
+            add(&mut w, n, seed);
+        }
+        w.finish(&SfxMetadata::default()).unwrap();
+
+        let (dest, part) = (dir.path().join("out.sfx"), dir.path().join("out.part"));
+        let cp = {
+            let mut w = SfxWriter::create_resumable(&dest, &part).unwrap();
+            add(&mut w, 3000, 3);
+            add(&mut w, 10, 5);
+            let cp = w.checkpoint().unwrap();
+            // Killed half-way through the next section: its bytes are past the checkpoint.
+            let (spec, bytes, _) = dense(2000, 7);
+            let mut s = w.begin_section(spec).unwrap();
+            s.write_all(&bytes[..1000]).unwrap();
+            s.flush().unwrap();
+            cp
+        };
+        assert!(!dest.exists() && part.metadata().unwrap().len() > cp.len);
+        let mut w = SfxWriter::resume(&dest, &part, &cp).unwrap();
+        assert_eq!(w.read_section("t5").unwrap(), dense(10, 5).1);
+        add(&mut w, 2000, 7);
+        w.finish(&SfxMetadata::default()).unwrap();
+        assert_eq!(
+            std::fs::read(&dest).unwrap(),
+            std::fs::read(&straight).unwrap()
+        );
+        assert!(!part.exists());
+        SfxFile::open(&dest).unwrap().verify().unwrap();
+    }
+
+    #[test]
+    fn resume_refuses_a_file_its_checkpoint_does_not_describe() {
+        let dir = tempfile::tempdir().unwrap();
+        let (dest, part) = (dir.path().join("out.sfx"), dir.path().join("out.part"));
+        let mut w = SfxWriter::create_resumable(&dest, &part).unwrap();
+        add(&mut w, 3000, 3);
+        add(&mut w, 10, 5);
+        let cp = w.checkpoint().unwrap();
+        drop(w);
+        let good = std::fs::read(&part).unwrap();
+        let err = |bytes: &[u8], cp: &WriterCheckpoint| {
+            std::fs::write(&part, bytes).unwrap();
+            SfxWriter::resume(&dest, &part, cp)
+                .err()
+                .expect("refused")
+                .to_string()
+        };
+        let mut flipped = good.clone();
+        flipped[(ALIGN + 5) as usize] ^= 1;
+        let e = err(&flipped, &cp);
+        assert!(e.contains("'t3'") && e.contains("checksum"), "{e}");
+        let e = err(&good[..good.len() - 1], &cp);
+        assert!(e.contains("checkpoint says"), "{e}");
+        let short = WriterCheckpoint {
+            len: cp.len - 1,
+            ..cp.clone()
+        };
+        let e = err(&good, &short);
+        assert!(e.contains("t5"), "{e}");
+        let odd = WriterCheckpoint {
+            table: cp.table[1..].to_string(),
+            ..cp.clone()
+        };
+        assert!(err(&good, &odd).contains("hex digits"));
+        // Untouched, it resumes.
+        std::fs::write(&part, &good).unwrap();
+        SfxWriter::resume(&dest, &part, &cp).unwrap();
     }
 }
