@@ -14,13 +14,25 @@ use sfx_formats::package::{verify_folder, FileEntry, MANIFEST_FILE};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// What `sfx publish` was asked for.
+/// What `sfx publish` was asked for (its command-line arguments).
+#[derive(clap::Args)]
 pub struct PublishArgs {
+    /// The output folder (`sfx-convert … -o DIR/`).
     pub folder: PathBuf,
+    /// The Hub repository, namespace/name.
+    #[arg(long)]
     pub repo: String,
+    /// Create the repository private (an existing repository keeps its visibility).
+    #[arg(long)]
     pub private: bool,
+    /// Branch to publish to (default: main).
+    #[arg(long)]
     pub revision: Option<String>,
+    /// Verify and list what would be sent; send nothing.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
     pub json: bool,
 }
 

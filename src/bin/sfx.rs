@@ -58,25 +58,7 @@ enum Command {
     /// HF_TOKEN, or the file `hf auth login` writes. --dry-run lists exactly what would be
     /// sent (every file with its size and SHA-256), where the token was found and the command,
     /// and sends nothing.
-    Publish {
-        /// The output folder (`sfx-convert … -o DIR/`).
-        folder: std::path::PathBuf,
-        /// The Hub repository, namespace/name.
-        #[arg(long)]
-        repo: String,
-        /// Create the repository private (an existing repository keeps its visibility).
-        #[arg(long)]
-        private: bool,
-        /// Branch to publish to (default: main).
-        #[arg(long)]
-        revision: Option<String>,
-        /// Verify and list what would be sent; send nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Publish(strataflux::publish::PublishArgs),
     /// Print a canonical text of the evaluation protocol (wiki, brown, austen/<novel>)
     /// exactly as sfx-run scores it and sfx-convert calibrates on, so other tools (e.g.
     /// llama-imatrix, llama-perplexity) can be given the same text.
@@ -270,21 +252,7 @@ fn main() -> Result<()> {
             tensors,
         } => inspect(&sfx_formats::package::container_spec(&model), json, tensors),
         Command::Verify { file, json } => verify(&file, json),
-        Command::Publish {
-            folder,
-            repo,
-            private,
-            revision,
-            dry_run,
-            json,
-        } => strataflux::publish::run(strataflux::publish::PublishArgs {
-            folder,
-            repo,
-            private,
-            revision,
-            dry_run,
-            json,
-        }),
+        Command::Publish(args) => strataflux::publish::run(args),
         Command::Text { name } => {
             let assets = sfx_formats::corpus::assets_dir();
             let text = sfx_formats::corpus::load_named_text(&assets, &name)
