@@ -27,9 +27,13 @@ cuda-tools:
 assets:
 	bash scripts/fetch_assets.sh
 
-# The Hugging Face Hub client `sfx publish` uploads with (`hf upload-large-folder`).
+# The Hugging Face Hub client `sfx publish` uploads with (`hf upload-large-folder`), in a venv
+# of its own (system Pythons refuse pip installs: PEP 668). `sfx publish` finds it through
+# SFX_HF_CLI=.cache/hub-client/bin/hf or PATH.
 hub-client:
-	python3 -m pip install --user --upgrade huggingface_hub
+	python3 -m venv .cache/hub-client
+	.cache/hub-client/bin/python -m pip install -q --upgrade huggingface_hub
+	@echo "hub client: .cache/hub-client/bin/hf (export SFX_HF_CLI=.cache/hub-client/bin/hf)"
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
