@@ -27,7 +27,7 @@ cuda-tools:
 assets:
 	bash scripts/fetch_assets.sh
 
-# The Hugging Face Hub client `sfx publish` uploads with (`hf upload-large-folder`), in a venv
+# The Hugging Face Hub client `sfx publish` uploads with (`hf upload`), in a venv
 # of its own (system Pythons refuse pip installs: PEP 668). `sfx publish` finds it through
 # SFX_HF_CLI=.cache/hub-client/bin/hf or PATH.
 hub-client:

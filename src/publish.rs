@@ -2,10 +2,11 @@
 //!
 //! The folder is verified first (every file against its manifest, `model.sfx`'s section
 //! checksums) and must hold exactly what its manifest lists, so what is published is what was
-//! checked. The upload itself is the Hub's official client, `hf upload-large-folder`
-//! (`pip install -U huggingface_hub`): resumable, large-file aware, and it creates the
-//! repository when it does not exist. Writing our own LFS upload would duplicate it for no
-//! gain. The token is the client's: `HF_TOKEN`, or the file `hf auth login` writes
+//! checked. The upload itself is the Hub's official client, `hf upload REPO out/ .`
+//! (huggingface_hub 2.x, `pip install -U huggingface_hub`): large-file aware, split into several
+//! commits, resumed by running it again, and it creates the repository when it does not exist
+//! (1.x called this `upload-large-folder`; 2.x folded it into `upload`). Writing our own LFS
+//! upload would duplicate it for no gain. The token is the client's: `HF_TOKEN`, or the file `hf auth login` writes
 //! (`$HF_TOKEN_PATH`, else `$HF_HOME/token`, else `~/.cache/huggingface/token`); this command
 //! only checks that one exists, so a missing token is named before anything is sent.
 
@@ -214,9 +215,11 @@ pub fn plan(a: &PublishArgs) -> Result<Plan> {
         client
             .as_ref()
             .map_or_else(|| "hf".to_string(), |c| c.display().to_string()),
-        "upload-large-folder".into(),
+        "upload".into(),
         a.repo.clone(),
         a.folder.display().to_string(),
+        // The folder's files at the repository's root.
+        ".".into(),
     ];
     if let Some(r) = &a.revision {
         command.extend(["--revision".into(), r.clone()]);

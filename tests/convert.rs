@@ -741,12 +741,7 @@ fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
             .unwrap()
             .lines()
             .collect::<Vec<_>>(),
-        [
-            "upload-large-folder",
-            "my-org/smol-rtn4",
-            folder_arg,
-            "--private"
-        ]
+        ["upload", "my-org/smol-rtn4", folder_arg, ".", "--private"]
     );
     let (ok, _, err) = sfx_publish(&[folder_arg, "--repo", "smol-rtn4"], &client_env);
     assert!(!ok && err.contains("no namespace"), "{err}");

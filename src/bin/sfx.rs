@@ -53,7 +53,7 @@ enum Command {
     },
     /// Publish an output folder to a Hugging Face Hub model repository. The folder is verified
     /// first (as `sfx verify`) and must hold only what its manifest lists; the upload is the
-    /// Hub's official client, `hf upload-large-folder` (resumable; `pip install -U
+    /// Hub's official client, `hf upload REPO DIR .` (resumable; `pip install -U
     /// huggingface_hub`), which creates the repository if needed. The token is the client's:
     /// HF_TOKEN, or the file `hf auth login` writes. --dry-run lists exactly what would be
     /// sent (every file with its size and SHA-256), where the token was found and the command,
