@@ -3,8 +3,8 @@
 
 use sfx_formats::config::ModelConfig;
 use sfx_formats::package::{
-    publish_staged, staging_dir, verify_folder, write_folder_files, FolderInputs, MANIFEST_FILE,
-    MODEL_FILE, QUALITY_FILE,
+    publish_staged, verify_folder, write_folder_files, FolderInputs, MANIFEST_FILE, MODEL_FILE,
+    QUALITY_FILE,
 };
 use sfx_formats::sfx::{Codec, Layout, Provenance, SectionSpec, SfxMetadata, SfxWriter, Tier};
 use std::path::Path;
@@ -19,9 +19,11 @@ fn config() -> ModelConfig {
     ModelConfig::from_hf_json(&json, Path::new("config.json")).unwrap()
 }
 
-/// A staged folder holding a small container with a configuration, tokenizer and params.
+/// A staged folder holding a small container with a configuration, tokenizer and params,
+/// beside `out` (as the converter assembles one, so the final rename stays on one file system).
 fn staged_folder(out: &Path) -> std::path::PathBuf {
-    let staging = staging_dir(out).unwrap();
+    let name = out.file_name().unwrap().to_string_lossy().into_owned();
+    let staging = out.with_file_name(format!(".{name}.staging"));
     std::fs::create_dir_all(&staging).unwrap();
     let mut w = SfxWriter::create(staging.join(MODEL_FILE)).unwrap();
     w.add_section(

@@ -146,17 +146,6 @@ pub fn sha256_file(path: &Path) -> Result<FileEntry, FormatError> {
     })
 }
 
-/// The staging directory of an output folder: beside it, so the final rename stays on one
-/// file system.
-pub fn staging_dir(out: &Path) -> Result<PathBuf, FormatError> {
-    let name = out
-        .file_name()
-        .ok_or_else(|| FormatError::invalid(out, "output folder path has no name"))?
-        .to_string_lossy()
-        .into_owned();
-    Ok(parent_dir(out).join(format!(".{name}.partial-{}", std::process::id())))
-}
-
 fn pretty(v: &Value) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_else(|_| "null".into());
     s.push('\n');
