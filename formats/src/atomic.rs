@@ -32,12 +32,17 @@ impl AtomicFile {
             .into_owned();
         let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
-        Ok(Self {
+        Ok(Self::writing(dest, tmp, file, false))
+    }
+
+    /// The writer of `file` (open at `tmp`), renamed to `dest` on commit.
+    fn writing(dest: PathBuf, tmp: PathBuf, file: File, keep_tmp: bool) -> Self {
+        Self {
             dest,
             tmp,
             writer: Some(BufWriter::with_capacity(1 << 20, file)),
-            keep_tmp: false,
-        })
+            keep_tmp,
+        }
     }
 
     /// A file written at the temporary path `tmp` (created, or emptied if it exists) and
@@ -49,12 +54,7 @@ impl AtomicFile {
     ) -> Result<Self, FormatError> {
         let tmp = tmp.as_ref().to_path_buf();
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
-        Ok(Self {
-            dest: dest.as_ref().to_path_buf(),
-            tmp,
-            writer: Some(BufWriter::with_capacity(1 << 20, file)),
-            keep_tmp: true,
-        })
+        Ok(Self::writing(dest.as_ref().to_path_buf(), tmp, file, true))
     }
 
     /// Continues the resumable temporary `tmp`: its first `len` bytes stay, anything after
@@ -76,12 +76,7 @@ impl AtomicFile {
         }
         file.set_len(len).map_err(io)?;
         file.seek(SeekFrom::End(0)).map_err(io)?;
-        Ok(Self {
-            dest: dest.as_ref().to_path_buf(),
-            tmp,
-            writer: Some(BufWriter::with_capacity(1 << 20, file)),
-            keep_tmp: true,
-        })
+        Ok(Self::writing(dest.as_ref().to_path_buf(), tmp, file, true))
     }
 
     /// The temporary file the bytes go to until commit.
