@@ -77,6 +77,33 @@ fn quick(name: &str, quant: &str, extra: &[&str]) -> SfxFile {
     file
 }
 
+/// A conversion several tests read, made once per test binary (each costs tens of seconds
+/// on two cores): its path.
+fn shared(cell: &'static OnceLock<PathBuf>, name: &str, extra: &[&str]) -> &'static PathBuf {
+    cell.get_or_init(|| {
+        quick_rtn4(name, extra);
+        out_dir().join(name)
+    })
+}
+
+/// Plain `rtn4` with the default (q8) head: the tied-head test's file and the refit test's base.
+fn rtn4_default() -> SfxFile {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    SfxFile::open(shared(&P, "rtn4-head-q8.sfx", &[])).unwrap()
+}
+
+/// `rtn4 --fit --mlp both --k 8`: the ladder's single-k reference and the refit test's direct
+/// conversion.
+fn rtn4_fit_k8() -> SfxFile {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    SfxFile::open(shared(
+        &P,
+        "rtn4-fit-k8.sfx",
+        &["--fit", "--mlp", "both", "--k", "8"],
+    ))
+    .unwrap()
+}
+
 #[test]
 fn rtn4_container_runs_exactly_like_in_process_rtn() {
     let file = quick_rtn4("rtn4.sfx", &["--head", "bf16"]);
@@ -113,7 +140,7 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
 /// and its coded head agree with the float embedding and head paths on the same values.
 #[test]
 fn quantized_tied_head_is_one_table_serving_embedding_and_head() {
-    let file = quick_rtn4("rtn4-head-q8.sfx", &[]);
+    let file = rtn4_default();
     let name = "model.embed_tokens.weight";
     let layout = file.section(name).unwrap().layout.clone();
     assert!(
@@ -571,13 +598,18 @@ fn card_front_matter(card: &str) -> yaml_rust2::Yaml {
 fn folder_output_holds_the_same_container_and_names_a_corrupted_file() {
     let folder = out_dir().join("rtn4-fit-folder");
     let _ = std::fs::remove_dir_all(&folder);
-    let single = quick_rtn4("rtn4-fit-single.sfx", &["--fit", "--k", "8"]);
+    let single = rtn4_fit_k8();
     let receipt = ["--quality", "wiki:1", "--quality-ctx", "256"];
     // A GGUF names no Hub repository of its float model; the card's base_model comes from here.
     let card_source = ["--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct"];
     let args = quick_args(
         "rtn4",
-        &[&["--fit", "--k", "8"][..], &receipt, &card_source].concat(),
+        &[
+            &["--fit", "--mlp", "both", "--k", "8"][..],
+            &receipt,
+            &card_source,
+        ]
+        .concat(),
         &folder,
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -866,7 +898,7 @@ fn ladder_rungs_equal_one_conversion_per_k() {
         &with(&fit, &["--k-ladder", "8,16", "--k", "16"]),
     );
     // Rung 8 is not the file's default (16): the ladder's other rungs are checked too.
-    let singles = [(8, quick_rtn4("rtn4-fit-k8.sfx", &with(&fit, &["--k", "8"])))];
+    let singles = [(8, rtn4_fit_k8())];
     assert_eq!(
         ladder.metadata().params["refine"]["ladder"],
         serde_json::json!([8, 16])
@@ -918,14 +950,13 @@ fn ladder_rungs_equal_one_conversion_per_k() {
 #[test]
 fn refit_from_a_base_equals_a_direct_conversion() {
     let fit = ["--fit", "--mlp", "both", "--k", "8"];
-    let base = quick_rtn4("rtn4-refit-base.sfx", &[]);
-    let base_path = out_dir().join("rtn4-refit-base.sfx");
-    let base_arg = base_path.to_str().unwrap();
+    let base = rtn4_default();
+    let base_arg = base.path().to_str().unwrap();
     let refit = quick_rtn4(
         "rtn4-refit.sfx",
         &[&["--base", base_arg][..], &fit].concat(),
     );
-    let direct = quick_rtn4("rtn4-refit-direct.sfx", &fit);
+    let direct = rtn4_fit_k8();
     let names = |f: &SfxFile| f.sections().map(|s| s.name.to_string()).collect::<Vec<_>>();
     assert_eq!(names(&refit), names(&direct));
     for s in direct.sections() {
@@ -936,8 +967,7 @@ fn refit_from_a_base_equals_a_direct_conversion() {
     assert_eq!(p["base"]["refitted_from"], base.content_digest());
     assert_eq!(p["quant"], direct.metadata().params["quant"]);
 
-    quick("awq4-refit-base.sfx", "awq4", &["--awq-grid", "2,1"]);
-    let awq = out_dir().join("awq4-refit-base.sfx");
+    let awq = awq3_plain();
     let g = gguf();
     let o = out_dir().join("never-refit.sfx");
     for (args, needle) in [

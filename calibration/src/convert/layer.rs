@@ -381,10 +381,15 @@ impl LayerContext<'_> {
                 k,
                 ..Default::default()
             };
-            let plain: Vec<RefinementColumns> = sets[i]
+            // The plain residual's columns are written without --fit and scored against the
+            // held-out text; a fitted conversion with no held-out text never reads them, and
+            // their grid search costs as much as the fitted columns' own.
+            let plain: Vec<Option<RefinementColumns>> = sets[i]
                 .iter()
                 .zip(&residuals)
-                .map(|(proj, r)| quantize_columns_4bit(r, proj.rows, proj.cols))
+                .map(|(proj, r)| {
+                    (!o.fit || measure).then(|| quantize_columns_4bit(r, proj.rows, proj.cols))
+                })
                 .collect();
             for (rung, st) in o.rungs(set).into_iter().zip(&stats[i]) {
                 let at_default = rung == k;
@@ -405,16 +410,19 @@ impl LayerContext<'_> {
                         rep.signal += sum_sq(&x_wt(x, n_held, &proj.w, rows, cols));
                         let e = x_wt(x, n_held, r, rows, cols);
                         rep.base += sum_sq(&e);
-                        rep.plain += refined_error(&e, &z, n_held, plain);
+                        if let Some(plain) = plain {
+                            rep.plain += refined_error(&e, &z, n_held, plain);
+                        }
                         if let Some(f) = &fit {
                             rep.fitted += refined_error(&e, &z, n_held, f);
                         }
                     }
-                    let columns = match (o.fit, fit) {
-                        (true, Some(f)) => f,
-                        _ => plain.clone(),
-                    };
-                    proj.refine.push((o.section_rung(rung), columns));
+                    // Both are present when chosen: --fit fits every rung, and the plain
+                    // columns are quantized whenever --fit is off.
+                    let columns = if o.fit { fit } else { plain.clone() };
+                    if let Some(columns) = columns {
+                        proj.refine.push((o.section_rung(rung), columns));
+                    }
                 }
             }
             if measure {
