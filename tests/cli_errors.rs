@@ -1,7 +1,7 @@
 //! The CLIs must turn bad input into a clear message and a non-zero exit — never a panic.
 //! Each case builds its broken file from the real model (or from scratch) in a temp dir.
 
-mod common;
+use crate::common;
 use common::gguf;
 use std::process::Command;
 

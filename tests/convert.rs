@@ -4,7 +4,7 @@
 //! path untouched, an output folder holds the same container and `sfx verify` names a
 //! corrupted file of it, and bad options are named.
 
-mod common;
+use crate::common;
 
 use common::{
     assets, f32_options as opts, float_model, gguf, logits, mean_kl, stdout_of, wiki_tokens,

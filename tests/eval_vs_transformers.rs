@@ -3,6 +3,8 @@
 //! `tests/fixtures/transformers_eval.json`). Our tokenizer must produce the identical token
 //! stream for every canonical text, and our NLLs must agree per window and per token.
 
+use crate::common;
+use common::{assets, fixture, gguf};
 use serde_json::Value;
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::corpus;
@@ -10,8 +12,6 @@ use sfx_runtime::eval::spec::LONG_SCORED_TOKENS;
 use sfx_runtime::eval::{evaluate, long_context_part, window_parts, ModelScorer};
 use sfx_runtime::{Model, ModelOptions};
 use sha2::{Digest, Sha256};
-mod common;
-use common::{assets, fixture, gguf};
 use std::process::Command;
 use tokenizers::Tokenizer;
 

@@ -3,7 +3,7 @@
 //! ordinary evaluation path (independent code); KVarN 2/2 must cost KL and nested refinement
 //! must recover most of it; generation runs end to end with a quantized cache.
 
-mod common;
+use crate::common;
 
 use common::{assets, float_model, gguf};
 use sfx_runtime::eval::kv_sweep::{kv_sweep, KvSide};

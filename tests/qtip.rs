@@ -9,7 +9,7 @@
 //!   as well as HYB;
 //! - YAQA's two-sided LDLQ beats QTIP on YAQA's own objective `tr(E H_in Eᵀ H_out)`.
 
-mod common;
+use crate::common;
 
 use sfx_calibration::quant::{
     InputStats, Kron, Qtip, QuantizedSet, ResidentQuantizer, Rtn, SetContext, WeightView, Yaqa,
@@ -239,7 +239,7 @@ fn yaqa2_beats_qtip2_on_the_kronecker_objective() {
 /// and B (evaluation) from disjoint wiki sequences; prints both objectives for yaqa2 and qtip2
 /// (QTIP rounded with A's H_in). A measurement for docs/results.md, not a pass/fail claim.
 #[test]
-#[ignore = "measurement: cargo test --release --test qtip -- --ignored --nocapture"]
+#[ignore = "measurement: cargo test --release --test integration qtip:: -- --ignored --nocapture"]
 fn yaqa_factors_on_held_out_text() {
     let ckpt = Checkpoint::open(common::gguf().to_str().unwrap()).unwrap();
     let s = setup(&ckpt);

@@ -7,7 +7,7 @@
 //! message naming why; a fresh run does not clobber it; it then resumes to the uninterrupted
 //! container's bytes.
 
-mod common;
+use crate::common;
 
 use common::{assets, gguf};
 use std::io::{BufRead, BufReader};

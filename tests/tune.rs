@@ -4,7 +4,7 @@
 //! alongside instead of from kept rows), `sfx-run --budget` applies it, and bad requests
 //! are named.
 
-mod common;
+use crate::common;
 
 use common::{assets, gguf};
 use sfx_formats::sfx::SfxFile;
