@@ -1,8 +1,7 @@
 //! The CLIs must turn bad input into a clear message and a non-zero exit — never a panic.
 //! Each case builds its broken file from the real model (or from scratch) in a temp dir.
 
-use crate::common;
-use common::gguf;
+use crate::common::gguf;
 use std::process::Command;
 
 /// Runs a binary; returns (exit code, stderr).

@@ -4,9 +4,7 @@
 //! path untouched, an output folder holds the same container and `sfx verify` names a
 //! corrupted file of it, and bad options are named.
 
-use crate::common;
-
-use common::{
+use crate::common::{
     assets, f32_options as opts, float_model, gguf, logits, mean_kl, stdout_of, wiki_tokens,
 };
 use sfx_formats::resident::GroupQuantized;
@@ -43,7 +41,12 @@ fn convert(args: &[&str], threads: usize) -> String {
 /// `rtn4` with one 32-token calibration sequence and no held-out text (the resident codes
 /// do not depend on calibration) plus `extra` flags, written to `name`, opened and verified.
 fn quick_rtn4(name: &str, extra: &[&str]) -> SfxFile {
-    quick(name, "rtn4", extra)
+    let path = out_dir().join(name);
+    let args = quick_args("rtn4", extra, &path);
+    convert(&args.iter().map(String::as_str).collect::<Vec<_>>(), 2);
+    let file = SfxFile::open(&path).unwrap();
+    file.verify().unwrap();
+    file
 }
 
 /// The arguments of a quick conversion (one 32-token calibration sequence, no held-out
@@ -65,16 +68,6 @@ fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
         args.push(a.into());
     }
     args
-}
-
-/// [`quick_rtn4`] for any `--quant`.
-fn quick(name: &str, quant: &str, extra: &[&str]) -> SfxFile {
-    let path = out_dir().join(name);
-    let args = quick_args(quant, extra, &path);
-    convert(&args.iter().map(String::as_str).collect::<Vec<_>>(), 2);
-    let file = SfxFile::open(&path).unwrap();
-    file.verify().unwrap();
-    file
 }
 
 /// A conversion several tests read, made once per test binary (each costs tens of seconds

@@ -3,8 +3,7 @@
 //! `tests/fixtures/transformers_eval.json`). Our tokenizer must produce the identical token
 //! stream for every canonical text, and our NLLs must agree per window and per token.
 
-use crate::common;
-use common::{assets, fixture, gguf};
+use crate::common::{assets, fixture, gguf};
 use serde_json::Value;
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::corpus;

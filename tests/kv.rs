@@ -3,9 +3,7 @@
 //! ordinary evaluation path (independent code); KVarN 2/2 must cost KL and nested refinement
 //! must recover most of it; generation runs end to end with a quantized cache.
 
-use crate::common;
-
-use common::{assets, float_model, gguf};
+use crate::common::{assets, float_model, gguf};
 use sfx_runtime::eval::kv_sweep::{kv_sweep, KvSide};
 use sfx_runtime::eval::{evaluate, EvalPart, ModelScorer};
 use sfx_runtime::kv::{KvBaseChoice, KvBits, KvConfig, KvRefineConfig, KvTierConfig, RefineBits};

@@ -3,9 +3,7 @@
 //! the ram and ssd(wait) tiers agree bit for bit, skip never blocks on I/O, and a failing
 //! tier degrades to resident precision with one warning.
 
-use crate::common;
-
-use common::{
+use crate::common::{
     assets, f32_options as opts, float_model, gguf, logits, mean_kl, wiki_tokens as tokens,
 };
 use sfx_formats::sfx::SfxFile;

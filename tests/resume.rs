@@ -7,9 +7,7 @@
 //! message naming why; a fresh run does not clobber it; it then resumes to the uninterrupted
 //! container's bytes.
 
-use crate::common;
-
-use common::{assets, gguf};
+use crate::common::{assets, gguf};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

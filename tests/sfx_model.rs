@@ -8,8 +8,7 @@
 //! runs — so the expected logits come from an independent load path (float checkpoint →
 //! quantize at load), not from the code under test.
 
-use crate::common;
-use common::{assets, gguf};
+use crate::common::{assets, gguf};
 use serde_json::{json, Value};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::resident::{minmax_grid, GroupQuantized};

@@ -4,9 +4,7 @@
 //! alongside instead of from kept rows), `sfx-run --budget` applies it, and bad requests
 //! are named.
 
-use crate::common;
-
-use common::{assets, gguf};
+use crate::common::{assets, gguf};
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::tune::{sidecar_path, TuneFile};
 use std::path::{Path, PathBuf};
