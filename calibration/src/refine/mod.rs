@@ -340,20 +340,23 @@ pub fn quantize_columns_4bit(c: &[f32], out: usize, in_dim: usize) -> Refinement
         });
     let cb = out.div_ceil(2);
     const BLOCK: usize = 64;
-    let mut packed = vec![0x88u8; cb * in_dim];
+    let mut packed = vec![0u8; cb * in_dim];
     packed
         .par_chunks_mut((cb * BLOCK).max(1))
         .enumerate()
         .for_each(|(blk, cols)| {
             let i0 = blk * BLOCK;
             let width = cols.len() / cb.max(1);
-            for o in 0..out {
-                let src = &nibbles[o * in_dim + i0..o * in_dim + i0 + width];
-                let shift = if o.is_multiple_of(2) { 0 } else { 4 };
-                let keep = if shift == 0 { 0xF0 } else { 0x0F };
-                for (j, &n) in src.iter().enumerate() {
-                    let byte = &mut cols[j * cb + o / 2];
-                    *byte = (*byte & keep) | (n << shift);
+            // Rows 2p and 2p + 1 make byte p of every column: one store per byte, no
+            // read-modify-write. An odd last row's high nibble is level 0 (stored 8).
+            for p in 0..cb {
+                let (o_lo, o_hi) = (2 * p, 2 * p + 1);
+                let lo = &nibbles[o_lo * in_dim + i0..o_lo * in_dim + i0 + width];
+                let hi =
+                    (o_hi < out).then(|| &nibbles[o_hi * in_dim + i0..o_hi * in_dim + i0 + width]);
+                for (j, &l) in lo.iter().enumerate() {
+                    let h = hi.map_or(8, |h| h[j]);
+                    cols[j * cb + p] = l | (h << 4);
                 }
             }
         });
