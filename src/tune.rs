@@ -18,10 +18,11 @@ use sfx_runtime::backend::Backend;
 use sfx_runtime::eval::{evaluate_against, EvalPart, ModelScorer, ReferenceRow};
 use sfx_runtime::refine::{
     file_budgets, file_ladder, file_settings, open_refinement, plan_from_sfx, MlpMode,
-    RefineOpenOptions, Refiner, TierChoice,
+    RefineOpenOptions, RefineSettings, Refiner, TierChoice,
 };
 use sfx_runtime::resident::ResidentKernels;
 use sfx_runtime::sfx_model::load_sfx_model_on;
+use sfx_runtime::synthetic::{self, SyntheticWeights};
 use sfx_runtime::{LogitsMode, Model};
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -53,6 +54,9 @@ pub struct TuneArgs {
     pub context: usize,
     pub tokens: usize,
     pub rounds: usize,
+    /// Time candidates on a synthetic model of this architecture (a preset name) in the
+    /// file's formats, with refinement columns of its sizes; KL still from the file.
+    pub speed_model: Option<String>,
     pub json: bool,
 }
 
@@ -123,20 +127,75 @@ struct Extra {
     read_gbps: f64,
 }
 
+/// Decode timing on one model: its prefilled context, the context's next token, the
+/// timed tokens.
+struct Timing<B: Backend> {
+    cache: sfx_runtime::FloatKvCache<B>,
+    context: usize,
+    first_token: u32,
+    tokens: usize,
+}
+
+impl<B: ResidentKernels> Timing<B> {
+    /// Prefills `prompt` into a cache for `model` and takes its greedy next token.
+    fn new(model: &Model<B>, prompt: &[u32], tokens: usize) -> Result<Self> {
+        let mut cache = model.new_cache(prompt.len() + tokens + 1)?;
+        let logits = model
+            .forward(prompt, &mut cache, LogitsMode::Last)?
+            .into_vec();
+        let first_token = logits
+            .iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map_or(0, |(i, _)| i as u32);
+        Ok(Self {
+            cache,
+            context: prompt.len(),
+            first_token,
+            tokens,
+        })
+    }
+
+    /// Seconds to decode the timed tokens after the context, refined by `refiner`.
+    fn decode_seconds(
+        &mut self,
+        model: &Model<B>,
+        mut refiner: Option<&mut Refiner<B>>,
+    ) -> Result<f64> {
+        use sfx_runtime::KvCache;
+        self.cache.truncate(self.context)?;
+        let t0 = Instant::now();
+        let mut t = self.first_token;
+        for _ in 0..self.tokens {
+            t = model.forward_greedy_with(&[t], &mut self.cache, refiner.as_deref_mut())?;
+        }
+        model.backend().synchronize()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+}
+
+/// A synthetic stand-in the candidates are timed on (`--speed-model`): another
+/// architecture's shapes in the file's formats, and one refinement engine over random
+/// columns of that architecture's sizes, rescheduled per candidate.
+struct SpeedModel<B: Backend> {
+    model: Model<B>,
+    refiner: Refiner<B>,
+    /// What the profile records, e.g. `llama-3.1-8b (synthetic, rtn3 g128, q8 head)`.
+    label: String,
+}
+
 /// The machine and model behind [`Measure`].
 struct Bench<'a, B: Backend> {
+    /// The file's model: every KL, and the speed unless `speed_model` stands in.
     model: &'a Model<B>,
+    speed_model: Option<SpeedModel<B>>,
     file: &'a SfxFile,
     path: &'a Path,
     tier: TierChoice,
     parts: &'a [EvalPart],
     reference: &'a [Vec<ReferenceRow>],
     window: usize,
-    /// Decode timing: the prefilled context, its next token, timed tokens, rounds.
-    cache: sfx_runtime::FloatKvCache<B>,
-    context: usize,
-    first_token: u32,
-    tokens: usize,
+    timing: Timing<B>,
     rounds: usize,
     extra: HashMap<Candidate, Extra>,
     progress: ProgressBar,
@@ -173,19 +232,10 @@ impl<B: ResidentKernels> Bench<'_, B> {
         .ok_or_else(|| anyhow!("{}: no usable refinement", self.path.display()))
     }
 
-    /// Seconds to decode the timed tokens after the context, refined by `refiner`.
-    fn decode_seconds(&mut self, mut refiner: Option<&mut Refiner<B>>) -> Result<f64> {
-        use sfx_runtime::KvCache;
-        self.cache.truncate(self.context)?;
-        let t0 = Instant::now();
-        let mut t = self.first_token;
-        for _ in 0..self.tokens {
-            t = self
-                .model
-                .forward_greedy_with(&[t], &mut self.cache, refiner.as_deref_mut())?;
-        }
-        self.model.backend().synchronize()?;
-        Ok(t0.elapsed().as_secs_f64())
+    /// Seconds the timed model decodes the timed tokens unrefined.
+    fn base_seconds(&mut self) -> Result<f64> {
+        let model = self.speed_model.as_ref().map_or(self.model, |p| &p.model);
+        self.timing.decode_seconds(model, None)
     }
 
     fn note(&self, c: &Candidate, what: String) {
@@ -201,16 +251,27 @@ impl<B: ResidentKernels> Measure for Bench<'_, B> {
 
     fn slowdown(&mut self, c: &Candidate) -> Result<f64> {
         self.progress.set_message(format!("speed {}", c.label()));
-        let mut r = self.refiner(c)?;
+        let mut own;
+        let (model, r) = match self.speed_model.as_mut() {
+            Some(p) => {
+                p.refiner.set_schedule(p.model.backend(), c.k, c.s())?;
+                (&p.model, &mut p.refiner)
+            }
+            None => {
+                own = self.refiner(c)?;
+                (self.model, &mut own)
+            }
+        };
+        let timing = &mut self.timing;
         // One untimed pass each warms caches and the refinement's pages.
-        self.decode_seconds(None)?;
-        self.decode_seconds(Some(&mut r))?;
+        timing.decode_seconds(model, None)?;
+        timing.decode_seconds(model, Some(&mut *r))?;
         let mut ratios = Vec::with_capacity(self.rounds);
         let (mut bytes, mut secs) = (0u64, 0.0);
         for _ in 0..self.rounds {
-            let base = self.decode_seconds(None)?;
+            let base = timing.decode_seconds(model, None)?;
             r.reset_counters();
-            let refined = self.decode_seconds(Some(&mut r))?;
+            let refined = timing.decode_seconds(model, Some(&mut *r))?;
             bytes += r.counters().bytes_applied;
             secs += refined;
             ratios.push(refined / base.max(1e-12));
@@ -218,7 +279,7 @@ impl<B: ResidentKernels> Measure for Bench<'_, B> {
         ratios.sort_by(f64::total_cmp);
         let slowdown = ratios[ratios.len() / 2] - 1.0;
         let e = self.extra.entry(*c).or_default();
-        e.fetched_per_token = bytes as f64 / (self.rounds * self.tokens) as f64;
+        e.fetched_per_token = bytes as f64 / (self.rounds * timing.tokens) as f64;
         e.read_gbps = bytes as f64 / secs.max(1e-12) / 1e9;
         self.note(c, format!("slowdown {:+.1} %", 100.0 * slowdown));
         Ok(slowdown)
@@ -272,17 +333,26 @@ impl OnBackend for Task<'_> {
             (None, true) => "ssd".into(),
             (None, false) => "ram".into(),
         };
-        let capacity = a.context + a.tokens + 1;
-        let mut cache = model.new_cache(capacity)?;
         let prompt = &self.parts[0].tokens[..a.context.min(self.parts[0].tokens.len())];
-        let logits = model
-            .forward(prompt, &mut cache, LogitsMode::Last)?
-            .into_vec();
-        let first_token = logits
-            .iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .map_or(0, |(i, _)| i as u32);
+        let speed_model = match &a.speed_model {
+            None => None,
+            Some(preset) => Some(speed_model(
+                model.backend().clone(),
+                self.file,
+                preset,
+                a.json,
+            )?),
+        };
+        let timing = match &speed_model {
+            None => Timing::new(&model, prompt, a.tokens)?,
+            Some(p) => {
+                // The text's ids are the file's tokenizer's; a smaller vocabulary wraps them
+                // (the stand-in's speed does not depend on which ids it reads).
+                let vocab = p.model.config().vocab_size as u32;
+                let ids: Vec<u32> = prompt.iter().map(|&t| t % vocab).collect();
+                Timing::new(&p.model, &ids, a.tokens)?
+            }
+        };
         let max_measurements = self.space.schemes.len()
             * self.space.shifts.len()
             * self.space.ladder.len()
@@ -308,17 +378,15 @@ impl OnBackend for Task<'_> {
             parts: self.parts,
             reference: self.reference,
             window: a.window,
-            cache,
-            context: prompt.len(),
-            first_token,
-            tokens: a.tokens,
+            speed_model,
+            timing,
             rounds: a.rounds,
             extra: HashMap::new(),
             progress: progress.clone(),
             verbose: !a.json,
         };
         let mut tuner = Tuner::new(bench);
-        let base_seconds = tuner.measure().decode_seconds(None)?;
+        let base_seconds = tuner.measure().base_seconds()?;
         let mut profiles = Vec::new();
         // Ascending, so each budget can start from the smaller budgets' choices.
         for &budget in &a.budgets {
@@ -372,6 +440,7 @@ impl OnBackend for Task<'_> {
         progress.finish_and_clear();
         let measured = tuner.measured();
         let bench = tuner.measure();
+        let speed_label = bench.speed_model.as_ref().map(|p| p.label.clone());
         let read_gbps = bench
             .extra
             .values()
@@ -390,6 +459,7 @@ impl OnBackend for Task<'_> {
                 .map(|p| (p.tokens.len() - p.first_scored) as u64)
                 .sum(),
             reference: a.kl_ref.clone().unwrap_or_default(),
+            speed_model: speed_label,
             profiles,
         };
         Ok(Outcome {
@@ -398,6 +468,69 @@ impl OnBackend for Task<'_> {
             seconds: t0.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// The synthetic model of `preset` in `file`'s resident formats, with refinement columns of
+/// its sizes placed in the backend (on CUDA: pinned host memory the GPU reads, as a real
+/// file's ram tier).
+fn speed_model<B: ResidentKernels>(
+    backend: B,
+    file: &SfxFile,
+    preset: &str,
+    quiet: bool,
+) -> Result<SpeedModel<B>> {
+    let t0 = Instant::now();
+    let config = synthetic::preset(preset)?;
+    let (dtype, weights, head) = synthetic::formats_of(file)?;
+    let options = sfx_runtime::ModelOptions {
+        precision: sfx_runtime::WeightPrecision::Native,
+        ..sfx_runtime::ModelOptions::default()
+    };
+    let seed = 1;
+    let model = Model::synthetic_with(backend, &config, dtype, weights, head, seed, &options)
+        .with_context(|| format!("--speed-model {preset}: building the synthetic model"))?;
+    let settings = RefineSettings {
+        k: [16; 4],
+        s: [0.0; 4],
+        mlp: MlpMode::Channels,
+        bundle_k: 0,
+    };
+    let refiner = Refiner::new_in_backend(
+        synthetic::refinement_plan(&config),
+        settings,
+        model.backend(),
+        |src| {
+            Ok(std::borrow::Cow::Owned(synthetic::refinement_columns(
+                src, seed,
+            )))
+        },
+    )
+    .with_context(|| format!("--speed-model {preset}: placing its refinement columns"))?;
+    model.backend().synchronize()?;
+    let format = |w: SyntheticWeights| match w {
+        SyntheticWeights::Float => format!("{dtype:?}").to_lowercase(),
+        SyntheticWeights::Group { bits, group } => format!("{bits}-bit g{group}"),
+        SyntheticWeights::Trellis { code, k } => format!("{k}-bit trellis {}", code.name()),
+    };
+    let label = format!(
+        "{preset} (synthetic, {}, {} head)",
+        format(weights),
+        format(head)
+    );
+    if !quiet {
+        eprintln!(
+            "speed model {label}: {:.2} GiB resident, {:.2} GiB of refinement columns, ready in \
+             {:.1} s",
+            model.resident_bytes() as f64 / (1u64 << 30) as f64,
+            refiner.backend_bytes() as f64 / (1u64 << 30) as f64,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(SpeedModel {
+        model,
+        refiner,
+        label,
+    })
 }
 
 /// RFC 3339 UTC time from the system clock (days-from-civil arithmetic; no time crate).
@@ -473,6 +606,26 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
             }
         }
         a.schemes.clone()
+    };
+    let schemes = match &a.speed_model {
+        // The stand-in's random refinement has channel columns only.
+        Some(preset) if schemes.contains(&Scheme::Bundles) => {
+            if !a.schemes.is_empty() {
+                bail!(
+                    "--mlp bundles with --speed-model {preset}: a synthetic speed model has \
+                     channel columns only (tune bundles on the file's own speed)"
+                );
+            }
+            if !has_channels {
+                bail!(
+                    "--speed-model {preset}: {} stores neuron bundles only; a synthetic speed \
+                     model times channel columns",
+                    a.model.display()
+                );
+            }
+            vec![Scheme::Channels]
+        }
+        _ => schemes,
     };
     let mut ladder = file_ladder(&file);
     if ladder.is_empty() {
@@ -572,6 +725,9 @@ pub fn print_profiles(m: &MachineProfiles) {
         m.reference,
         m.measured_at
     );
+    if let Some(speed) = &m.speed_model {
+        println!("speed measured on {speed}, not on this file's model (never applied by sfx-run)");
+    }
     println!(
         "| budget | k (qkv,o,gu,d) | s | mlp | slowdown | confirmed | re-measured | KL | PPL | \
          fetched/token |"

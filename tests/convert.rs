@@ -85,16 +85,19 @@ fn rtn4_default() -> SfxFile {
     SfxFile::open(shared(&P, "rtn4-head-q8.sfx", &[])).unwrap()
 }
 
-/// `rtn4 --fit --mlp both --k 8`: the ladder's single-k reference and the refit test's direct
-/// conversion.
-fn rtn4_fit_k8() -> SfxFile {
+/// `rtn4 --fit --mlp both --k 8`: the ladder's single-k reference, the refit test's direct
+/// conversion, and the tune tests' "another file" (they copy it).
+pub(crate) fn rtn4_fit_k8_path() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
-    SfxFile::open(shared(
+    shared(
         &P,
         "rtn4-fit-k8.sfx",
         &["--fit", "--mlp", "both", "--k", "8"],
-    ))
-    .unwrap()
+    )
+}
+
+fn rtn4_fit_k8() -> SfxFile {
+    SfxFile::open(rtn4_fit_k8_path()).unwrap()
 }
 
 #[test]

@@ -131,8 +131,8 @@ fn tuned_profiles_record_what_an_independent_evaluation_measures() {
     assert_eq!(entry.machine.device, "cpu");
     assert_eq!(entry.profiles.len(), 2);
     assert_eq!(entry.scored_tokens, 127);
-    // A budget of 1000 % admits the largest rung everywhere with no lead/lag (lead/lag only
-    // costs KL on the ram tier of a CPU).
+    // A budget of 1000 % admits the largest rung everywhere (with whichever lead/lag scores
+    // the lowest KL).
     let loose = entry.budget(10.0).unwrap();
     assert_eq!(loose.k, [16; 4]);
     for p in entry.profiles.iter().filter(|p| p.k != [0; 4]) {
@@ -199,8 +199,10 @@ fn sfx_run_applies_the_profile_and_names_bad_budgets() {
 #[test]
 fn a_profile_of_another_file_or_no_reference_is_refused() {
     tuned();
-    // The ladder file's profile beside another container: its digest does not match.
-    let other = convert("other.sfx", &["--calib-len", "32"]);
+    // The ladder file's profile beside another container (a copy of the convert tests'
+    // fitted k = 8 file): its digest does not match.
+    let other = out_dir().join("other.sfx");
+    std::fs::copy(crate::convert::rtn4_fit_k8_path(), &other).unwrap();
     std::fs::copy(sidecar_path(ladder_file()), sidecar_path(&other)).unwrap();
     let o = other.to_str().unwrap();
     let bad = run(
@@ -257,5 +259,84 @@ fn k_sweep_rows_equal_single_runs() {
     assert!(
         !bad.status.success() && stderr.contains("--k-sweep \"8,x\""),
         "{stderr}"
+    );
+}
+
+/// `--speed-model` times the candidates on a synthetic model in the file's formats: the
+/// profile names it, its KL is still the file's (the same as the file's own profile for the
+/// same k), it sits beside the file's own profile, and sfx-run never applies it.
+#[test]
+fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
+    let t = tuned();
+    let copy = out_dir().join("ladder-speed-model.sfx");
+    std::fs::copy(ladder_file(), &copy).unwrap();
+    let model = copy.to_str().unwrap();
+    let g = gguf();
+    let mut args = vec!["tune", model, "--kl-ref", g.to_str().unwrap()];
+    args.extend(TEXT);
+    args.extend([
+        "--budget",
+        "1000%",
+        "--device",
+        "cpu",
+        "--s",
+        "0,0.5",
+        "--context",
+        "32",
+        "--tokens",
+        "8",
+        "--rounds",
+        "3",
+        "--speed-model",
+        "tiny",
+        "--json",
+    ]);
+    let (stdout, _) = ok(SFX, &args);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let label = v["result"]["speed_model"].as_str().unwrap();
+    // The ladder file is rtn4 with the converter's default q8 head.
+    assert_eq!(label, "tiny (synthetic, 4-bit g128, 8-bit g128 head)");
+    let own = t["result"]["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["budget"] == 10.0)
+        .unwrap();
+    let proxied = &v["result"]["profiles"][0];
+    // 1000 %: every candidate fits on either model, so both keep the file's lowest KL.
+    for field in ["k", "s", "kl"] {
+        assert_eq!(proxied[field], own[field], "{field}");
+    }
+    // Alone in the sidecar, the entry is not applied.
+    let bad = run(
+        RUN,
+        &[
+            model, "--budget", "1000%", "-p", "Hi", "-n", "1", "--device", "cpu",
+        ],
+    );
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && e.contains("--budget"), "{e}");
+    let (text, _) = ok(SFX, &["inspect", model]);
+    assert!(text.contains("speed measured on tiny (synthetic"), "{text}");
+    // A file with bundles: the stand-in has channel columns only, so bundles are refused.
+    let both = crate::convert::rtn4_fit_k8_path().to_str().unwrap();
+    let g = g.to_str().unwrap();
+    let refused = run(
+        SFX,
+        &[
+            "tune",
+            both,
+            "--kl-ref",
+            g,
+            "--speed-model",
+            "tiny",
+            "--mlp",
+            "bundles",
+        ],
+    );
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && e.contains("channel columns only"),
+        "{e}"
     );
 }

@@ -80,6 +80,12 @@ pub struct MachineProfiles {
     pub scored_tokens: u64,
     /// The float model the KL is to.
     pub reference: String,
+    /// Where the speed was measured when not on this file's model: a synthetic model of
+    /// another architecture in the file's formats (`sfx tune --speed-model`), e.g.
+    /// `llama-3.1-8b (synthetic, rtn3 g128, q8 head)`. Such an entry says what this machine
+    /// affords that model; `sfx-run` never applies it to this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_model: Option<String>,
     pub profiles: Vec<BudgetProfile>,
 }
 
@@ -152,21 +158,26 @@ impl TuneFile {
         Ok(Some(file))
     }
 
-    /// Replaces the entry of the same machine and tier (or adds one).
+    /// Replaces the entry of the same machine, tier and speed model (or adds one).
     pub fn put(&mut self, entry: MachineProfiles) {
-        self.machines
-            .retain(|m| !(m.machine == entry.machine && m.tier == entry.tier));
+        self.machines.retain(|m| {
+            !(m.machine == entry.machine
+                && m.tier == entry.tier
+                && m.speed_model == entry.speed_model)
+        });
         self.machines.push(entry);
     }
 
     /// The entry measured on `machine` (any tier when `tier` is `None`), else one measured on
-    /// another machine of the same device kind (the caller says so).
+    /// another machine of the same device kind (the caller says so). Entries whose speed was
+    /// measured on another model ([`MachineProfiles::speed_model`]) are never returned.
     pub fn for_machine(
         &self,
         machine: &Machine,
         tier: Option<&str>,
     ) -> Option<(&MachineProfiles, bool)> {
-        let tier_ok = |m: &&MachineProfiles| tier.is_none_or(|t| m.tier == t);
+        let tier_ok =
+            |m: &&MachineProfiles| m.speed_model.is_none() && tier.is_none_or(|t| m.tier == t);
         self.machines
             .iter()
             .filter(tier_ok)
@@ -251,6 +262,7 @@ mod tests {
             text: "austen/persuasion:4".into(),
             scored_tokens: 100,
             reference: "smol-bf16".into(),
+            speed_model: None,
             profiles: budgets
                 .iter()
                 .map(|&b| BudgetProfile {
@@ -300,6 +312,28 @@ mod tests {
         };
         assert!(back.for_machine(&gpu, None).is_none());
         assert!(back.for_machine(&machine("cpu A"), Some("ssd")).is_none());
+    }
+
+    /// An entry timed on another model sits beside this machine's own, is kept apart by
+    /// `put`, reads back, and is never what `sfx-run` applies.
+    #[test]
+    fn an_entry_timed_on_another_model_is_listed_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sfx.tune.json");
+        let mut f = TuneFile::new("abc".into());
+        let mut proxy = entry("cpu A", &[0.05]);
+        proxy.speed_model = Some("llama-3.1-8b (synthetic, rtn3 g128, q8 head)".into());
+        f.put(proxy.clone());
+        assert!(f.for_machine(&machine("cpu A"), None).is_none());
+        f.put(entry("cpu A", &[0.1]));
+        f.put(proxy);
+        assert_eq!(f.machines.len(), 2);
+        let (m, exact) = f.for_machine(&machine("cpu A"), None).unwrap();
+        assert!(exact && m.speed_model.is_none() && m.budget(0.1).is_some());
+        f.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.matches("speed_model").count(), 1, "{text}");
+        assert_eq!(TuneFile::read(&path, "abc").unwrap().unwrap(), f);
     }
 
     #[test]

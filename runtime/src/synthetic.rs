@@ -166,7 +166,8 @@ pub fn group_codes(
     let groups = rows * cols.div_ceil(group);
     let levels = f32::from(1u16 << bits);
     let unit = (12.0 / ((levels * levels - 1.0) * cols.max(1) as f32)).sqrt();
-    let mid = (1u8 << bits) / 2;
+    // u16: an 8-bit head's 1 << 8 overflows a u8.
+    let mid = ((1u16 << bits) / 2) as u8;
     let scales = (0..groups)
         .map(|g| f16::from_f32(unit * (1.0 + 0.25 * synthetic_value(seed ^ 0x5ca1e, g as u64))))
         .collect();
@@ -243,6 +244,69 @@ pub enum SyntheticWeights {
     Group { bits: u8, group: usize },
     /// Trellis tiles of `k` bits per weight with `code` (QTIP / YAQA layout).
     Trellis { code: TrellisCode, k: u8 },
+}
+
+/// The formats a synthetic stand-in for a model file takes: the float dtype, the
+/// projections' format (read from layer 0's `q_proj`) and the head's (`lm_head.weight`, or a
+/// tied model's embedding). A tuner times candidates on another architecture's shapes in the
+/// file's own formats with these.
+pub fn formats_of(
+    file: &sfx_formats::sfx::SfxFile,
+) -> Result<(DType, SyntheticWeights, SyntheticWeights)> {
+    use sfx_formats::sfx::Layout;
+    let layout = |name: &str| file.section(name).ok().map(|s| s.layout.clone());
+    let unreadable = |name: &str, what: String| {
+        RuntimeError::Config(format!(
+            "{}: section '{name}' is {what}: no synthetic format stands in for it",
+            file.path().display()
+        ))
+    };
+    let projection = "model.layers.0.self_attn.q_proj.weight";
+    let (dtype, weights) = match layout(projection) {
+        Some(Layout::Dense { dtype, .. }) => (dtype, SyntheticWeights::Float),
+        Some(Layout::PackedCodes { bits, group, .. }) => (
+            DType::BF16,
+            SyntheticWeights::Group {
+                bits: u8::try_from(bits)
+                    .map_err(|_| unreadable(projection, format!("{bits}-bit")))?,
+                group: group as usize,
+            },
+        ),
+        Some(Layout::TrellisTiles { k, scheme, .. }) => {
+            let s = TrellisScheme::decode(scheme, k)
+                .map_err(|e| unreadable(projection, e.to_string()))?;
+            (
+                DType::BF16,
+                SyntheticWeights::Trellis {
+                    code: s.code,
+                    k: s.k,
+                },
+            )
+        }
+        other => {
+            return Err(unreadable(
+                projection,
+                other.map_or("missing".into(), |l| format!("{l:?}")),
+            ))
+        }
+    };
+    let head_name = ["lm_head.weight", "model.embed_tokens.weight"]
+        .into_iter()
+        .find(|n| layout(n).is_some())
+        .ok_or_else(|| unreadable("lm_head.weight", "missing, as is the embedding".into()))?;
+    let head = match layout(head_name) {
+        Some(Layout::PackedCodes { bits, group, .. }) => SyntheticWeights::Group {
+            bits: u8::try_from(bits).map_err(|_| unreadable(head_name, format!("{bits}-bit")))?,
+            group: group as usize,
+        },
+        Some(Layout::Dense { .. }) => SyntheticWeights::Float,
+        other => return Err(unreadable(head_name, format!("{other:?}"))),
+    };
+    let dtype = match dtype {
+        DType::F32 => DType::F32,
+        _ => DType::BF16,
+    };
+    Ok((dtype, weights, head))
 }
 
 impl<B: ResidentKernels> Model<B> {
@@ -478,10 +542,13 @@ mod tests {
         let a = group_codes(3, 8, 576, 2, 128).unwrap();
         assert_eq!(a, group_codes(3, 8, 576, 2, 128).unwrap());
         assert_ne!(a.codes(), group_codes(4, 8, 576, 2, 128).unwrap().codes());
-        // Dequantized weights have variance near 1/cols, as the float synthetic weights.
-        let w = a.dequantize();
-        let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
-        assert!((0.5..2.0).contains(&(var * 576.0)), "{var}");
+        // Dequantized weights have variance near 1/cols, as the float synthetic weights, at
+        // every width a head or projection takes (8 bits overflowed a u8 zero point once).
+        for bits in sfx_formats::resident::SUPPORTED_BITS {
+            let w = group_codes(3, 8, 576, bits, 128).unwrap().dequantize();
+            let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
+            assert!((0.5..2.0).contains(&(var * 576.0)), "{bits} bits: {var}");
+        }
     }
 
     #[test]
@@ -578,5 +645,56 @@ mod tests {
             bundle_k,
         };
         assert!(!bundles(12).selects_nothing() && bundles(0).selects_nothing());
+    }
+
+    /// One engine rescheduled to other budgets and lead/lag decodes exactly as an engine
+    /// built with those settings: the tuner's speed side reuses one copy of the columns.
+    #[test]
+    fn a_rescheduled_refiner_decodes_as_a_fresh_one() {
+        use crate::refine::{MlpMode, RefineSettings, Refiner};
+        let b = crate::CpuBackend::new();
+        let c = preset("tiny").unwrap();
+        let m = Model::synthetic(b, &c, DType::F32, 3, &ModelOptions::default()).unwrap();
+        let refiner = |k: [usize; 4], s: [f32; 4]| {
+            let settings = RefineSettings {
+                k,
+                s,
+                mlp: MlpMode::Channels,
+                bundle_k: 0,
+            };
+            Refiner::new_in_backend(refinement_plan(&c), settings, &b, |src| {
+                Ok(std::borrow::Cow::Owned(refinement_columns(src, 5)))
+            })
+            .unwrap()
+        };
+        // A prefill and decode steps: lead and lag act within each step.
+        let decode = |r: &mut Refiner<crate::CpuBackend>| {
+            let mut cache = m.new_cache(16).unwrap();
+            let mut out = m
+                .forward_refined(&[1, 5, 9], &mut cache, crate::LogitsMode::Last, r)
+                .unwrap()
+                .into_vec();
+            for t in [4u32, 7, 2] {
+                let step = m
+                    .forward_refined(&[t], &mut cache, crate::LogitsMode::Last, r)
+                    .unwrap()
+                    .into_vec();
+                out.extend(step);
+            }
+            out
+        };
+        let (k, s) = ([32, 0, 64, 16], [1.0, 0.5, 1.5, 1.0]);
+        let mut fresh = refiner(k, s);
+        let mut moved = refiner([16; 4], [0.0; 4]);
+        let before = decode(&mut moved);
+        moved.set_schedule(&b, k, s).unwrap();
+        assert_eq!(moved.settings().k, k);
+        let after = decode(&mut moved);
+        assert_ne!(before, after);
+        assert_eq!(after, decode(&mut fresh));
+        // And back: the lag buffers of the first schedule are rebuilt, not left stale.
+        moved.set_schedule(&b, [16; 4], [0.0; 4]).unwrap();
+        assert_eq!(decode(&mut moved), before);
+        assert!(moved.set_schedule(&b, k, [0.3; 4]).is_err());
     }
 }

@@ -137,6 +137,13 @@ enum Command {
         /// Decode timing: alternating base/candidate rounds (the median ratio counts).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Time the candidates on a synthetic model of this architecture instead of the
+        /// file's (llama-3.1-8b, qwen2.5-7b, … as `sfx bench --synthetic` names them): the
+        /// file's resident formats and random refinement columns of that model's sizes; KL
+        /// still from the file. The profile answers "what would this machine afford that
+        /// model" and is listed, never applied by sfx-run. Channel columns only.
+        #[arg(long)]
+        speed_model: Option<String>,
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
@@ -286,6 +293,7 @@ fn main() -> Result<()> {
             context,
             tokens,
             rounds,
+            speed_model,
             json,
         } => {
             use sfx_calibration::tune::Scheme;
@@ -332,6 +340,7 @@ fn main() -> Result<()> {
                 context,
                 tokens,
                 rounds,
+                speed_model,
                 json,
             })
         }

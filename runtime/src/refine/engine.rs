@@ -402,6 +402,23 @@ impl<B: Backend> Refiner<B> {
         Ok(())
     }
 
+    /// Changes the budgets k and the lead/lag s per set (a tuner's candidates over one copy
+    /// of the columns: placing an 8B model's columns again per candidate costs seconds). Like
+    /// [`Refiner::set_budgets`], an engine in the backend gets a new step-graph id.
+    pub fn set_schedule(&mut self, b: &B, k: [usize; 4], s: [f32; 4]) -> Result<()> {
+        let mut shift = [0usize; 4];
+        for (h, &v) in shift.iter_mut().zip(&s) {
+            *h = half_blocks(v)?;
+        }
+        check_budgets(k, self.settings.bundle_k)?;
+        self.settings.k = k;
+        self.settings.s = s;
+        if let Some(p) = self.placed.as_mut() {
+            p.set_schedule(b, &self.plan, k, shift)?;
+        }
+        Ok(())
+    }
+
     /// An engine built in the backend from the start (no host store): synthetic refinement
     /// of a benchmark's random model, `column_bytes` making each source's columns.
     pub fn new_in_backend<'s>(

@@ -132,6 +132,29 @@ fn lead_index(set: ProjectionSet) -> Option<usize> {
     }
 }
 
+/// `[layer][o, down]`: a decode row's lagged refinement buffers, for the lag sets whose
+/// `shift` is non-zero (a set of one projection; wider lag sets are not lagged).
+fn lag_deltas_for<B: Backend>(
+    b: &B,
+    plan: &RefinementPlan,
+    shift: [usize; 4],
+) -> Result<Vec<[Option<B::Buffer>; 2]>> {
+    let mut lag_deltas = Vec::with_capacity(plan.layers.len());
+    for l in &plan.layers {
+        let mut d: [Option<B::Buffer>; 2] = [None, None];
+        for set in [ProjectionSet::O, ProjectionSet::Down] {
+            let sources = &l.sets[set.index()];
+            if let Some(slot) = lag_index(set).filter(|_| shift[set.index()] > 0) {
+                if sources.len() == 1 {
+                    d[slot] = Some(b.alloc(sources[0].out)?);
+                }
+            }
+        }
+        lag_deltas.push(d);
+    }
+    Ok(lag_deltas)
+}
+
 /// The refinement the backend reads itself.
 pub(super) struct Placed<B: Backend> {
     /// `[layer][set]`: the set's projections in graph order.
@@ -243,19 +266,7 @@ impl<B: Backend> Placed<B> {
                 }
             }
         }
-        let mut lag_deltas = Vec::with_capacity(plan.layers.len());
-        for l in &plan.layers {
-            let mut d: [Option<B::Buffer>; 2] = [None, None];
-            for set in [ProjectionSet::O, ProjectionSet::Down] {
-                let sources = &l.sets[set.index()];
-                if let Some(slot) = lag_index(set).filter(|_| shift[set.index()] > 0) {
-                    if sources.len() == 1 {
-                        d[slot] = Some(b.alloc(sources[0].out)?);
-                    }
-                }
-            }
-            lag_deltas.push(d);
-        }
+        let lag_deltas = lag_deltas_for(b, plan, shift)?;
         let mut placed = Placed {
             layers,
             norms,
@@ -285,6 +296,22 @@ impl<B: Backend> Placed<B> {
         };
         placed.set_budgets(b, plan, k)?;
         Ok(placed)
+    }
+
+    /// Changes the lead/lag `shift` (half blocks per set) and the budgets `k`: the lagged
+    /// deltas follow the shift, the selections and staging the budgets.
+    pub(super) fn set_schedule(
+        &mut self,
+        b: &B,
+        plan: &RefinementPlan,
+        k: [usize; 4],
+        shift: [usize; 4],
+    ) -> Result<()> {
+        if shift != self.shift {
+            self.lag_deltas = lag_deltas_for(b, plan, shift)?;
+            self.shift = shift;
+        }
+        self.set_budgets(b, plan, k)
     }
 
     /// Sizes the selection (and fetch lead's staging) for budgets `k` and takes a new
