@@ -69,31 +69,41 @@ const TEXT: [&str; 6] = [
     "128",
 ];
 
+/// `sfx tune MODEL` on the CPU against the GGUF on the test text, lead/lag 0 and 0.5,
+/// 32 context tokens, with `budgets`, `timing` (`--tokens`, `--rounds`) and `extra` flags.
+fn tune_args(model: &str, budgets: &str, timing: [&str; 2], extra: &[&str]) -> Vec<String> {
+    let g = gguf();
+    let mut args: Vec<String> = ["tune", model, "--kl-ref", g.to_str().unwrap()]
+        .iter()
+        .chain(&TEXT)
+        .chain(&["--budget", budgets, "--device", "cpu", "--s", "0,0.5"])
+        .chain(&[
+            "--context",
+            "32",
+            "--tokens",
+            timing[0],
+            "--rounds",
+            timing[1],
+        ])
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+    args.push("--json".into());
+    args
+}
+
+fn tune_json(args: &[String]) -> serde_json::Value {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (stdout, _) = ok(SFX, &args);
+    serde_json::from_str(&stdout).unwrap()
+}
+
 /// Runs `sfx tune` once (short timings: this checks the plumbing, not the machine).
 fn tuned() -> &'static serde_json::Value {
     static T: OnceLock<serde_json::Value> = OnceLock::new();
     T.get_or_init(|| {
         let model = ladder_file().to_str().unwrap();
-        let g = gguf();
-        let mut args = vec!["tune", model, "--kl-ref", g.to_str().unwrap()];
-        args.extend(TEXT);
-        args.extend([
-            "--budget",
-            "5%,1000%",
-            "--device",
-            "cpu",
-            "--s",
-            "0,0.5",
-            "--context",
-            "32",
-            "--tokens",
-            "4",
-            "--rounds",
-            "1",
-            "--json",
-        ]);
-        let (stdout, _) = ok(SFX, &args);
-        serde_json::from_str(&stdout).unwrap()
+        tune_json(&tune_args(model, "5%,1000%", ["4", "1"], &[]))
     })
 }
 
@@ -271,28 +281,12 @@ fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
     let copy = out_dir().join("ladder-speed-model.sfx");
     std::fs::copy(ladder_file(), &copy).unwrap();
     let model = copy.to_str().unwrap();
-    let g = gguf();
-    let mut args = vec!["tune", model, "--kl-ref", g.to_str().unwrap()];
-    args.extend(TEXT);
-    args.extend([
-        "--budget",
+    let v = tune_json(&tune_args(
+        model,
         "1000%",
-        "--device",
-        "cpu",
-        "--s",
-        "0,0.5",
-        "--context",
-        "32",
-        "--tokens",
-        "8",
-        "--rounds",
-        "3",
-        "--speed-model",
-        "tiny",
-        "--json",
-    ]);
-    let (stdout, _) = ok(SFX, &args);
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        ["8", "3"],
+        &["--speed-model", "tiny"],
+    ));
     let label = v["result"]["speed_model"].as_str().unwrap();
     // The ladder file is rtn4 with the converter's default q8 head.
     assert_eq!(label, "tiny (synthetic, 4-bit g128, 8-bit g128 head)");
@@ -320,6 +314,7 @@ fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
     assert!(text.contains("speed measured on tiny (synthetic"), "{text}");
     // A file with bundles: the stand-in has channel columns only, so bundles are refused.
     let both = crate::convert::rtn4_fit_k8_path().to_str().unwrap();
+    let g = gguf();
     let g = g.to_str().unwrap();
     let refused = run(
         SFX,

@@ -596,6 +596,25 @@ mod tests {
         assert!(a.iter().all(|v| v.is_finite()));
     }
 
+    /// A channel-columns engine over `c`'s synthetic refinement (seed 5), placed in `b`.
+    fn channel_refiner(
+        c: &ModelConfig,
+        b: &crate::CpuBackend,
+        k: [usize; 4],
+        s: [f32; 4],
+    ) -> crate::refine::Refiner<crate::CpuBackend> {
+        let settings = crate::refine::RefineSettings {
+            k,
+            s,
+            mlp: crate::refine::MlpMode::Channels,
+            bundle_k: 0,
+        };
+        crate::refine::Refiner::new_in_backend(refinement_plan(c), settings, b, |src| {
+            Ok(std::borrow::Cow::Owned(refinement_columns(src, 5)))
+        })
+        .unwrap()
+    }
+
     /// A refiner whose budgets are all 0 does not enter the step (the model runs the base), one
     /// with a budget does; their counters say which ran.
     #[test]
@@ -604,18 +623,7 @@ mod tests {
         let b = crate::CpuBackend::new();
         let c = preset("tiny").unwrap();
         let m = Model::synthetic(b, &c, DType::F32, 3, &ModelOptions::default()).unwrap();
-        let refiner = |k: [usize; 4]| {
-            let settings = RefineSettings {
-                k,
-                s: [0.0; 4],
-                mlp: MlpMode::Channels,
-                bundle_k: 0,
-            };
-            Refiner::new_in_backend(refinement_plan(&c), settings, &b, |src| {
-                Ok(std::borrow::Cow::Owned(refinement_columns(src, 5)))
-            })
-            .unwrap()
-        };
+        let refiner = |k: [usize; 4]| channel_refiner(&c, &b, k, [0.0; 4]);
         let steps = |r: &mut Refiner<crate::CpuBackend>| {
             let mut cache = m.new_cache(8).unwrap();
             let logits = m
@@ -651,22 +659,11 @@ mod tests {
     /// built with those settings: the tuner's speed side reuses one copy of the columns.
     #[test]
     fn a_rescheduled_refiner_decodes_as_a_fresh_one() {
-        use crate::refine::{MlpMode, RefineSettings, Refiner};
+        use crate::refine::Refiner;
         let b = crate::CpuBackend::new();
         let c = preset("tiny").unwrap();
         let m = Model::synthetic(b, &c, DType::F32, 3, &ModelOptions::default()).unwrap();
-        let refiner = |k: [usize; 4], s: [f32; 4]| {
-            let settings = RefineSettings {
-                k,
-                s,
-                mlp: MlpMode::Channels,
-                bundle_k: 0,
-            };
-            Refiner::new_in_backend(refinement_plan(&c), settings, &b, |src| {
-                Ok(std::borrow::Cow::Owned(refinement_columns(src, 5)))
-            })
-            .unwrap()
-        };
+        let refiner = |k: [usize; 4], s: [f32; 4]| channel_refiner(&c, &b, k, s);
         // A prefill and decode steps: lead and lag act within each step.
         let decode = |r: &mut Refiner<crate::CpuBackend>| {
             let mut cache = m.new_cache(16).unwrap();
