@@ -571,6 +571,10 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
              Face folder, hub id or .gguf this file was converted from)"
         );
     };
+    if let Some(preset) = &a.speed_model {
+        // Named before any measurement (the float reference alone takes seconds to minutes).
+        synthetic::preset(preset).with_context(|| format!("--speed-model {preset:?}"))?;
+    }
     let file = SfxFile::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let config = file
         .metadata()

@@ -334,4 +334,16 @@ fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
         !refused.status.success() && e.contains("channel columns only"),
         "{e}"
     );
+    let unknown = run(
+        SFX,
+        &["tune", both, "--kl-ref", g, "--speed-model", "gpt-9"],
+    );
+    let e = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        !unknown.status.success()
+            && e.contains("--speed-model \"gpt-9\"")
+            && e.contains("llama-3.1-8b")
+            && !e.contains("float reference"),
+        "{e}"
+    );
 }
