@@ -336,12 +336,7 @@ impl OnBackend for Task<'_> {
         let prompt = &self.parts[0].tokens[..a.context.min(self.parts[0].tokens.len())];
         let speed_model = match &a.speed_model {
             None => None,
-            Some(preset) => Some(speed_model(
-                model.backend().clone(),
-                self.file,
-                preset,
-                a.json,
-            )?),
+            Some(preset) => Some(speed_model(model.backend().clone(), self.file, preset)?),
         };
         let timing = match &speed_model {
             None => Timing::new(&model, prompt, a.tokens)?,
@@ -383,27 +378,24 @@ impl OnBackend for Task<'_> {
             rounds: a.rounds,
             extra: HashMap::new(),
             progress: progress.clone(),
-            verbose: !a.json,
+            // Every measurement is logged on stderr, with --json too (stdout holds the JSON).
+            verbose: true,
         };
         let mut tuner = Tuner::new(bench);
         let base_seconds = tuner.measure().base_seconds()?;
         let mut profiles = Vec::new();
         // Ascending, so each budget can start from the smaller budgets' choices.
         for &budget in &a.budgets {
-            if !a.json {
-                say(&progress, format!("budget {:.1} %", 100.0 * budget));
-            }
+            say(&progress, format!("budget {:.1} %", 100.0 * budget));
             let choice = tuner.choose(&self.space, budget)?;
             let Some(c) = choice.candidate else {
-                if !a.json {
-                    say(
-                        &progress,
-                        format!(
-                            "  nothing fits {:.1} %: even no refinement measured slower",
-                            100.0 * budget
-                        ),
-                    );
-                }
+                say(
+                    &progress,
+                    format!(
+                        "  nothing fits {:.1} %: even no refinement measured slower",
+                        100.0 * budget
+                    ),
+                );
                 profiles.push(BudgetProfile {
                     budget,
                     k: [0; 4],
@@ -477,7 +469,6 @@ fn speed_model<B: ResidentKernels>(
     backend: B,
     file: &SfxFile,
     preset: &str,
-    quiet: bool,
 ) -> Result<SpeedModel<B>> {
     let t0 = Instant::now();
     let config = synthetic::preset(preset)?;
@@ -517,15 +508,13 @@ fn speed_model<B: ResidentKernels>(
         format(weights),
         format(head)
     );
-    if !quiet {
-        eprintln!(
-            "speed model {label}: {:.2} GiB resident, {:.2} GiB of refinement columns, ready in \
-             {:.1} s",
-            model.resident_bytes() as f64 / (1u64 << 30) as f64,
-            refiner.backend_bytes() as f64 / (1u64 << 30) as f64,
-            t0.elapsed().as_secs_f64()
-        );
-    }
+    eprintln!(
+        "speed model {label}: {:.2} GiB resident, {:.2} GiB of refinement columns, ready in \
+         {:.1} s",
+        model.resident_bytes() as f64 / (1u64 << 30) as f64,
+        refiner.backend_bytes() as f64 / (1u64 << 30) as f64,
+        t0.elapsed().as_secs_f64()
+    );
     Ok(SpeedModel {
         model,
         refiner,
@@ -634,13 +623,11 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
     let mut ladder = file_ladder(&file);
     if ladder.is_empty() {
         let k = file_budgets(&file);
-        if !a.json {
-            eprintln!(
-                "note: {} was fitted at one k ({k:?}); its C serves every budget searched \
-                 ({DEFAULT_LADDER:?}). Convert with --k-ladder to fit each.",
-                a.model.display()
-            );
-        }
+        eprintln!(
+            "note: {} was fitted at one k ({k:?}); its C serves every budget searched \
+             ({DEFAULT_LADDER:?}). Convert with --k-ladder to fit each.",
+            a.model.display()
+        );
         ladder = DEFAULT_LADDER.to_vec();
     }
     let space = Space {
@@ -662,14 +649,12 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     let rows = float_reference_rows(a.device, reference, &parts)?;
-    if !a.json {
-        eprintln!(
-            "float reference {reference}: {} scored tokens of {} in {:.1} s",
-            rows.iter().map(Vec::len).sum::<usize>(),
-            a.text,
-            t0.elapsed().as_secs_f64()
-        );
-    }
+    eprintln!(
+        "float reference {reference}: {} scored tokens of {} in {:.1} s",
+        rows.iter().map(Vec::len).sum::<usize>(),
+        a.text,
+        t0.elapsed().as_secs_f64()
+    );
     let outcome = with_backend(
         a.device,
         Task {

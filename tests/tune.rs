@@ -92,10 +92,11 @@ fn tune_args(model: &str, budgets: &str, timing: [&str; 2], extra: &[&str]) -> V
     args
 }
 
-fn tune_json(args: &[String]) -> serde_json::Value {
+/// The JSON `sfx tune` prints, and its stderr (the log of every measurement).
+fn tune_json(args: &[String]) -> (serde_json::Value, String) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (stdout, _) = ok(SFX, &args);
-    serde_json::from_str(&stdout).unwrap()
+    let (stdout, stderr) = ok(SFX, &args);
+    (serde_json::from_str(&stdout).unwrap(), stderr)
 }
 
 /// Runs `sfx tune` once (short timings: this checks the plumbing, not the machine).
@@ -103,7 +104,7 @@ fn tuned() -> &'static serde_json::Value {
     static T: OnceLock<serde_json::Value> = OnceLock::new();
     T.get_or_init(|| {
         let model = ladder_file().to_str().unwrap();
-        tune_json(&tune_args(model, "5%,1000%", ["4", "1"], &[]))
+        tune_json(&tune_args(model, "5%,1000%", ["4", "1"], &[])).0
     })
 }
 
@@ -281,12 +282,17 @@ fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
     let copy = out_dir().join("ladder-speed-model.sfx");
     std::fs::copy(ladder_file(), &copy).unwrap();
     let model = copy.to_str().unwrap();
-    let v = tune_json(&tune_args(
+    let (v, log) = tune_json(&tune_args(
         model,
         "1000%",
         ["8", "3"],
         &["--speed-model", "tiny"],
     ));
+    // With --json the measurements are still logged, on stderr.
+    assert!(
+        log.contains("speed model tiny (synthetic") && log.contains("slowdown"),
+        "{log}"
+    );
     let label = v["result"]["speed_model"].as_str().unwrap();
     // The ladder file is rtn4 with the converter's default q8 head.
     assert_eq!(label, "tiny (synthetic, 4-bit g128, 8-bit g128 head)");

@@ -144,7 +144,7 @@ enum Command {
         /// model" and is listed, never applied by sfx-run. Channel columns only.
         #[arg(long)]
         speed_model: Option<String>,
-        /// Print JSON instead of the table.
+        /// Print JSON instead of the table (every measurement is still logged on stderr).
         #[arg(long)]
         json: bool,
     },
