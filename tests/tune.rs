@@ -315,7 +315,10 @@ fn a_profile_timed_on_a_synthetic_model_is_listed_not_applied() {
         ],
     );
     let e = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && e.contains("--budget"), "{e}");
+    assert!(
+        !bad.status.success() && e.contains("--budget") && e.contains("never applied"),
+        "{e}"
+    );
     let (text, _) = ok(SFX, &["inspect", model]);
     assert!(text.contains("speed measured on tiny (synthetic"), "{text}");
     // A file with bundles: the stand-in has channel columns only, so bundles are refused.

@@ -370,8 +370,24 @@ fn tuning_profile(
     let machine = strataflux::tune::machine_for(backend_name);
     let Some((entry, exact)) = tune.for_machine(&machine, cli.refine_tier.as_deref()) else {
         if budget.is_some() {
+            let stand_ins: Vec<&str> = tune
+                .machines
+                .iter()
+                .filter(|m| m.machine.device == machine.device)
+                .filter_map(|m| m.speed_model.as_deref())
+                .collect();
+            let also = if stand_ins.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (its profiles timed on {} describe another model's speed and are never \
+                     applied)",
+                    stand_ins.join(", ")
+                )
+            };
             bail!(
-                "--budget: {} has no profile measured on a {} device: run `sfx tune --device {}` here",
+                "--budget: {} has no profile measured on a {} device{also}: run `sfx tune \
+                 --device {}` here",
                 sidecar.display(),
                 machine.device,
                 machine.device
