@@ -180,7 +180,7 @@ impl<B: ResidentKernels> Timing<B> {
 struct SpeedModel<B: Backend> {
     model: Model<B>,
     refiner: Refiner<B>,
-    /// What the profile records, e.g. `llama-3.1-8b (synthetic, rtn3 g128, q8 head)`.
+    /// What the profile records, e.g. `llama-3.1-8b (synthetic, 3-bit g128, 8-bit g128 head)`.
     label: String,
 }
 
@@ -199,7 +199,6 @@ struct Bench<'a, B: Backend> {
     rounds: usize,
     extra: HashMap<Candidate, Extra>,
     progress: ProgressBar,
-    verbose: bool,
 }
 
 impl<B: ResidentKernels> Bench<'_, B> {
@@ -240,9 +239,8 @@ impl<B: ResidentKernels> Bench<'_, B> {
 
     fn note(&self, c: &Candidate, what: String) {
         self.progress.inc(1);
-        if self.verbose {
-            say(&self.progress, format!("  {:<36} {what}", c.label()));
-        }
+        // Logged with --json too (stdout holds the JSON).
+        say(&self.progress, format!("  {:<36} {what}", c.label()));
     }
 }
 
@@ -378,8 +376,6 @@ impl OnBackend for Task<'_> {
             rounds: a.rounds,
             extra: HashMap::new(),
             progress: progress.clone(),
-            // Every measurement is logged on stderr, with --json too (stdout holds the JSON).
-            verbose: true,
         };
         let mut tuner = Tuner::new(bench);
         let base_seconds = tuner.measure().base_seconds()?;

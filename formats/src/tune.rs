@@ -82,7 +82,7 @@ pub struct MachineProfiles {
     pub reference: String,
     /// Where the speed was measured when not on this file's model: a synthetic model of
     /// another architecture in the file's formats (`sfx tune --speed-model`), e.g.
-    /// `llama-3.1-8b (synthetic, rtn3 g128, q8 head)`. Such an entry says what this machine
+    /// `llama-3.1-8b (synthetic, 3-bit g128, 8-bit g128 head)`. Such an entry says what this machine
     /// affords that model; `sfx-run` never applies it to this file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed_model: Option<String>,

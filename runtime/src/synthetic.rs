@@ -290,16 +290,16 @@ pub fn formats_of(
             ))
         }
     };
-    let head_name = ["lm_head.weight", "model.embed_tokens.weight"]
+    let (head_name, head_layout) = ["lm_head.weight", "model.embed_tokens.weight"]
         .into_iter()
-        .find(|n| layout(n).is_some())
+        .find_map(|n| layout(n).map(|l| (n, l)))
         .ok_or_else(|| unreadable("lm_head.weight", "missing, as is the embedding".into()))?;
-    let head = match layout(head_name) {
-        Some(Layout::PackedCodes { bits, group, .. }) => SyntheticWeights::Group {
+    let head = match head_layout {
+        Layout::PackedCodes { bits, group, .. } => SyntheticWeights::Group {
             bits: u8::try_from(bits).map_err(|_| unreadable(head_name, format!("{bits}-bit")))?,
             group: group as usize,
         },
-        Some(Layout::Dense { .. }) => SyntheticWeights::Float,
+        Layout::Dense { .. } => SyntheticWeights::Float,
         other => return Err(unreadable(head_name, format!("{other:?}"))),
     };
     let dtype = match dtype {

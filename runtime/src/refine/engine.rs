@@ -250,6 +250,14 @@ fn half_blocks(s: f32) -> Result<usize> {
     Ok(h as usize)
 }
 
+/// Lead/lag per set: multiples of half a block (see [`half_blocks`]).
+fn check_shifts(s: [f32; 4]) -> Result<()> {
+    for v in s {
+        half_blocks(v)?;
+    }
+    Ok(())
+}
+
 /// Budgets k per set and neurons per 1024 for bundles: at most every channel.
 fn check_budgets(k: [usize; 4], bundle_k: usize) -> Result<()> {
     if k.iter().chain([&bundle_k]).any(|&k| k > 1024) {
@@ -278,9 +286,7 @@ impl<B: Backend> Refiner<B> {
         store: Option<Arc<dyn RefinementStore>>,
         settings: RefineSettings,
     ) -> Result<Self> {
-        for &s in &settings.s {
-            half_blocks(s)?;
-        }
+        check_shifts(settings.s)?;
         check_budgets(settings.k, settings.bundle_k)?;
         if settings.mlp == MlpMode::Bundles && plan.layers.iter().any(|l| l.bundles.is_none()) {
             return Err(RuntimeError::Config(
@@ -379,7 +385,7 @@ impl<B: Backend> Refiner<B> {
                 "refinement cannot run in the backend: {why}"
             )));
         }
-        let shift = ProjectionSet::ALL.map(|set| self.lead(set));
+        let shift = self.shifts();
         self.placed = Some(Placed::new(
             b,
             &self.plan,
@@ -406,13 +412,11 @@ impl<B: Backend> Refiner<B> {
     /// of the columns: placing an 8B model's columns again per candidate costs seconds). Like
     /// [`Refiner::set_budgets`], an engine in the backend gets a new step-graph id.
     pub fn set_schedule(&mut self, b: &B, k: [usize; 4], s: [f32; 4]) -> Result<()> {
-        let mut shift = [0usize; 4];
-        for (h, &v) in shift.iter_mut().zip(&s) {
-            *h = half_blocks(v)?;
-        }
+        check_shifts(s)?;
         check_budgets(k, self.settings.bundle_k)?;
         self.settings.k = k;
         self.settings.s = s;
+        let shift = self.shifts();
         if let Some(p) = self.placed.as_mut() {
             p.set_schedule(b, &self.plan, k, shift)?;
         }
@@ -433,8 +437,13 @@ impl<B: Backend> Refiner<B> {
     }
 
     fn lead(&self, set: ProjectionSet) -> usize {
-        // Validated in `new`.
+        // Validated in `new` and `set_schedule`.
         half_blocks(self.settings.s[set.index()]).unwrap_or(0)
+    }
+
+    /// Lead/lag of every set, in half blocks.
+    fn shifts(&self) -> [usize; 4] {
+        ProjectionSet::ALL.map(|set| self.lead(set))
     }
 
     /// Starts a forward chunk of `rows` token rows.
