@@ -988,7 +988,17 @@ fn bad_options_are_named() {
     let o = o.to_str().unwrap();
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
-    let cases: [(&[&str], &str); 16] = [
+    let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let cases: [(&[&str], &str); 19] = [
+        (&["--quant", "gguf", g, "-o", o], "--float-source <hf-dir"),
+        (
+            &["--quant", "gguf", not_gguf, "--float-source", g, "-o", o],
+            "is not a GGUF file",
+        ),
+        (
+            &["--quant", "rtn3", "--float-source", g, g, "-o", o],
+            "--float-source goes with --quant gguf",
+        ),
         (
             &["--quant", "rtn3", "--fit", "--lambda=-1", g, "-o", o],
             "--lambda \"-1\"",

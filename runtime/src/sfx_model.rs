@@ -16,8 +16,10 @@ use crate::backend::WeightPrecision;
 use crate::error::{Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
+use crate::resident::gguf_blocks::dequantized_linear;
 use crate::resident::ResidentKernels;
 use half::f16;
+use sfx_formats::gguf::BlockTensor;
 use sfx_formats::resident::{
     GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
 };
@@ -32,6 +34,8 @@ use std::sync::Arc;
 /// codes, and trellis tiles (whose layout carries its own scheme).
 pub const PACKING_GROUP_ASYM_V1: &str = "group-asym-v1";
 pub const PACKING_TRELLIS_V1: &str = "trellis-v1";
+/// llama.cpp's own blocks, kept from a GGUF (`gguf_blocks` sections name their type).
+pub const PACKING_GGUF_BLOCKS_V1: &str = "gguf-blocks-v1";
 
 /// True when `path` is a regular file starting with the `.sfx` magic `SFX\0`. Detection by
 /// content rather than extension, so a renamed container still loads as one (and a folder or
@@ -102,13 +106,16 @@ fn check_packing(file: &SfxFile) -> Result<()> {
     match quant.get("packing") {
         None => Ok(()),
         Some(serde_json::Value::String(p))
-            if p == PACKING_GROUP_ASYM_V1 || p == PACKING_TRELLIS_V1 =>
+            if p == PACKING_GROUP_ASYM_V1
+                || p == PACKING_TRELLIS_V1
+                || p == PACKING_GGUF_BLOCKS_V1 =>
         {
             Ok(())
         }
         Some(other) => Err(RuntimeError::Unsupported(format!(
             "{}: params.quant.packing is {other}; this runtime reads \
-             \"{PACKING_GROUP_ASYM_V1}\" and \"{PACKING_TRELLIS_V1}\"",
+             \"{PACKING_GROUP_ASYM_V1}\", \"{PACKING_TRELLIS_V1}\" and \
+             \"{PACKING_GGUF_BLOCKS_V1}\"",
             file.path().display()
         ))),
     }
@@ -123,6 +130,7 @@ fn layout_name(l: &Layout) -> &'static str {
         Layout::ColumnNibbles { .. } => "column_nibbles",
         Layout::NeuronBundles { .. } => "neuron_bundles",
         Layout::TrellisTiles { .. } => "trellis_tiles",
+        Layout::GgufBlocks { .. } => "gguf_blocks",
     }
 }
 
@@ -428,6 +436,43 @@ impl SfxLinearFactory<'_> {
         Ok(decoded_exact(file, &s, n)?.into_owned())
     }
 
+    /// A projection kept in llama.cpp's blocks (`P.weight`, layout `gguf_blocks`), checked
+    /// against `spec`.
+    pub fn gguf_blocks(&self, spec: &LinearSpec<'_>) -> Result<BlockTensor> {
+        let file = self.file;
+        let name = spec.weight_name;
+        let what = spec.role.describe();
+        let codes = required_section(file, name, &format!("GGUF blocks of the {what}"))?;
+        let Layout::GgufBlocks {
+            rows,
+            cols,
+            ggml_type,
+        } = *codes.layout
+        else {
+            return Err(section_err(
+                file,
+                name,
+                format!("layout {}, expected gguf_blocks", layout_name(codes.layout)),
+            ));
+        };
+        let (rows, cols) = config_dims(file, name, "blocks", (rows, cols), spec)?;
+        // The layout was checked when the table was read: the type is a known block type.
+        let ty =
+            sfx_formats::sfx::gguf_block_type(ggml_type).map_err(|e| section_err(file, name, e))?;
+        let len = (rows as u64)
+            .checked_mul(cols as u64)
+            .and_then(|n| ty.bytes_for(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| section_err(file, name, "block count overflows"))?;
+        let bytes = decoded_exact(file, &codes, len)?.into_owned();
+        Ok(BlockTensor {
+            ty,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
     /// The trellis-coded weight of one projection (`P.weight` trellis tiles, `P.weight.su`,
     /// `P.weight.sv`, the HYB table `P.weight.tlut` or `resident.tlut`, and the Hadamard
     /// factors `resident.hadamard.{m}`), every section checked against `spec`.
@@ -562,6 +607,21 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         if trellis {
             let q = self.trellis_quantized(spec)?;
             return backend.trellis_linear(q, bias, &what);
+        }
+        if let Some(Layout::GgufBlocks { .. }) = self.section_layout(spec.weight_name) {
+            let t = self.gguf_blocks(spec)?;
+            return match backend.gguf_block_linear(&t, bias.clone(), &what)? {
+                Some(linear) => Ok(linear),
+                // A backend without kernels for these blocks runs them dequantized, at the
+                // precision of the file's float weights.
+                None => Ok(Box::new(dequantized_linear(
+                    backend,
+                    &t,
+                    bias.as_deref(),
+                    self.head_precision,
+                    &what,
+                )?)),
+            };
         }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)

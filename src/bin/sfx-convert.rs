@@ -87,15 +87,25 @@ struct ConvertArgs {
     /// 16×16 tiles); or yaqa2, yaqa3, yaqa4 (the same format rounded with YAQA's two-sided LDLQ
     /// on Kronecker factors of the full-model KL Hessian, see --yaqa-seqs). Trellis
     /// conversions run a Viterbi search per 256 weights: ~50 min on 2 cores for SmolLM2.
+    /// Or gguf: keep the projections of a llama.cpp GGUF (Q2_K … Q6_K, Q4_0 … Q8_0, the
+    /// i-quants; the model argument) bit for bit as the resident base and fit the refinement
+    /// on W_float - dequant(W_gguf) against --float-source.
     /// Not needed with --base.
     #[arg(long, required_unless_present = "base")]
     quant: Option<String>,
+    /// --quant gguf: the float model the GGUF was quantized from (a Hugging Face folder, a Hub
+    /// repo id or a float .gguf), the weights the refinement is fitted against. Norms, the
+    /// embedding and the head (at --head's format) come from it too; the two models must
+    /// have the same shape.
+    #[arg(long, value_name = "MODEL")]
+    float_source: Option<String>,
     /// Keep the resident codes of this .sfx (converted from the same float model) bit for bit
     /// and fit new refinement against the float weights: another --k-ladder, --lambda,
     /// --fit-prior or calibration text in minutes instead of quantizing again (the trellis
     /// search is the slow part). The file's quantizer records are copied; its sections'
     /// checksums are verified first. AWQ files are refused: their codes act on inputs whose
-    /// per-channel scales were folded into the norms.
+    /// per-channel scales were folded into the norms. A llama.cpp .gguf here is --quant gguf
+    /// with the model argument as the float source.
     #[arg(long, value_name = "FILE.sfx")]
     base: Option<PathBuf>,
     /// AWQ search grid "ALPHAS,CLIPS": number of α values (0, 1/n, …) and of clip ratios
@@ -382,10 +392,33 @@ fn layer_line(r: &LayerReport, layers: usize) -> String {
 
 fn run_convert(a: ConvertArgs) -> Result<()> {
     let t0 = Instant::now();
-    let (Some(spec), Some(output)) = (a.model.clone(), a.output.clone()) else {
+    let (Some(model), Some(output)) = (a.model.clone(), a.output.clone()) else {
         bail!("usage: sfx-convert --quant <q> [--fit] <model> -o <out/ | model.sfx>");
     };
-    let mut quant = match (&a.quant, &a.base) {
+    // With --quant gguf the model argument is the base and --float-source the float model.
+    let (spec, base) = match (a.quant.as_deref(), a.float_source.clone(), &a.base) {
+        (Some("gguf"), Some(float), None) => (float, Some(PathBuf::from(&model))),
+        (Some("gguf"), None, None) => bail!(
+            "--quant gguf keeps the blocks of the GGUF {model}: name the float model they were \
+             quantized from with --float-source <hf-dir | hub-id | model.gguf> (the refinement \
+             is fitted on W_float - dequant(W_gguf))"
+        ),
+        (Some("gguf"), _, Some(b)) => bail!(
+            "--quant gguf takes the GGUF as the model argument, not --base {}",
+            b.display()
+        ),
+        (_, Some(_), _) => bail!("--float-source goes with --quant gguf"),
+        _ => (model, a.base.clone()),
+    };
+    if let Some(b) = base.as_ref().filter(|_| a.quant.as_deref() == Some("gguf")) {
+        if !sfx_calibration::quant::kept_base::is_gguf(b) {
+            bail!(
+                "--quant gguf: {} is not a GGUF file (no GGUF magic)",
+                b.display()
+            );
+        }
+    }
+    let mut quant = match (&a.quant, &base) {
         (Some(q), None) => QuantSpec::parse(q)?,
         (q, Some(base)) => {
             let of_file = base_quant(base)?;
@@ -393,10 +426,9 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
                 let asked = QuantSpec::parse(q)?;
                 if (asked.method, asked.bits) != (of_file.method, of_file.bits) {
                     bail!(
-                        "--quant {q} but --base {} holds {}{} codes (leave --quant out with --base)",
+                        "--quant {q} but --base {} holds {} codes (leave --quant out with --base)",
                         base.display(),
-                        of_file.method_name(),
-                        of_file.bits
+                        of_file.label()
                     );
                 }
             }
@@ -423,7 +455,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     quant.awq_alpha_steps = alphas;
     quant.awq_clip_steps = clips;
-    if a.base.is_none() {
+    if base.is_none() {
         quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
             anyhow!(
                 "--trellis-code {:?}: expected hyb, hyb-qN (N = 1..15), 1mad or 3inst",
@@ -448,7 +480,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         },
         yaqa_sequences: a.yaqa_seqs,
         head: HeadFormat::parse(&a.head)?,
-        base: a.base.clone(),
+        base,
     };
     options.validate()?;
     // Checked before the conversion's work: a bad --quality must not end an hour's run.
@@ -807,10 +839,7 @@ fn fingerprint(
             .collect::<Vec<_>>()
             .join(", "),
     );
-    put(
-        "--quant",
-        format!("{}{}", o.quant.method_name(), o.quant.bits),
-    );
+    put("--quant", o.quant.label());
     put(
         "--awq-grid",
         format!("{},{}", o.quant.awq_alpha_steps, o.quant.awq_clip_steps),
@@ -904,13 +933,19 @@ fn fit_spec(prior: &str, lambda: Option<&str>) -> Result<FitSpec> {
     Ok(FitSpec { lambda, prior })
 }
 
-/// The base a container holds, from its `params.quant` (method and bits).
+/// The base a container holds, from its `params.quant` (method and bits); a GGUF's blocks.
 fn base_quant(path: &Path) -> Result<QuantSpec> {
+    if sfx_calibration::quant::kept_base::is_gguf(path) {
+        return Ok(QuantSpec::parse("gguf")?);
+    }
     let file = sfx_formats::sfx::SfxFile::open(path)
         .with_context(|| format!("--base {}", path.display()))?;
     let q = file.metadata().params.get("quant");
     let field = |f: &str| q.and_then(|q| q.get(f));
     let method = field("method").and_then(|m| m.as_str());
+    if method == Some("gguf") {
+        return Ok(QuantSpec::parse("gguf")?);
+    }
     let bits = field("bits").and_then(|b| b.as_u64());
     let (Some(method), Some(bits)) = (method, bits) else {
         bail!(
@@ -924,9 +959,8 @@ fn base_quant(path: &Path) -> Result<QuantSpec> {
 
 fn quant_name(o: &ConvertOptions) -> String {
     format!(
-        "{}{}{}{}",
-        o.quant.method_name(),
-        o.quant.bits,
+        "{}{}{}",
+        o.quant.label(),
         if o.fit { " --fit" } else { "" },
         match o.head {
             HeadFormat::Float => String::new(),

@@ -492,7 +492,8 @@ fn verify_folder(dir: &std::path::Path, json: bool) -> Result<()> {
 }
 
 /// Size of the resident quantized linears of a converter-written container: every
-/// `packed_codes` section `P.weight` with its `P.weight.scales` and `P.weight.zeros`.
+/// `packed_codes` section `P.weight` with its `P.weight.scales` and `P.weight.zeros`, and
+/// every `gguf_blocks` section (its scales are inside the blocks).
 #[derive(Default)]
 struct ResidentLinears {
     count: usize,
@@ -506,7 +507,9 @@ impl ResidentLinears {
     fn of(f: &SfxFile) -> Self {
         let mut r = Self::default();
         for s in f.sections() {
-            let Layout::PackedCodes { rows, cols, .. } = *s.layout else {
+            let (Layout::PackedCodes { rows, cols, .. } | Layout::GgufBlocks { rows, cols, .. }) =
+                *s.layout
+            else {
                 continue;
             };
             r.count += 1;

@@ -458,6 +458,7 @@ impl LayerContext<'_> {
                 match proj.quantized()? {
                     ResidentWeight::Group(q) => sink.put_group(&format!("{name}.weight"), q)?,
                     ResidentWeight::Trellis(t) => sink.put_trellis(name, t)?,
+                    ResidentWeight::Gguf(t) => sink.put_gguf(&format!("{name}.weight"), t)?,
                 }
                 code_bits += 8 * proj.quantized()?.size_in_bytes() as u64;
                 weights += rows * cols;

@@ -63,6 +63,8 @@ pub enum QuantMethod {
     Qtip,
     /// QTIP's format with YAQA's two-sided LDLQ on Kronecker factors of the full-model KL.
     Yaqa,
+    /// A llama.cpp GGUF's own blocks, kept (the base file is the GGUF).
+    Gguf,
 }
 
 /// `rtn{2,3,4}` or `awq{2,3,4}` at a group size, or `qtip{2,3,4}` (trellis; no groups).
@@ -81,13 +83,21 @@ pub struct QuantSpec {
 }
 
 impl QuantSpec {
-    /// Parses `rtn2`…`rtn4`, `awq2`…`awq4` (group 128).
+    /// Parses `rtn2`…`rtn4`, `awq2`…`awq4` (group 128), `qtip2`…, `yaqa2`…, or `gguf` (the
+    /// codes of a GGUF base; `bits` is then 0: a GGUF mixes block types).
     pub fn parse(s: &str) -> Result<Self, ConvertError> {
         let bad = || {
             ConvertError::Options(format!(
-                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4"
+                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, or gguf"
             ))
         };
+        if s == "gguf" {
+            return Ok(Self {
+                method: QuantMethod::Gguf,
+                bits: 0,
+                ..Self::parse("rtn4")?
+            });
+        }
         let (method, bits) = if let Some(b) = s.strip_prefix("rtn") {
             (QuantMethod::Rtn, b)
         } else if let Some(b) = s.strip_prefix("awq") {
@@ -115,8 +125,9 @@ impl QuantSpec {
         })
     }
 
-    pub fn quantizer(&self) -> Box<dyn ResidentQuantizer> {
-        match self.method {
+    /// The quantizer of a method that quantizes; a GGUF's blocks come from its base file.
+    pub fn quantizer(&self) -> Result<Box<dyn ResidentQuantizer>, ConvertError> {
+        Ok(match self.method {
             QuantMethod::Rtn => Box::new(Rtn {
                 bits: self.bits,
                 group_size: self.group,
@@ -136,6 +147,21 @@ impl QuantSpec {
                 yaqa.qtip.code = self.trellis_code;
                 Box::new(yaqa)
             }
+            QuantMethod::Gguf => {
+                return Err(ConvertError::Options(
+                    "--quant gguf keeps the blocks of a GGUF base: give the GGUF as the model \
+                     and the float model with --float-source"
+                        .into(),
+                ))
+            }
+        })
+    }
+
+    /// The base's name in messages: `awq3`, `qtip2`, `gguf`.
+    pub fn label(&self) -> String {
+        match self.method {
+            QuantMethod::Gguf => self.method_name().to_string(),
+            _ => format!("{}{}", self.method_name(), self.bits),
         }
     }
 
@@ -145,6 +171,7 @@ impl QuantSpec {
             QuantMethod::Awq => "awq",
             QuantMethod::Qtip => "qtip",
             QuantMethod::Yaqa => "yaqa",
+            QuantMethod::Gguf => "gguf",
         }
     }
 
@@ -153,6 +180,7 @@ impl QuantSpec {
         match self.method {
             QuantMethod::Rtn | QuantMethod::Awq => "group-asym-v1",
             QuantMethod::Qtip | QuantMethod::Yaqa => "trellis-v1",
+            QuantMethod::Gguf => sfx_runtime::sfx_model::PACKING_GGUF_BLOCKS_V1,
         }
     }
 }
@@ -492,6 +520,20 @@ impl Sink<'_> {
         )
     }
 
+    /// A weight kept in llama.cpp's blocks: the GGUF's bytes as they are (docs/format.md).
+    fn put_gguf(
+        &mut self,
+        name: &str,
+        t: &sfx_formats::gguf::BlockTensor,
+    ) -> Result<(), ConvertError> {
+        let layout = Layout::GgufBlocks {
+            rows: t.rows as u64,
+            cols: t.cols as u64,
+            ggml_type: u64::from(t.ty.id()),
+        };
+        self.put(name.to_string(), Tier::Resident, layout, &t.bytes)
+    }
+
     /// A float tensor copied in its source dtype.
     fn put_source(&mut self, tensors: &dyn TensorSource, name: &str) -> Result<(), ConvertError> {
         let view = tensors.tensor(name)?;
@@ -542,14 +584,14 @@ pub fn convert(
     }
     let runner = LayerwiseRunner::new(CpuBackend::new(), config)?;
     let base = match &options.base {
-        Some(path) => Some(crate::quant::FileBase::open(path, config)?),
+        Some(path) => Some(crate::quant::KeptBase::open(path, config)?),
         None => None,
     };
     let own_quantizer;
     let quantizer: &dyn ResidentQuantizer = match &base {
-        Some(b) => b,
+        Some(b) => b.quantizer(),
         None => {
-            own_quantizer = options.quant.quantizer();
+            own_quantizer = options.quant.quantizer()?;
             &*own_quantizer
         }
     };
@@ -710,14 +752,8 @@ pub fn convert(
     report.params = params(options, quantizer, &report);
     if let Some(b) = &base {
         // The codes are the file's: so are their description and their quantizer's records.
-        report
-            .params
-            .insert("quant".into(), b.quant_params().clone());
+        report.params.insert("quant".into(), b.quant_params());
         report.params.extend(b.extra_params());
-        report.params.insert(
-            "base".into(),
-            serde_json::json!({ "refitted_from": b.digest() }),
-        );
     }
     report.bytes_by_tier = sink.bytes_by_tier;
     report.refine_bytes = sink.refine_bytes;

@@ -127,6 +127,7 @@ impl FileBase {
             Layout::TrellisTiles { .. } => factory
                 .trellis_quantized(&spec)
                 .map(ResidentWeight::Trellis),
+            Layout::GgufBlocks { .. } => factory.gguf_blocks(&spec).map(ResidentWeight::Gguf),
             other => {
                 return Err(fail(format!(
                     "section {weight_name} is {other:?}, not resident codes"
@@ -138,7 +139,7 @@ impl FileBase {
 }
 
 /// `model.layers.{l}.{self_attn|mlp}.{x}_proj` → (l, role).
-fn parse_projection(name: &str) -> Option<(usize, LinearRole)> {
+pub(crate) fn parse_projection(name: &str) -> Option<(usize, LinearRole)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, proj) = rest.split_once('.')?;
     let role = LinearRole::of_projection(proj)?;

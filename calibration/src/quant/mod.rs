@@ -7,21 +7,27 @@
 //! - [`awq`]: activation-aware per-channel scales (folded into the input's producer) and
 //!   clipping on top of the same group layout.
 //! - [`file_base`]: the codes of an existing container, kept as they are.
+//! - [`gguf_base`]: a llama.cpp GGUF's own blocks, kept as they are.
 //! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
 pub mod awq;
 pub mod file_base;
+pub mod gguf_base;
 pub mod head;
+pub mod kept_base;
 pub mod qtip;
 pub mod rtn;
 pub mod yaqa;
 
 pub use awq::Awq;
 pub use file_base::FileBase;
+pub use gguf_base::GgufBase;
 pub use head::TableQuant;
+pub use kept_base::KeptBase;
 pub use qtip::Qtip;
 pub use rtn::Rtn;
+use sfx_formats::gguf::BlockTensor;
 pub use sfx_formats::resident::{
     GroupQuantized, ResidentError, TrellisQuantized, DEFAULT_GROUP_SIZE,
 };
@@ -86,12 +92,13 @@ pub struct QuantizedSet {
     pub info: BTreeMap<String, f64>,
 }
 
-/// Every resident format a quantizer can produce. Non-uniform (SqueezeLLM LUT) and trellis
-/// (QTIP) layouts become further variants.
+/// Every resident format a quantizer can produce (or a base file holds).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResidentWeight {
     Group(GroupQuantized),
     Trellis(TrellisQuantized),
+    /// A llama.cpp GGUF weight kept in its own blocks ([`gguf_base`]).
+    Gguf(BlockTensor),
 }
 
 impl ResidentWeight {
@@ -99,6 +106,7 @@ impl ResidentWeight {
         match self {
             ResidentWeight::Group(g) => g.bits_per_weight(),
             ResidentWeight::Trellis(t) => t.bits_per_weight(),
+            ResidentWeight::Gguf(t) => t.bytes.len() as f64 * 8.0 / (t.rows * t.cols) as f64,
         }
     }
     /// Resident bytes of this projection's own sections.
@@ -106,18 +114,21 @@ impl ResidentWeight {
         match self {
             ResidentWeight::Group(g) => g.size_in_bytes(),
             ResidentWeight::Trellis(t) => t.size_in_bytes(),
+            ResidentWeight::Gguf(t) => t.bytes.len(),
         }
     }
     pub fn rows(&self) -> usize {
         match self {
             ResidentWeight::Group(g) => g.rows(),
             ResidentWeight::Trellis(t) => t.rows(),
+            ResidentWeight::Gguf(t) => t.rows,
         }
     }
     pub fn cols(&self) -> usize {
         match self {
             ResidentWeight::Group(g) => g.cols(),
             ResidentWeight::Trellis(t) => t.cols(),
+            ResidentWeight::Gguf(t) => t.cols,
         }
     }
     /// Dequantized weight in the original domain, row-major (R = W − Ŵ for the refinement
@@ -131,6 +142,10 @@ impl ResidentWeight {
                     source: ResidentError::Invalid(e.to_string()),
                 })
             }
+            ResidentWeight::Gguf(t) => t.dequantize().map_err(|e| QuantError::Base {
+                name: name.to_string(),
+                message: e.to_string(),
+            }),
         }
     }
 }

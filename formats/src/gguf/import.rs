@@ -36,7 +36,7 @@ pub struct ImportedModel {
 
 /// A weight matrix in llama.cpp's own blocks: `rows` rows of `cols / block_size` blocks of
 /// `ty`, rows in Hugging Face order (Q/K rows un-permuted like the dequantized tensors).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BlockTensor {
     pub ty: GgmlType,
     pub rows: usize,

@@ -161,6 +161,15 @@ pub enum Layout {
         k: u64,
         scheme: u64,
     },
+    /// A llama.cpp GGUF weight `[rows, cols]` kept in its own blocks: `rows` rows of
+    /// `cols / block_size` blocks of the type with GGUF id `ggml_type` (Q4_0 … Q8_0, Q2_K …
+    /// Q6_K, the i-quants), each block exactly as llama.cpp lays it out; rows in Hugging Face
+    /// order (Q/K rows un-permuted). The blocks carry their own scales.
+    GgufBlocks {
+        rows: u64,
+        cols: u64,
+        ggml_type: u64,
+    },
 }
 
 impl Layout {
@@ -172,6 +181,7 @@ impl Layout {
             Layout::ColumnNibbles { .. } => 3,
             Layout::NeuronBundles { .. } => 4,
             Layout::TrellisTiles { .. } => 5,
+            Layout::GgufBlocks { .. } => 6,
         }
     }
 
@@ -215,6 +225,17 @@ impl Layout {
                 .and_then(|t| t.checked_mul(32 * k))
                 .map(Some)
                 .ok_or(()),
+            Layout::GgufBlocks {
+                rows,
+                cols,
+                ggml_type,
+            } => {
+                let ty = gguf_block_type(*ggml_type).map_err(|_| ())?;
+                rows.checked_mul(*cols)
+                    .and_then(|n| ty.bytes_for(n))
+                    .map(Some)
+                    .ok_or(())
+            }
         }
     }
 
@@ -254,6 +275,14 @@ impl Layout {
             } => {
                 dims = [*rows, *cols, *k, *scheme];
                 (5, 0, 4, dims)
+            }
+            Layout::GgufBlocks {
+                rows,
+                cols,
+                ggml_type,
+            } => {
+                dims[..3].copy_from_slice(&[*rows, *cols, *ggml_type]);
+                (6, 0, 3, dims)
             }
         }
     }
@@ -352,8 +381,45 @@ impl Layout {
                     scheme: dims[3],
                 })
             }
+            6 => {
+                want(3)?;
+                no_dtype()?;
+                let ty = gguf_block_type(dims[2])?;
+                if !dims[1].is_multiple_of(ty.block_size() as u64) {
+                    return Err(format!(
+                        "GGUF {ty} blocks of a [{}, {}] weight ({} columns is not a whole \
+                         number of blocks of {})",
+                        dims[0],
+                        dims[1],
+                        dims[1],
+                        ty.block_size()
+                    ));
+                }
+                Ok(Layout::GgufBlocks {
+                    rows: dims[0],
+                    cols: dims[1],
+                    ggml_type: dims[2],
+                })
+            }
             _ => Err(format!("unknown layout code {code}")),
         }
+    }
+}
+
+/// The quantized GGUF type with id `id` that a [`Layout::GgufBlocks`] section may hold: one
+/// of blocks of several weights that [`crate::gguf::dequantize`] reads (not a float or
+/// integer type).
+pub fn gguf_block_type(id: u64) -> Result<crate::gguf::GgmlType, String> {
+    let ty = u32::try_from(id)
+        .ok()
+        .and_then(crate::gguf::GgmlType::from_id)
+        .ok_or_else(|| format!("unknown GGUF type id {id}"))?;
+    if ty.block_size() > 1 && ty.can_dequantize() {
+        Ok(ty)
+    } else {
+        Err(format!(
+            "GGUF type {ty} is not a block-quantized type this reader decodes"
+        ))
     }
 }
 
@@ -540,6 +606,11 @@ mod tests {
                 group: 128,
             },
             Layout::ColumnNibbles { out: 575, inp: 9 },
+            Layout::GgufBlocks {
+                rows: 1536,
+                cols: 576,
+                ggml_type: u64::from(crate::gguf::GgmlType::Q4_1.id()),
+            },
         ];
         for (i, layout) in layouts.into_iter().enumerate() {
             let e = Entry {
@@ -566,6 +637,39 @@ mod tests {
             shape: vec![u64::MAX, 2],
         };
         assert_eq!(huge.expected_len(), Err(()));
+    }
+
+    #[test]
+    fn gguf_blocks_take_whole_blocks_of_a_quantized_type() {
+        use crate::gguf::GgmlType;
+        let blocks = |cols: u64, ty: GgmlType| Layout::GgufBlocks {
+            rows: 3,
+            cols,
+            ggml_type: u64::from(ty.id()),
+        };
+        // Q2_K: 84 bytes a super-block of 256; Q4_0: 18 bytes a block of 32.
+        assert_eq!(
+            blocks(512, GgmlType::Q2K).expected_len(),
+            Ok(Some(3 * 2 * 84))
+        );
+        assert_eq!(
+            blocks(64, GgmlType::Q4_0).expected_len(),
+            Ok(Some(3 * 2 * 18))
+        );
+        let decode = |l: &Layout| {
+            let (code, dtype, ndim, dims) = l.encode();
+            Layout::decode(code, dtype, ndim, dims)
+        };
+        assert_eq!(
+            decode(&blocks(512, GgmlType::Q2K)),
+            Ok(blocks(512, GgmlType::Q2K))
+        );
+        let err = decode(&blocks(576, GgmlType::Q2K)).unwrap_err();
+        assert!(err.contains("576 columns") && err.contains("Q2_K"), "{err}");
+        let err = decode(&blocks(512, GgmlType::F16)).unwrap_err();
+        assert!(err.contains("F16"), "{err}");
+        let err = Layout::decode(6, 0, 3, [3, 512, 4, 0]).unwrap_err();
+        assert!(err.contains("unknown GGUF type id 4"), "{err}");
     }
 
     #[test]
