@@ -16,7 +16,7 @@ use crate::backend::WeightPrecision;
 use crate::error::{Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
-use crate::resident::gguf_blocks::dequantized_linear;
+use crate::resident::gguf_blocks::block_linear;
 use crate::resident::ResidentKernels;
 use half::f16;
 use sfx_formats::gguf::BlockTensor;
@@ -609,19 +609,10 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
             return backend.trellis_linear(q, bias, &what);
         }
         if let Some(Layout::GgufBlocks { .. }) = self.section_layout(spec.weight_name) {
+            // A backend without kernels for these blocks runs them dequantized, at the
+            // precision of the file's float weights.
             let t = self.gguf_blocks(spec)?;
-            return match backend.gguf_block_linear(&t, bias.clone(), &what)? {
-                Some(linear) => Ok(linear),
-                // A backend without kernels for these blocks runs them dequantized, at the
-                // precision of the file's float weights.
-                None => Ok(Box::new(dequantized_linear(
-                    backend,
-                    &t,
-                    bias.as_deref(),
-                    self.head_precision,
-                    &what,
-                )?)),
-            };
+            return block_linear(backend, &t, bias, self.head_precision, &what);
         }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)

@@ -54,28 +54,7 @@ impl FileBase {
                 "no model config in the metadata",
             ));
         };
-        let shape = |c: &ModelConfig| {
-            (
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_hidden_layers,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-                c.attention_bias,
-            )
-        };
-        if shape(file_config) != shape(config) {
-            return Err(FormatError::invalid(
-                path,
-                format!(
-                    "model shape (hidden, intermediate, layers, heads, kv heads, head dim, \
-                     bias) {:?} differs from the float model's {:?}",
-                    shape(file_config),
-                    shape(config)
-                ),
-            ));
-        }
+        same_shape(path, file_config, config)?;
         Ok(Self { file, quant })
     }
 
@@ -136,6 +115,37 @@ impl FileBase {
         }
         .map_err(|e| fail(e.to_string()))
     }
+}
+
+/// An error naming `path` unless its model (`base`) has the float model's shape.
+pub(crate) fn same_shape(
+    path: &Path,
+    base: &ModelConfig,
+    float: &ModelConfig,
+) -> Result<(), FormatError> {
+    let shape = |c: &ModelConfig| {
+        (
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.attention_bias,
+        )
+    };
+    if shape(base) == shape(float) {
+        return Ok(());
+    }
+    Err(FormatError::invalid(
+        path,
+        format!(
+            "model shape (hidden, intermediate, layers, heads, kv heads, head dim, bias) {:?} \
+             differs from the float model's {:?}",
+            shape(base),
+            shape(float)
+        ),
+    ))
 }
 
 /// `model.layers.{l}.{self_attn|mlp}.{x}_proj` → (l, role).

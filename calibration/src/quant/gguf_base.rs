@@ -9,7 +9,7 @@
 //! Only the seven decoder projections come from the GGUF; norms, the embedding and the head
 //! come from the float model (the head at `--head`'s format).
 
-use super::file_base::parse_projection;
+use super::file_base::{parse_projection, same_shape};
 use super::InputStats;
 use super::{QuantError, QuantizedSet, ResidentQuantizer, ResidentWeight, SetContext, WeightView};
 use sfx_formats::checkpoint::Checkpoint;
@@ -48,24 +48,7 @@ impl GgufBase {
                     .into(),
             ));
         }
-        let shape = |c: &ModelConfig| {
-            (
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_hidden_layers,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )
-        };
-        if shape(&ckpt.config) != shape(config) {
-            return Err(bad(format!(
-                "model shape (hidden, intermediate, layers, heads, kv heads, head dim) {:?} \
-                 differs from the float model's {:?}",
-                shape(&ckpt.config),
-                shape(config)
-            )));
-        }
+        same_shape(path, &ckpt.config, config)?;
         let mut blocks = ckpt.blocks;
         blocks.retain(|name, _| {
             name.strip_suffix(".weight")

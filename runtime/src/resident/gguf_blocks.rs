@@ -534,6 +534,26 @@ pub fn dequantized_linear<B: Backend>(
     FloatLinear::new(backend, weight, bias)
 }
 
+/// `t` on the backend's block kernels, or dequantized at `precision` where it has none.
+pub fn block_linear<B: ResidentKernels>(
+    backend: &B,
+    t: &BlockTensor,
+    bias: Option<Vec<f32>>,
+    precision: WeightPrecision,
+    name: &str,
+) -> Result<Box<dyn Linear<B>>> {
+    match backend.gguf_block_linear(t, bias.clone(), name)? {
+        Some(linear) => Ok(linear),
+        None => Ok(Box::new(dequantized_linear(
+            backend,
+            t,
+            bias.as_deref(),
+            precision,
+            name,
+        )?)),
+    }
+}
+
 impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
     fn load(
         &self,
@@ -551,16 +571,7 @@ impl<B: ResidentKernels> LinearFactory<B> for GgufBlockFactory<'_> {
         };
         check_dims(spec, t)?;
         let bias = load_bias(tensors, spec)?;
-        match backend.gguf_block_linear(t, bias.clone(), spec.weight_name)? {
-            Some(linear) => Ok(linear),
-            None => Ok(Box::new(dequantized_linear(
-                backend,
-                t,
-                bias.as_deref(),
-                self.precision,
-                spec.weight_name,
-            )?)),
-        }
+        block_linear(backend, t, bias, self.precision, spec.weight_name)
     }
 
     fn load_embedding(
