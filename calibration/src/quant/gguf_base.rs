@@ -15,6 +15,7 @@ use super::{QuantError, QuantizedSet, ResidentQuantizer, ResidentWeight, SetCont
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::gguf::{BlockTensor, GgmlType};
 use sfx_formats::{FormatError, ModelConfig};
+use sfx_runtime::ProjectionSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -56,7 +57,7 @@ impl GgufBase {
                 .is_some()
         });
         for l in 0..config.num_hidden_layers {
-            for proj in PROJECTIONS {
+            for proj in ProjectionSet::ALL.iter().flat_map(|s| s.projections()) {
                 let name = format!("model.layers.{l}.{proj}.weight");
                 if !blocks.contains_key(&name) {
                     let found = ckpt
@@ -114,16 +115,6 @@ impl GgufBase {
         self.sha256.clone()
     }
 }
-
-const PROJECTIONS: [&str; 7] = [
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-];
 
 impl ResidentQuantizer for GgufBase {
     fn name(&self) -> String {
