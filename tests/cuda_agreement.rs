@@ -394,8 +394,12 @@ fn on_both_backends(file: &SfxFile) -> Result<(Model<CpuBackend>, Model<CudaBack
 /// codes through TF32 panels, trellis codes through tensor-core tiles on f16 inputs), the same
 /// over the first 128 fed one at a time (decode only: the matvecs), and greedy continuations.
 fn sfx_agreement(quant: &'static str, head: &'static str) -> Result<(), Failed> {
-    let path = converted(quant, head)?;
-    let file = SfxFile::open(&path).map_err(|e| e.to_string())?;
+    sfx_agreement_of(&converted(quant, head)?, quant, head)
+}
+
+/// [`sfx_agreement`] of the container at `path`, reported as `quant` with `head`.
+fn sfx_agreement_of(path: &std::path::Path, quant: &str, head: &str) -> Result<(), Failed> {
+    let file = SfxFile::open(path).map_err(|e| e.to_string())?;
     let (cpu, gpu) = on_both_backends(&file)?;
     let vocab = cpu.config().vocab_size;
     let tokenizer = sfx_runtime::sfx_model::sfx_tokenizer_json(&file).ok_or("no tokenizer")?;
@@ -711,6 +715,24 @@ fn main() {
             .with_ignored_flag(!gpu),
         Trial::test("cuda::smollm2_sfx::yaqa2", || sfx_agreement("yaqa2", "q8"))
             .with_ignored_flag(!gpu),
+        // A llama.cpp GGUF's blocks kept as the base (the asset's Q4_1 projections): the CPU
+        // runs the blocks, CUDA (no block kernels yet) their dequantized values.
+        Trial::test("cuda::smollm2_sfx::gguf_q4_1", || {
+            let g = common::gguf();
+            let g = g.to_str().ok_or("asset path is not UTF-8")?;
+            let quick = [
+                "--calib-seqs",
+                "1",
+                "--calib-len",
+                "32",
+                "--heldout",
+                "none",
+            ];
+            let path =
+                converted_with("gguf", "q8", &[&["--float-source", g][..], &quick].concat())?;
+            sfx_agreement_of(&path, "gguf", "q8")
+        })
+        .with_ignored_flag(!gpu),
         // Weight refinement: the fitted columns of an awq3 file, host-driven on the CPU and
         // in the backend on CUDA.
         Trial::test("cuda::smollm2_sfx::awq3_fit_refined", || {
