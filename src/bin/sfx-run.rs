@@ -109,8 +109,11 @@ struct Cli {
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (the GPU when one is present, for
-    /// every model form: each resident format a .sfx holds has CUDA kernels). On the CPU, coded projections decode against int8 activation blocks of 32 (as llama.cpp
-    /// does); SFX_CPU_ACTIVATIONS=f32 keeps f32 activations (the reference numerics).
+    /// every model form: every resident format a .sfx holds has CUDA kernels, except GGUF
+    /// blocks kept by `sfx-convert --quant gguf`, which CUDA dequantizes at load, at
+    /// --precision). On the CPU, coded projections decode against int8 activation blocks of 32
+    /// (as llama.cpp does); SFX_CPU_ACTIVATIONS=f32 keeps f32 activations (the reference
+    /// numerics).
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
     /// Device of the --kl-ref model (default: the same as --device).

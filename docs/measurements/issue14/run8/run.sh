@@ -17,7 +17,7 @@ for b in A B; do
     -p 0 -n 32 -r 1 --graphs off --device cuda > $O/profile_awq3_k4_s1_$b.md 2>&1
   grep -E "gt_swiglu_norm" $O/profile_awq3_k4_s1_$b.md | sed "s/^/$b /"
 done
-for round in 1; do
+for round in 1 2; do
   for b in A B; do
     for q in awq3 rtn2; do
       $W/sfx$b bench --synthetic llama-3.1-8b --quant $q --fit --k 1,4,8 --s 1 -p 0 -n 128 -r 2 \
