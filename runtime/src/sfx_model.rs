@@ -274,19 +274,22 @@ impl TensorSource for SfxTensors<'_> {
 /// Builds projections from a container's resident sections: `P.weight` (packed codes
 /// `[out, in, bits, group]`), `P.weight.scales` (dense F16 `[out, groups]`), `P.weight.zeros`
 /// (bytes, `out × groups`) and, where the config has biases, `P.bias` (dense, through the
-/// tensor source). The embedding and an untied head (`lm_head.weight`) are either dense
-/// (float, the head at `head_precision`) or packed codes like a projection
-/// (`sfx-convert --head q4|q6|q8`); a tied head is the embedding (the trait's default).
+/// tensor source); trellis tiles and GGUF blocks likewise. The embedding and an untied head
+/// (`lm_head.weight`) are either dense (float, the head at `float_precision`) or packed codes
+/// like a projection (`sfx-convert --head q4|q6|q8`); a tied head is the embedding (the trait's
+/// default).
 pub struct SfxLinearFactory<'f> {
     file: &'f SfxFile,
-    pub head_precision: WeightPrecision,
+    /// Storage of float weights: a float head, and GGUF blocks dequantized at load on a
+    /// backend without kernels for them.
+    pub float_precision: WeightPrecision,
 }
 
 impl<'f> SfxLinearFactory<'f> {
-    pub fn new(file: &'f SfxFile, head_precision: WeightPrecision) -> Self {
+    pub fn new(file: &'f SfxFile, float_precision: WeightPrecision) -> Self {
         Self {
             file,
-            head_precision,
+            float_precision,
         }
     }
 
@@ -590,7 +593,7 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
                 backend,
                 tensors,
                 spec,
-                self.head_precision,
+                self.float_precision,
             )?));
         }
         let bias = load_bias(tensors, spec)?;
@@ -612,7 +615,7 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
             // A backend without kernels for these blocks runs them dequantized, at the
             // precision of the file's float weights.
             let t = self.gguf_blocks(spec)?;
-            return block_linear(backend, &t, bias, self.head_precision, &what);
+            return block_linear(backend, &t, bias, self.float_precision, &what);
         }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)
