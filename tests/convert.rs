@@ -6,6 +6,7 @@
 
 use crate::common::{
     assets, f32_options as opts, float_model, gguf, logits, mean_kl, stdout_of, wiki_tokens,
+    QUICK_CALIBRATION,
 };
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::sfx::{Layout, SfxFile};
@@ -57,16 +58,7 @@ fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
     args.push(gguf().to_string_lossy().into_owned());
     args.push("-o".into());
     args.push(out.to_string_lossy().into_owned());
-    for a in [
-        "--calib-seqs",
-        "1",
-        "--calib-len",
-        "32",
-        "--heldout",
-        "none",
-    ] {
-        args.push(a.into());
-    }
+    args.extend(QUICK_CALIBRATION.map(String::from));
     args
 }
 

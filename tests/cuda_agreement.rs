@@ -720,16 +720,8 @@ fn main() {
         Trial::test("cuda::smollm2_sfx::gguf_q4_1", || {
             let g = common::gguf();
             let g = g.to_str().ok_or("asset path is not UTF-8")?;
-            let quick = [
-                "--calib-seqs",
-                "1",
-                "--calib-len",
-                "32",
-                "--heldout",
-                "none",
-            ];
-            let path =
-                converted_with("gguf", "q8", &[&["--float-source", g][..], &quick].concat())?;
+            let extra = [&["--float-source", g][..], &common::QUICK_CALIBRATION].concat();
+            let path = converted_with("gguf", "q8", &extra)?;
             sfx_agreement_of(&path, "gguf", "q8")
         })
         .with_ignored_flag(!gpu),

@@ -22,6 +22,17 @@ pub fn assets() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
 }
 
+/// `sfx-convert` calibration for tests whose codes do not depend on it: one 32-token
+/// sequence, no held-out text.
+pub const QUICK_CALIBRATION: [&str; 6] = [
+    "--calib-seqs",
+    "1",
+    "--calib-len",
+    "32",
+    "--heldout",
+    "none",
+];
+
 /// The development model; a missing file fails the test with the command that fetches it.
 pub fn gguf() -> PathBuf {
     let p = assets().join("SmolLM2-135M-Instruct.Q4_1.gguf");
