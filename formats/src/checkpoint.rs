@@ -91,7 +91,9 @@ impl Checkpoint {
         Self::from_gguf_keeping(path, |_| false)
     }
 
-    fn from_gguf_keeping(
+    /// [`Checkpoint::from_gguf`], keeping the 2-D weights of the types `keep` accepts in
+    /// their blocks ([`Checkpoint::blocks`]).
+    pub fn from_gguf_keeping(
         path: &Path,
         keep: impl Fn(GgmlType) -> bool + Sync,
     ) -> Result<Self, FormatError> {

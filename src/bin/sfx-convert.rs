@@ -397,7 +397,13 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     // With --quant gguf the model argument is the base and --float-source the float model.
     let (spec, base) = match (a.quant.as_deref(), a.float_source.clone(), &a.base) {
-        (Some("gguf"), Some(float), None) => (float, Some(PathBuf::from(&model))),
+        (Some("gguf"), Some(float), None) => {
+            let gguf = PathBuf::from(&model);
+            if !sfx_calibration::quant::kept_base::is_gguf(&gguf) {
+                bail!("--quant gguf: {model} is not a GGUF file (no GGUF magic)");
+            }
+            (float, Some(gguf))
+        }
         (Some("gguf"), None, None) => bail!(
             "--quant gguf keeps the blocks of the GGUF {model}: name the float model they were \
              quantized from with --float-source <hf-dir | hub-id | model.gguf> (the refinement \
@@ -410,14 +416,6 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         (_, Some(_), _) => bail!("--float-source goes with --quant gguf"),
         _ => (model, a.base.clone()),
     };
-    if let Some(b) = base.as_ref().filter(|_| a.quant.as_deref() == Some("gguf")) {
-        if !sfx_calibration::quant::kept_base::is_gguf(b) {
-            bail!(
-                "--quant gguf: {} is not a GGUF file (no GGUF magic)",
-                b.display()
-            );
-        }
-    }
     let mut quant = match (&a.quant, &base) {
         (Some(q), None) => QuantSpec::parse(q)?,
         (q, Some(base)) => {

@@ -27,21 +27,13 @@ pub struct GgufBase {
     sha256: String,
 }
 
-/// Whether a GGUF weight of type `ty` can be kept as a base: blocks of several weights that
-/// the reader decodes (the residual needs the dequantized values).
-pub fn keepable(ty: GgmlType) -> bool {
-    ty.block_size() > 1 && ty.can_dequantize()
-}
-
 impl GgufBase {
     /// Reads the GGUF at `path` (every projection must be block-quantized) and checks that
     /// its model has `config`'s shape.
     pub fn open(path: &Path, config: &ModelConfig) -> Result<Self, FormatError> {
         let bad = |msg: String| FormatError::invalid(path, msg);
-        let spec = path
-            .to_str()
-            .ok_or_else(|| bad("path is not UTF-8".into()))?;
-        let ckpt = Checkpoint::open_keeping_blocks(spec, keepable)?;
+        // Kept: the types the residual can be computed for (their dequantized values).
+        let ckpt = Checkpoint::from_gguf_keeping(path, GgmlType::is_decodable_block_type)?;
         if ckpt.blocks.is_empty() {
             return Err(bad(
                 "no block-quantized weights: --quant gguf keeps a quantized GGUF's blocks \

@@ -220,6 +220,12 @@ impl GgmlType {
         }
     }
 
+    /// Blocks of several weights that [`dequantize`] reads: a quantized type, not a float or
+    /// integer one (what an `.sfx` `gguf_blocks` section may hold).
+    pub fn is_decodable_block_type(self) -> bool {
+        self.block_size() > 1 && self.can_dequantize()
+    }
+
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
         matches!(

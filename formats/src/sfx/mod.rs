@@ -414,7 +414,7 @@ pub fn gguf_block_type(id: u64) -> Result<crate::gguf::GgmlType, String> {
         .ok()
         .and_then(crate::gguf::GgmlType::from_id)
         .ok_or_else(|| format!("unknown GGUF type id {id}"))?;
-    if ty.block_size() > 1 && ty.can_dequantize() {
+    if ty.is_decodable_block_type() {
         Ok(ty)
     } else {
         Err(format!(
