@@ -981,8 +981,13 @@ fn bad_options_are_named() {
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
     let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 19] = [
+    let cases: [(&[&str], &str); 20] = [
         (&["--quant", "gguf", g, "-o", o], "--float-source <hf-dir"),
+        (
+            &["--quant", "q4_k_m", g, "-o", o],
+            "--quant \"q4_k_m\": expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, a \
+             llama.cpp type (q2_k",
+        ),
         (
             &["--quant", "gguf", not_gguf, "--float-source", g, "-o", o],
             "is not a GGUF file",

@@ -7,7 +7,7 @@
 //! The container's sections are compared with the GGUF's bytes read straight from the file,
 //! and the models with the float one through `sfx-run --kl-ref`.
 
-use crate::common::{assets, gguf};
+use crate::common::{assets, gguf, kl_to_float};
 use sfx_formats::gguf::{GgmlType, GgufFile};
 use sfx_formats::sfx::{Layout, SfxFile};
 use std::path::{Path, PathBuf};
@@ -146,26 +146,6 @@ fn kept_blocks_are_the_ggufs_own_bytes() {
         .unwrap()
         .sha256;
     assert_eq!(params["base"]["gguf_sha256"], sha.as_str());
-}
-
-/// Mean KL to the float model of `sfx-run MODEL EXTRA --ppl wiki:1 --ctx 512`.
-fn kl_to_float(model: &Path, extra: &[&str]) -> f64 {
-    let out = Command::new(env!("CARGO_BIN_EXE_sfx-run"))
-        .arg(model)
-        .args(extra)
-        .args(["--ppl", "wiki:1", "--ctx", "512", "--kl-ref"])
-        .arg(gguf())
-        .arg("--json")
-        .env("SFX_ASSETS", assets())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "sfx-run {model:?} {extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["kl"]["mean"].as_f64().unwrap()
 }
 
 #[test]

@@ -7,6 +7,7 @@ use sfx_calibration::convert::{
     convert, ConvertError, ConvertOptions, ConvertReport, ConvertState, HeadFormat, Hooks,
     LayerReport, MlpScheme, QuantSpec,
 };
+use sfx_calibration::quant::GgmlQuant;
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::package;
@@ -87,6 +88,11 @@ struct ConvertArgs {
     /// 16×16 tiles); or yaqa2, yaqa3, yaqa4 (the same format rounded with YAQA's two-sided LDLQ
     /// on Kronecker factors of the full-model KL Hessian, see --yaqa-seqs). Trellis
     /// conversions run a Viterbi search per 256 weights: ~50 min on 2 cores for SmolLM2.
+    /// Or a llama.cpp block type for every projection: q2_k, q3_k, q4_k, q5_k, q6_k (k-quants:
+    /// 256-weight super-blocks; projections whose rows are not whole super-blocks take
+    /// llama.cpp's fallback, q2_k/q3_k → Q4_0, q4_k → Q5_0, q5_k → Q5_1, q6_k → Q8_0), q4_0,
+    /// q4_1, q5_0, q5_1, q8_0 — rounded as llama.cpp's `llama-quantize --pure` rounds them
+    /// without an importance matrix (block for block the same bytes).
     /// Or gguf: keep the projections of a llama.cpp GGUF (Q2_K … Q6_K, Q4_0 … Q8_0, the
     /// i-quants; the model argument) bit for bit as the resident base and fit the refinement
     /// on W_float - dequant(W_gguf) against --float-source.
@@ -941,8 +947,8 @@ fn base_quant(path: &Path) -> Result<QuantSpec> {
     let q = file.metadata().params.get("quant");
     let field = |f: &str| q.and_then(|q| q.get(f));
     let method = field("method").and_then(|m| m.as_str());
-    if method == Some("gguf") {
-        return Ok(QuantSpec::parse("gguf")?);
+    if let Some(q) = method.filter(|m| *m == "gguf" || GgmlQuant::parse(m).is_some()) {
+        return Ok(QuantSpec::parse(q)?);
     }
     let bits = field("bits").and_then(|b| b.as_u64());
     let (Some(method), Some(bits)) = (method, bits) else {

@@ -128,3 +128,23 @@ pub fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
         .sum::<f64>()
         / rows as f64
 }
+
+/// Mean KL to the float model of `sfx-run MODEL EXTRA --ppl wiki:1 --ctx 512`.
+pub fn kl_to_float(model: &Path, extra: &[&str]) -> f64 {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sfx-run"))
+        .arg(model)
+        .args(extra)
+        .args(["--ppl", "wiki:1", "--ctx", "512", "--kl-ref"])
+        .arg(gguf())
+        .arg("--json")
+        .env("SFX_ASSETS", assets())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "sfx-run {model:?} {extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["kl"]["mean"].as_f64().unwrap()
+}

@@ -65,6 +65,8 @@ pub enum QuantMethod {
     Yaqa,
     /// A llama.cpp GGUF's own blocks, kept (the base file is the GGUF).
     Gguf,
+    /// llama.cpp's block types, rounded here as `llama-quantize` rounds them.
+    Ggml(crate::quant::GgmlQuant),
 }
 
 /// `rtn{2,3,4}` or `awq{2,3,4}` at a group size, or `qtip{2,3,4}` (trellis; no groups).
@@ -83,18 +85,29 @@ pub struct QuantSpec {
 }
 
 impl QuantSpec {
-    /// Parses `rtn2`…`rtn4`, `awq2`…`awq4` (group 128), `qtip2`…, `yaqa2`…, or `gguf` (the
-    /// codes of a GGUF base; `bits` is then 0: a GGUF mixes block types).
+    /// Parses `rtn2`…`rtn4`, `awq2`…`awq4` (group 128), `qtip2`…, `yaqa2`…, `gguf` (the
+    /// codes of a GGUF base; `bits` is then 0: a GGUF mixes block types), or a llama.cpp type
+    /// `q2_k`…`q6_k`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `q8_0` (`bits`: the type's code bits).
     pub fn parse(s: &str) -> Result<Self, ConvertError> {
         let bad = || {
             ConvertError::Options(format!(
-                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, or gguf"
+                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, a \
+                 llama.cpp type (q2_k, q3_k, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q8_0), \
+                 or gguf"
             ))
         };
         if s == "gguf" {
             return Ok(Self {
                 method: QuantMethod::Gguf,
                 bits: 0,
+                ..Self::parse("rtn4")?
+            });
+        }
+        if let Some(q) = crate::quant::GgmlQuant::parse(s) {
+            let bits = s[1..2].parse().map_err(|_| bad())?;
+            return Ok(Self {
+                method: QuantMethod::Ggml(q),
+                bits,
                 ..Self::parse("rtn4")?
             });
         }
@@ -147,6 +160,7 @@ impl QuantSpec {
                 yaqa.qtip.code = self.trellis_code;
                 Box::new(yaqa)
             }
+            QuantMethod::Ggml(q) => Box::new(q),
             QuantMethod::Gguf => {
                 return Err(ConvertError::Options(
                     "--quant gguf keeps the blocks of a GGUF base: give the GGUF as the model \
@@ -157,10 +171,10 @@ impl QuantSpec {
         })
     }
 
-    /// The base's name in messages: `awq3`, `qtip2`, `gguf`.
+    /// The base's name in messages: `awq3`, `qtip2`, `gguf`, `q4_k`.
     pub fn label(&self) -> String {
         match self.method {
-            QuantMethod::Gguf => self.method_name().to_string(),
+            QuantMethod::Gguf | QuantMethod::Ggml(_) => self.method_name().to_string(),
             _ => format!("{}{}", self.method_name(), self.bits),
         }
     }
@@ -172,6 +186,7 @@ impl QuantSpec {
             QuantMethod::Qtip => "qtip",
             QuantMethod::Yaqa => "yaqa",
             QuantMethod::Gguf => "gguf",
+            QuantMethod::Ggml(q) => q.quant_name(),
         }
     }
 
@@ -180,7 +195,9 @@ impl QuantSpec {
         match self.method {
             QuantMethod::Rtn | QuantMethod::Awq => "group-asym-v1",
             QuantMethod::Qtip | QuantMethod::Yaqa => "trellis-v1",
-            QuantMethod::Gguf => sfx_runtime::sfx_model::PACKING_GGUF_BLOCKS_V1,
+            QuantMethod::Gguf | QuantMethod::Ggml(_) => {
+                sfx_runtime::sfx_model::PACKING_GGUF_BLOCKS_V1
+            }
         }
     }
 }
@@ -750,6 +767,16 @@ pub fn convert(
     report.yaqa_sequences = yaqa_sequences;
     report.heldout_tokens = heldout.iter().map(|s| s.len() as u64).sum();
     report.params = params(options, quantizer, &report);
+    if let QuantMethod::Ggml(q) = options.quant.method {
+        let types = ggml_type_counts(q, config, tensors)?;
+        if let Some(p) = report
+            .params
+            .get_mut("quant")
+            .and_then(|v| v.as_object_mut())
+        {
+            p.insert("types".into(), serde_json::json!(types));
+        }
+    }
     if let Some(b) = &base {
         // The codes are the file's: so are their description and their quantizer's records.
         report.params.insert("quant".into(), b.quant_params());
@@ -759,6 +786,25 @@ pub fn convert(
     report.refine_bytes = sink.refine_bytes;
     report.refine_zstd_bytes = sink.refine_zstd_bytes;
     Ok(report)
+}
+
+/// Projections per stored block type (`{"Q4_K": 30, "Q5_0": 180}`): with `--quant q4_k` the
+/// narrow rows took llama.cpp's fallback type, and the file says so.
+fn ggml_type_counts(
+    q: crate::quant::GgmlQuant,
+    config: &ModelConfig,
+    tensors: &dyn TensorSource,
+) -> Result<BTreeMap<&'static str, usize>, ConvertError> {
+    let mut counts = BTreeMap::new();
+    for l in 0..config.num_hidden_layers {
+        for proj in ProjectionSet::ALL.iter().flat_map(|s| s.projections()) {
+            let t = tensors.tensor(&format!("model.layers.{l}.{proj}.weight"))?;
+            if let Some(ty) = t.shape.get(1).and_then(|&cols| q.type_for(cols)) {
+                *counts.entry(ty.name()).or_insert(0) += 1;
+            }
+        }
+    }
+    Ok(counts)
 }
 
 /// E[xᵢ²] of the head's input (RMSNorm of the final residual streams, `[tokens, hidden]`
@@ -802,7 +848,7 @@ fn params(
             "name": quantizer.name(),
             "method": o.quant.method_name(),
             "bits": o.quant.bits,
-            "group": if o.quant.packing() == "trellis-v1" { json!(null) } else { json!(o.quant.group) },
+            "group": if o.quant.packing() == "group-asym-v1" { json!(o.quant.group) } else { json!(null) },
             "packing": o.quant.packing(),
             "bits_per_weight": report.linear_bits_per_weight,
         }),

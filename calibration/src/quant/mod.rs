@@ -8,11 +8,15 @@
 //!   clipping on top of the same group layout.
 //! - [`file_base`]: the codes of an existing container, kept as they are.
 //! - [`gguf_base`]: a llama.cpp GGUF's own blocks, kept as they are.
+//! - [`ggml_quant`]: a float model rounded into llama.cpp's block types as `llama-quantize`
+//!   rounds them ([`ggml_rounding`]).
 //! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
 pub mod awq;
 pub mod file_base;
+pub mod ggml_quant;
+pub mod ggml_rounding;
 pub mod gguf_base;
 pub mod head;
 pub mod kept_base;
@@ -22,6 +26,7 @@ pub mod yaqa;
 
 pub use awq::Awq;
 pub use file_base::FileBase;
+pub use ggml_quant::GgmlQuant;
 pub use gguf_base::GgufBase;
 pub use head::TableQuant;
 pub use kept_base::KeptBase;
