@@ -981,7 +981,11 @@ fn bad_options_are_named() {
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
     let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 20] = [
+    let cases: [(&[&str], &str); 21] = [
+        (
+            &["--quant", "rtn3", "--imatrix", g, "-o", o],
+            "--imatrix goes with a llama.cpp type from a float model",
+        ),
         (&["--quant", "gguf", g, "-o", o], "--float-source <hf-dir"),
         (
             &["--quant", "q4_k_m", g, "-o", o],

@@ -45,30 +45,40 @@ fn first_difference(ours: &[u8], theirs: &[u8], row_bytes: usize, block_bytes: u
     }
 }
 
+fn read_f32(name: &str) -> Vec<f32> {
+    let raw = std::fs::read(fixtures().join("synthetic").join(name)).unwrap();
+    raw.chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 #[test]
 fn awkward_rows_round_as_ggml_rounds_them() {
-    let raw = std::fs::read(fixtures().join("synthetic/inputs.f32")).unwrap();
-    let x: Vec<f32> = raw
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    let cols = 512;
-    assert_eq!(x.len(), 24 * cols);
+    let x = read_f32("inputs.f32");
+    let importance = read_f32("importance.f32");
+    let cols = importance.len();
+    assert_eq!((cols, x.len()), (512, 24 * 512));
     for (_, ty) in GGML_QUANTS {
-        // ggml's file names: q4_0, q2_K …
-        let file = format!("{}.bin", ty.name().to_lowercase().replace("_k", "_K"));
-        let theirs = std::fs::read(fixtures().join("synthetic").join(&file)).unwrap();
-        let mut ours = Vec::new();
-        for row in x.chunks_exact(cols) {
-            quantize_row(ty, row, &mut ours).unwrap();
+        for weighted in [false, true] {
+            // ggml's file names: q4_0, q2_K …
+            let file = format!(
+                "{}{}.bin",
+                ty.name().to_lowercase().replace("_k", "_K"),
+                if weighted { ".imatrix" } else { "" }
+            );
+            let theirs = std::fs::read(fixtures().join("synthetic").join(&file)).unwrap();
+            let mut ours = Vec::new();
+            for row in x.chunks_exact(cols) {
+                let importance = weighted.then_some(importance.as_slice());
+                quantize_row(ty, row, importance, &mut ours).unwrap();
+            }
+            let row_bytes = cols / ty.block_size() * ty.type_size();
+            assert!(
+                ours == theirs,
+                "{file}: {}",
+                first_difference(&ours, &theirs, row_bytes, ty.type_size())
+            );
         }
-        let row_bytes = cols / ty.block_size() * ty.type_size();
-        assert!(
-            ours == theirs,
-            "{}: {}",
-            ty.name(),
-            first_difference(&ours, &theirs, row_bytes, ty.type_size())
-        );
     }
 }
 
@@ -99,34 +109,56 @@ fn gguf_order_weights(file: &GgufFile, l: usize) -> Vec<(Vec<f32>, usize, usize)
 }
 
 /// Our blocks of `(w, rows, cols)` as `quant` stores them: one byte string per row.
-fn our_rows(q: GgmlQuant, w: &[f32], cols: usize) -> (GgmlType, Vec<Vec<u8>>) {
+fn our_rows(
+    q: GgmlQuant,
+    w: &[f32],
+    cols: usize,
+    importance: Option<&[f32]>,
+) -> (GgmlType, Vec<Vec<u8>>) {
     let ty = q.type_for(cols).unwrap();
     let rows = w
         .chunks_exact(cols)
         .map(|row| {
             let mut b = Vec::new();
-            quantize_row(ty, row, &mut b).unwrap();
+            quantize_row(ty, row, importance, &mut b).unwrap();
             b
         })
         .collect();
     (ty, rows)
 }
 
+/// The fixture's importance of column `c` of projection `p` (in [`PROJECTIONS`] order) of
+/// layer `l`: `(1 + (7919·c + 13·l + p) mod 4001) / 1024`, exact in f32 (make_reference.sh).
+fn formula_importance(l: usize, p: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .map(|c| (1 + (7919 * c + 13 * l + p) % 4001) as f32 / 1024.0)
+        .collect()
+}
+
+/// Every fixture row — `q4_k` (llama-quantize --pure) and `q4_k+imatrix` (with the formula
+/// importance matrix) — against our rounding of the same weights.
 #[test]
 fn smollm2_projections_are_llama_quantizes_blocks() {
     let hashes = llama_quantize_hashes();
-    assert_eq!(hashes.len(), GGML_QUANTS.len());
+    assert_eq!(hashes.len(), GGML_QUANTS.len() + 8, "{:?}", hashes.keys());
     let file = GgufFile::open(gguf()).unwrap();
     let layers: Vec<_> = (0..30).map(|l| gguf_order_weights(&file, l)).collect();
-    for (name, _) in GGML_QUANTS {
-        let q = GgmlQuant::parse(name).unwrap();
-        let want = &hashes[name];
+    for (name, want) in &hashes {
+        let (quant, weighted) = match name.strip_suffix("+imatrix") {
+            Some(q) => (q, true),
+            None => (name.as_str(), false),
+        };
+        let q = GgmlQuant::parse(quant).unwrap();
         assert_eq!(want.len(), layers.len(), "{name}");
         let mismatched: Vec<usize> = (0..layers.len())
             .filter(|&l| {
                 let mut h = Sha256::new();
-                for (w, _, cols) in &layers[l] {
-                    our_rows(q, w, *cols).1.iter().for_each(|r| h.update(r));
+                for (p, (w, _, cols)) in layers[l].iter().enumerate() {
+                    let importance = weighted.then(|| formula_importance(l, p, *cols));
+                    our_rows(q, w, *cols, importance.as_deref())
+                        .1
+                        .iter()
+                        .for_each(|r| h.update(r));
                 }
                 format!("{:x}", h.finalize()) != want[l]
             })
@@ -169,7 +201,7 @@ fn a_q4_k_container_holds_llama_quantizes_blocks_and_runs() {
         for ((w, _, cols), (_, hf)) in gguf_order_weights(&file, l).iter().zip(PROJECTIONS) {
             let name = format!("model.layers.{l}.{hf}.weight");
             let section = sfx.section(&name).unwrap();
-            let (ty, rows) = our_rows(q, w, *cols);
+            let (ty, rows) = our_rows(q, w, *cols, None);
             match section.layout {
                 Layout::GgufBlocks { ggml_type, .. } => {
                     assert_eq!(*ggml_type, u64::from(ty.id()), "{name}")

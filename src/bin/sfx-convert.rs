@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sfx_calibration::convert::{
     convert, ConvertError, ConvertOptions, ConvertReport, ConvertState, HeadFormat, Hooks,
-    LayerReport, MlpScheme, QuantSpec,
+    LayerReport, MlpScheme, QuantMethod, QuantSpec,
 };
 use sfx_calibration::quant::GgmlQuant;
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
@@ -123,6 +123,12 @@ struct ConvertArgs {
     /// CPUs, docs/results.md), or 3inst.
     #[arg(long, default_value = "hyb")]
     trellis_code: String,
+    /// With a llama.cpp type (--quant q2_k … q6_k, q4_0 … q5_1): round with llama.cpp's
+    /// importance-matrix weighting, an input column's importance being its mean square E[x²]
+    /// over the calibration text (--calib; what llama-imatrix accumulates). The same bytes
+    /// llama-quantize --imatrix writes given those values. Q8_0 has no weighted rounding.
+    #[arg(long)]
+    imatrix: bool,
     /// Store the fitted refinement C instead of the plain residual R = W - Q(W).
     #[arg(long)]
     fit: bool,
@@ -459,6 +465,17 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     quant.awq_alpha_steps = alphas;
     quant.awq_clip_steps = clips;
+    if a.imatrix {
+        match &mut quant.method {
+            QuantMethod::Ggml(q) if base.is_none() => q.importance = true,
+            _ => bail!(
+                "--imatrix goes with a llama.cpp type from a float model (--quant q2_k … q5_1), \
+                 not --quant {}{}",
+                quant.label(),
+                if base.is_some() { " from --base" } else { "" }
+            ),
+        }
+    }
     if base.is_none() {
         quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
             anyhow!(
@@ -844,6 +861,9 @@ fn fingerprint(
             .join(", "),
     );
     put("--quant", o.quant.label());
+    if let QuantMethod::Ggml(q) = o.quant.method {
+        put("--imatrix", q.importance.to_string());
+    }
     put(
         "--awq-grid",
         format!("{},{}", o.quant.awq_alpha_steps, o.quant.awq_clip_steps),

@@ -775,6 +775,9 @@ pub fn convert(
             .and_then(|v| v.as_object_mut())
         {
             p.insert("types".into(), serde_json::json!(types));
+            // llama.cpp's weighted rounding, from the calibration text's E[x²] per column.
+            let importance = q.importance.then_some("calibration-e-x2");
+            p.insert("importance".into(), serde_json::json!(importance));
         }
     }
     if let Some(b) = &base {

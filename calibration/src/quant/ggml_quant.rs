@@ -34,6 +34,9 @@ pub const GGML_QUANTS: [(&str, GgmlType); 10] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GgmlQuant {
     pub target: GgmlType,
+    /// Round with llama.cpp's importance-matrix weighting, the importance of an input column
+    /// being its E[x²] over the calibration text (what `llama-imatrix` accumulates).
+    pub importance: bool,
 }
 
 impl GgmlQuant {
@@ -42,7 +45,10 @@ impl GgmlQuant {
         GGML_QUANTS
             .iter()
             .find(|(n, _)| *n == name)
-            .map(|&(_, target)| Self { target })
+            .map(|&(_, target)| Self {
+                target,
+                importance: false,
+            })
     }
 
     /// The `--quant` name, e.g. `q4_k`.
@@ -70,8 +76,13 @@ impl GgmlQuant {
         fits(fallback).then_some(fallback)
     }
 
-    /// One weight's blocks, rows quantized in parallel.
-    pub fn quantize(self, w: &WeightView<'_>) -> Result<BlockTensor, QuantError> {
+    /// One weight's blocks, rows quantized in parallel; `importance` (one value per input
+    /// column) selects llama.cpp's weighted rounding.
+    pub fn quantize(
+        self,
+        w: &WeightView<'_>,
+        importance: Option<&[f32]>,
+    ) -> Result<BlockTensor, QuantError> {
         let bad = |message: String| QuantError::Base {
             name: w.name.to_string(),
             message,
@@ -97,10 +108,17 @@ impl GgmlQuant {
             .map(|row| {
                 let mut bytes = Vec::new();
                 // The width was checked against the type above.
-                quantize_row(ty, row, &mut bytes).map(|()| bytes)
+                quantize_row(ty, row, importance, &mut bytes).map(|()| bytes)
             })
             .collect::<Option<_>>()
-            .ok_or_else(|| bad(format!("{} cannot be written", ty.name())))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "{} cannot be written ({} importance values for {} columns)",
+                    ty.name(),
+                    importance.map_or(0, <[f32]>::len),
+                    w.cols
+                ))
+            })?;
         Ok(BlockTensor {
             ty,
             rows: w.rows,
@@ -112,19 +130,43 @@ impl GgmlQuant {
 
 impl ResidentQuantizer for GgmlQuant {
     fn name(&self) -> String {
-        self.quant_name().to_string()
+        let suffix = if self.importance { "-imatrix" } else { "" };
+        format!("{}{suffix}", self.quant_name())
+    }
+
+    fn needs_calibration(&self) -> bool {
+        self.importance
     }
 
     fn quantize_set(
         &self,
         weights: &[WeightView<'_>],
-        _stats: Option<&InputStats>,
+        stats: Option<&InputStats>,
         _context: SetContext,
     ) -> Result<QuantizedSet, QuantError> {
+        // The set's projections share their input, so one importance vector serves them all:
+        // the diagonal of E[x xᵀ].
+        let importance = match (self.importance, stats) {
+            (false, _) => None,
+            (true, Some(s)) => Some((0..s.cols).map(|i| s.gram[i * s.cols + i]).collect()),
+            (true, None) => {
+                return Err(QuantError::MissingStats {
+                    name: weights
+                        .first()
+                        .map_or_else(String::new, |w| w.name.to_string()),
+                    method: "an importance-weighted llama.cpp type",
+                    what: "E[x²] of the projections' input",
+                })
+            }
+        };
+        let importance: Option<Vec<f32>> = importance;
         Ok(QuantizedSet {
             weights: weights
                 .iter()
-                .map(|w| self.quantize(w).map(ResidentWeight::Gguf))
+                .map(|w| {
+                    self.quantize(w, importance.as_deref())
+                        .map(ResidentWeight::Gguf)
+                })
                 .collect::<Result<_, _>>()?,
             input_scales: None,
             info: BTreeMap::new(),
@@ -165,7 +207,10 @@ mod tests {
             cols: 256,
             kron: None,
         };
-        let e = GgmlQuant::parse("q4_k").unwrap().quantize(&w).unwrap_err();
+        let e = GgmlQuant::parse("q4_k")
+            .unwrap()
+            .quantize(&w, None)
+            .unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("down_proj") && msg.contains("[1, 3]"), "{msg}");
     }
