@@ -32,19 +32,8 @@ use weighted::{legacy_weighted, q2_k_weighted, q3_k_weighted, q45_k_weighted};
 /// Below this a group's maximum counts as zero (ggml's `GROUP_MAX_EPS`).
 const GROUP_MAX_EPS: f32 = 1e-15;
 
-/// The block types [`quantize_row`] writes.
-pub const QUANTIZABLE: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+/// The block types [`quantize_row`] writes: every type the runtime runs in its blocks.
+pub use sfx_runtime::resident::gguf_blocks::BLOCK_TYPES as QUANTIZABLE;
 
 /// Appends the blocks of `x` (a whole number of `ty`'s blocks: one row, or part of one for
 /// the unweighted rounding) to `out`. `importance` (one value per element of `x`, llama.cpp's
@@ -173,6 +162,38 @@ fn push_two_bit(codes: &[u8; QK_K], out: &mut Vec<u8>) {
     }
 }
 
+/// Q3_K's sixteen 6-bit scale levels (0..=63) in its 12 bytes: low nibbles in bytes 0..8,
+/// the top two bits in bytes 8..12 (what `q3k_scales` reads back).
+fn pack_q3_scales(levels: &[u8; QK_K / 16]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for (j, &l) in levels.iter().enumerate() {
+        if j < 8 {
+            packed[j] = l & 0xf;
+        } else {
+            packed[j - 8] |= (l & 0xf) << 4;
+        }
+        packed[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
+    }
+    packed
+}
+
+/// Q4_K / Q5_K's eight 6-bit scales and minimums in their 12 bytes (what `k_scale_min` reads
+/// back); bits above the sixth are dropped where ggml's packing drops them.
+fn pack_k_scales(scales: &[u8; QK_K / 32], mins: &[u8; QK_K / 32]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for (j, (&ls, &lm)) in scales.iter().zip(mins).enumerate() {
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0xf) | (lm & 0xf) << 4;
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    packed
+}
+
 /// Q2_K's codes recomputed against the stored 4-bit scales and minimums, then the block.
 fn finish_q2_k(
     x: &[f32],
@@ -204,13 +225,7 @@ fn finish_q2_k(
 }
 
 /// Q3_K's codes recomputed against the stored 6-bit scales, then the block.
-fn finish_q3_k(
-    x: &[f32],
-    codes: &mut [i8; QK_K],
-    packed: &[u8; 12],
-    d: f32,
-    out: &mut Vec<u8>,
-) {
+fn finish_q3_k(x: &[f32], codes: &mut [i8; QK_K], packed: &[u8; 12], d: f32, out: &mut Vec<u8>) {
     let d_bits = f16_bits(d);
     let d = through_f16(d);
     let stored = q3k_scales(packed);

@@ -127,16 +127,10 @@ pub(super) fn q3_k(x: &[f32], out: &mut Vec<u8>) {
     let mut d = 0.0f32;
     if max_scale != 0.0 {
         let iscale = -32.0 / max_scale;
-        for (j, s) in scales.iter().enumerate() {
-            // int → int8_t, then clamped and offset: 0..=63.
-            let l = (i32::from(nearest_int(iscale * s) as i8).clamp(-32, 31) + 32) as u8;
-            if j < 8 {
-                packed[j] = l & 0xf;
-            } else {
-                packed[j - 8] |= (l & 0xf) << 4;
-            }
-            packed[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
-        }
+        // int → int8_t, then clamped and offset: 0..=63.
+        let levels =
+            scales.map(|s| (i32::from(nearest_int(iscale * s) as i8).clamp(-32, 31) + 32) as u8);
+        packed = pack_q3_scales(&levels);
         d = 1.0 / iscale;
     }
     finish_q3_k(x, &mut codes, &packed, d, out);
@@ -174,20 +168,12 @@ pub(super) fn q45_k(x: &[f32], nmax: i32, rmin: f32, nstep: i32, out: &mut Vec<u
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let mut packed = [0u8; 12];
-    for j in 0..QK_K / 32 {
-        // int → uint8_t wraps, then the 6-bit cap.
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
-        if j < 4 {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (ls & 0xf) | (lm & 0xf) << 4;
-            packed[j - 4] |= (ls >> 4) << 6;
-            packed[j] |= (lm >> 4) << 6;
-        }
-    }
+    // int → uint8_t wraps, then the 6-bit cap.
+    let level = |v: f32| (nearest_int(v) as u8).min(63);
+    let packed = pack_k_scales(
+        &scales.map(|s| level(inv_scale * s)),
+        &mins.map(|m| level(inv_min * m)),
+    );
     finish_q45_k(
         x,
         &mut codes,

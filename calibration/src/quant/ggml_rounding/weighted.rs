@@ -16,6 +16,18 @@ pub(super) fn sum_squares(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |s, v| s + v * v)
 }
 
+/// One sub-block's importance weights and their sum (ggml's `sw`).
+fn weighted_subblock<const N: usize>(
+    xs: &[f32],
+    importance: &[f32],
+    sigma2: f32,
+) -> ([f32; N], f32) {
+    let mut weights = [0.0f32; N];
+    importance_weights(xs, &importance[..N], sigma2, &mut weights);
+    let sum = weights.iter().fold(0.0f32, |s, w| s + w);
+    (weights, sum)
+}
+
 /// Q4_0, Q4_1, Q5_0, Q5_1 with an importance vector: σ² over the whole row, per block a
 /// weighted symmetric (`_0`) or affine (`_1`) fit.
 pub(super) fn legacy_weighted(ty: GgmlType, x: &[f32], importance: &[f32], out: &mut Vec<u8>) {
@@ -66,9 +78,8 @@ pub(super) fn q2_k_weighted(x: &[f32], importance: &[f32], out: &mut Vec<u8>) {
         .zip(codes.chunks_exact_mut(16))
         .enumerate()
     {
-        let mut weights = [0.0f32; 16];
-        importance_weights(xs, &importance[16 * j..16 * j + 16], sigma2, &mut weights);
-        sw[j] = weights.iter().fold(0.0f32, |s, w| s + w);
+        let weights: [f32; 16];
+        (weights, sw[j]) = weighted_subblock(xs, &importance[16 * j..], sigma2);
         (scales[j], mins[j]) = make_qkx_quants(3, xs, &weights, cs, -0.9, 0.05, 36, false);
     }
     let (mut ls, mut lm) = ([0u8; QK_K / 16], [0u8; QK_K / 16]);
@@ -90,23 +101,13 @@ pub(super) fn q3_k_weighted(x: &[f32], importance: &[f32], out: &mut Vec<u8>) {
         .zip(codes.chunks_exact_mut(16))
         .enumerate()
     {
-        let mut weights = [0.0f32; 16];
-        importance_weights(xs, &importance[16 * j..16 * j + 16], sigma2, &mut weights);
-        sw[j] = weights.iter().fold(0.0f32, |s, w| s + w);
+        let weights: [f32; 16];
+        (weights, sw[j]) = weighted_subblock(xs, &importance[16 * j..], sigma2);
         scales[j] = make_qx_quants(4, xs, cs, Some(&weights));
     }
     let mut ls = [0i8; QK_K / 16];
     let d = make_qx_quants(32, &scales, &mut ls, Some(&sw));
-    let mut packed = [0u8; 12];
-    for (j, &l) in ls.iter().enumerate() {
-        let l = l as u8;
-        if j < 8 {
-            packed[j] = l & 0xf;
-        } else {
-            packed[j - 8] |= (l & 0xf) << 4;
-        }
-        packed[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
-    }
+    let packed = pack_q3_scales(&ls.map(|l| l as u8));
     finish_q3_k(x, &mut codes, &packed, d, out);
 }
 
@@ -123,31 +124,16 @@ pub(super) fn q45_k_weighted(x: &[f32], importance: &[f32], nmax: i32, out: &mut
         .zip(codes.chunks_exact_mut(32))
         .enumerate()
     {
-        let mut weights = [0.0f32; 32];
-        importance_weights(xs, &importance[32 * j..32 * j + 32], sigma2, &mut weights);
-        sw[j] = weights.iter().fold(0.0f32, |s, w| s + w);
+        let weights: [f32; 32];
+        (weights, sw[j]) = weighted_subblock(xs, &importance[32 * j..], sigma2);
         (scales[j], mins[j]) = make_qkx_quants(nmax, xs, &weights, cs, -0.9, 0.05, 36, false);
     }
     let (mut ls, mut lm) = ([0u8; QK_K / 32], [0u8; QK_K / 32]);
     let d = make_qp_quants(63, &scales, &mut ls, &sw);
     let dmin = make_qp_quants(63, &mins, &mut lm, &sw);
-    let mut packed = [0u8; 12];
-    for j in 0..QK_K / 32 {
-        // Q5_K caps the codes at 63; Q4_K stores them as they are (they only exceed 63 when
-        // a negative one wrapped).
-        let (ls, lm) = if nmax == 31 {
-            (ls[j].min(63), lm[j].min(63))
-        } else {
-            (ls[j], lm[j])
-        };
-        if j < 4 {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (ls & 0xf) | (lm & 0xf) << 4;
-            packed[j - 4] |= (ls >> 4) << 6;
-            packed[j] |= (lm >> 4) << 6;
-        }
-    }
+    // Q5_K caps the levels at 63; Q4_K stores them as they are (above 63 only when a
+    // negative one wrapped).
+    let cap = |l: [u8; QK_K / 32]| if nmax == 31 { l.map(|v| v.min(63)) } else { l };
+    let packed = pack_k_scales(&cap(ls), &cap(lm));
     finish_q45_k(x, &mut codes, &packed, (d, dmin), nmax, out);
 }
