@@ -24,3 +24,12 @@ for q in q2_k q3_k q4_k q6_k; do
     $B/sfx-run "$R/smol.$q.pure.gguf" --ppl wiki:4 --kl-ref "$G" --json > "$R/eval_${q}_pure_gguf.json"
   fi
 done
+# The importance-weighted rounding (--imatrix: each input column's E[x²] over the calibration
+# text as llama.cpp's importance), where it matters most: q2_k.
+/usr/bin/time -f "convert q2_k --imatrix %e s %M KB" $B/sfx-convert --quant q2_k --imatrix "$G" \
+  --fit --k-ladder 8,16,32 --k 16 -o "$R/smol.q2_k-imatrix.fit.sfx" > "$R/convert_q2_k-imatrix.log" 2>&1
+tail -1 "$R/convert_q2_k-imatrix.log"
+for k in 0 8 16 32; do
+  $B/sfx-run "$R/smol.q2_k-imatrix.fit.sfx" --k $k --ppl wiki:4 --kl-ref "$G" --json \
+    > "$R/eval_q2_k-imatrix_k$k.json"
+done
