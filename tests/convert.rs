@@ -5,8 +5,8 @@
 //! corrupted file of it, and bad options are named.
 
 use crate::common::{
-    assets, f32_options as opts, float_model, gguf, logits, mean_kl, stdout_of, wiki_tokens,
-    QUICK_CALIBRATION,
+    assets, f32_options as opts, float_model, gguf, logits, mean_kl, quick_args, stdout_of,
+    wiki_tokens,
 };
 use sfx_formats::resident::GroupQuantized;
 use sfx_formats::sfx::{Layout, SfxFile};
@@ -48,18 +48,6 @@ fn quick_rtn4(name: &str, extra: &[&str]) -> SfxFile {
     let file = SfxFile::open(&path).unwrap();
     file.verify().unwrap();
     file
-}
-
-/// The arguments of a quick conversion (one 32-token calibration sequence, no held-out
-/// text) of the pinned GGUF to `out`.
-fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
-    let mut args = vec!["--quant".to_string(), quant.to_string()];
-    args.extend(extra.iter().map(|e| e.to_string()));
-    args.push(gguf().to_string_lossy().into_owned());
-    args.push("-o".into());
-    args.push(out.to_string_lossy().into_owned());
-    args.extend(QUICK_CALIBRATION.map(String::from));
-    args
 }
 
 /// A conversion several tests read, made once per test binary (each costs tens of seconds

@@ -3,7 +3,7 @@
 //! `tests/fixtures/ggml_quants/make_reference.sh` from a llama.cpp build: ggml's
 //! `quantize_chunk` on awkward synthetic rows, and `llama-quantize --pure` on SmolLM2).
 
-use crate::common::{assets, gguf, kl_to_float, QUICK_CALIBRATION};
+use crate::common::{assets, gguf, kl_to_float, quick_args, stdout_of};
 use sfx_calibration::quant::ggml_quant::GGML_QUANTS;
 use sfx_calibration::quant::ggml_rounding::quantize_row;
 use sfx_calibration::quant::GgmlQuant;
@@ -170,24 +170,25 @@ fn smollm2_projections_are_llama_quantizes_blocks() {
     }
 }
 
+/// A quick conversion ([`quick_args`]) of the asset to `name` under the target directory.
+fn quick_convert(quant: &str, extra: &[&str], name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_quant_test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+            .args(quick_args(quant, extra, &out))
+            .env("SFX_ASSETS", assets()),
+    );
+    out
+}
+
 /// `sfx-convert --quant q4_k` writes the blocks llama-quantize writes (as row sets: q and k
 /// rows are in Hugging Face order in the container), names the fallback in its metadata, runs,
 /// and its refinement columns bring it closer to the float model.
 #[test]
 fn a_q4_k_container_holds_llama_quantizes_blocks_and_runs() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_quant_test");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("smollm2.q4_k.sfx");
-    let status = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-        .args(["--quant", "q4_k"])
-        .arg(gguf())
-        .args(QUICK_CALIBRATION)
-        .arg("-o")
-        .arg(&out)
-        .env("SFX_ASSETS", assets())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let out = quick_convert("q4_k", &[], "smollm2.q4_k.sfx");
     let sfx = SfxFile::open(&out).unwrap();
     let quant = &sfx.metadata().params["quant"];
     assert_eq!(quant["method"], "q4_k");
@@ -237,19 +238,7 @@ fn a_q4_k_container_holds_llama_quantizes_blocks_and_runs() {
 /// even these 32 calibration tokens it measured 0.49.
 #[test]
 fn a_q2_k_container_rounded_with_the_calibration_importance_is_far_closer_to_float() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_quant_test");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("smollm2.q2_k-imatrix.sfx");
-    let status = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-        .args(["--quant", "q2_k", "--imatrix"])
-        .arg(gguf())
-        .args(QUICK_CALIBRATION)
-        .arg("-o")
-        .arg(&out)
-        .env("SFX_ASSETS", assets())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let out = quick_convert("q2_k", &["--imatrix"], "smollm2.q2_k-imatrix.sfx");
     let sfx = SfxFile::open(&out).unwrap();
     let quant = &sfx.metadata().params["quant"];
     assert_eq!(quant["importance"], "calibration-e-x2");

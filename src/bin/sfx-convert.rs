@@ -7,7 +7,6 @@ use sfx_calibration::convert::{
     convert, ConvertError, ConvertOptions, ConvertReport, ConvertState, HeadFormat, Hooks,
     LayerReport, MlpScheme, QuantMethod, QuantSpec,
 };
-use sfx_calibration::quant::GgmlQuant;
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::package;
@@ -967,8 +966,9 @@ fn base_quant(path: &Path) -> Result<QuantSpec> {
     let q = file.metadata().params.get("quant");
     let field = |f: &str| q.and_then(|q| q.get(f));
     let method = field("method").and_then(|m| m.as_str());
-    if let Some(q) = method.filter(|m| *m == "gguf" || GgmlQuant::parse(m).is_some()) {
-        return Ok(QuantSpec::parse(q)?);
+    // A method that names its base alone (gguf, a llama.cpp type); rtn, awq … need their bits.
+    if let Some(spec) = method.and_then(|m| QuantSpec::parse(m).ok()) {
+        return Ok(spec);
     }
     let bits = field("bits").and_then(|b| b.as_u64());
     let (Some(method), Some(bits)) = (method, bits) else {

@@ -22,8 +22,8 @@ pub fn assets() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("assets"))
 }
 
-/// `sfx-convert` calibration for tests whose codes do not depend on it: one 32-token
-/// sequence, no held-out text.
+/// The quickest `sfx-convert` calibration: one 32-token sequence, no held-out text (enough
+/// for tests whose codes do not depend on it, and for E[x²] of a weighted rounding).
 pub const QUICK_CALIBRATION: [&str; 6] = [
     "--calib-seqs",
     "1",
@@ -32,6 +32,18 @@ pub const QUICK_CALIBRATION: [&str; 6] = [
     "--heldout",
     "none",
 ];
+
+/// The arguments of a quick conversion (calibration [`QUICK_CALIBRATION`]) of the pinned GGUF
+/// to `out` with `--quant quant` and `extra` flags.
+pub fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
+    let mut args = vec!["--quant".to_string(), quant.to_string()];
+    args.extend(extra.iter().map(|e| e.to_string()));
+    args.push(gguf().to_string_lossy().into_owned());
+    args.push("-o".into());
+    args.push(out.to_string_lossy().into_owned());
+    args.extend(QUICK_CALIBRATION.map(String::from));
+    args
+}
 
 /// The development model; a missing file fails the test with the command that fetches it.
 pub fn gguf() -> PathBuf {

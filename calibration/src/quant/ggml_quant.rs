@@ -146,7 +146,7 @@ impl ResidentQuantizer for GgmlQuant {
     ) -> Result<QuantizedSet, QuantError> {
         // The set's projections share their input, so one importance vector serves them all:
         // the diagonal of E[x xᵀ].
-        let importance = match (self.importance, stats) {
+        let importance: Option<Vec<f32>> = match (self.importance, stats) {
             (false, _) => None,
             (true, Some(s)) => Some((0..s.cols).map(|i| s.gram[i * s.cols + i]).collect()),
             (true, None) => {
@@ -159,7 +159,6 @@ impl ResidentQuantizer for GgmlQuant {
                 })
             }
         };
-        let importance: Option<Vec<f32>> = importance;
         Ok(QuantizedSet {
             weights: weights
                 .iter()
