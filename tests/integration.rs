@@ -18,4 +18,5 @@ mod qtip_import;
 mod refine;
 mod resume;
 mod sfx_model;
+mod sqllm;
 mod tune;

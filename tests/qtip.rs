@@ -76,6 +76,7 @@ fn view<'a>(s: &'a Setup, kron: Option<Kron<'a>>) -> WeightView<'a> {
         rows: s.rows,
         cols: s.cols,
         kron,
+        fisher: None,
     }
 }
 

@@ -63,6 +63,7 @@ fn view<'a>(t: &'a Tensors, name: &'a str) -> WeightView<'a> {
     let (shape, data) = &t[name];
     WeightView {
         kron: None,
+        fisher: None,
         name,
         data,
         rows: shape[0],

@@ -129,6 +129,7 @@ fn main() -> Result<()> {
                 let wf = view.to_f32_vec();
                 let q = rtn.quantize_group(WeightView {
                     kron: None,
+                    fisher: None,
                     name: &name,
                     data: &wf,
                     rows,

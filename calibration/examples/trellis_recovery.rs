@@ -209,6 +209,7 @@ fn main() -> Result<()> {
                     rows: *rows,
                     cols: *cols,
                     kron: None,
+                    fisher: None,
                 })
                 .collect();
             let (xh, rows) = &heldx[&key];

@@ -37,6 +37,7 @@ fn views<'a>(w1: &'a [f32], w2: &'a [f32]) -> [WeightView<'a>; 2] {
     [
         WeightView {
             kron: None,
+            fisher: None,
             name: "w1",
             data: w1,
             rows: ROWS,
@@ -44,6 +45,7 @@ fn views<'a>(w1: &'a [f32], w2: &'a [f32]) -> [WeightView<'a>; 2] {
         },
         WeightView {
             kron: None,
+            fisher: None,
             name: "w2",
             data: w2,
             rows: 2 * ROWS,

@@ -24,7 +24,8 @@ use crate::synthetic::SyntheticWeights;
 use half::{bf16, f16};
 use sfx_formats::gguf::{BlockTensor, GgmlType};
 use sfx_formats::resident::{
-    GroupQuantized, TileOrder, TrellisCode, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
+    GroupQuantized, LutQuantized, TileOrder, TrellisCode, TrellisQuantized, TrellisScheme,
+    SUPPORTED_BITS,
 };
 use sfx_formats::{DType, TensorView};
 
@@ -285,6 +286,8 @@ pub enum Coded {
     },
     /// A llama.cpp GGUF weight in its own blocks (legacy 32-weight blocks or K-quants).
     Gguf { ty: GgmlType },
+    /// Look-up-table codes (SqueezeLLM): `bits` per weight, a table of levels a row.
+    Lut { bits: u8 },
 }
 
 impl Coded {
@@ -294,6 +297,7 @@ impl Coded {
             Coded::Group { bits, group } => format!("q{bits}g{group}"),
             Coded::Trellis { code, k, order } => format!("{} K{k} {}", code.name(), order.name()),
             Coded::Gguf { ty } => format!("gguf {ty}"),
+            Coded::Lut { bits } => format!("lut{bits}"),
         }
     }
 }
@@ -975,6 +979,23 @@ pub fn cases() -> Vec<Case> {
             );
         }
     }
+    // Look-up-table codes (SqueezeLLM) at every width: decode and prefill on SmolLM2's widths
+    // (576 off the 128-code bit-plane grid, 1536 on it). Backends without kernels for them
+    // (CUDA) run the dequantized float path: those cases check that fallback.
+    for bits in sfx_formats::resident::LUT_BITS {
+        for (m, rows, cols, bias, acc) in [
+            (1, 96, 576, true, false),
+            (2, 33, 1536, false, true),
+            (9, 40, 576, true, false),
+        ] {
+            add_coded_linear(
+                &mut add,
+                "lut_linear",
+                Coded::Lut { bits },
+                (m, rows, cols, bias, acc),
+            );
+        }
+    }
     // Embedding rows from group codes at every width (2, 3 and 4 bits: the tile layout on
     // CUDA, a 576-column row ending in a half super-chunk at 2 bits): the first and last ids
     // of the table and random ones; the gather is exact (the same f32 products as the CPU).
@@ -1381,6 +1402,33 @@ fn gguf_blocks(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<Block
     })
 }
 
+/// Rows `first..first + rows` of a look-up-table case: codes from `bytes`, each row's levels
+/// from `ids` (`2^bits` a row, as signed bytes), row scales from `b`.
+fn lut_weight(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<LutQuantized> {
+    let Some((Coded::Lut { bits }, cols, _)) = coded_shape(spec) else {
+        return Err(RuntimeError::Unsupported(
+            "lut_weight: not a look-up-table case".into(),
+        ));
+    };
+    let row_bytes = (cols * usize::from(bits)).div_ceil(8);
+    let n = 1usize << bits;
+    let codes = x.bytes[first * row_bytes..(first + rows) * row_bytes].to_vec();
+    let tables = x.ids[first * n..(first + rows) * n]
+        .iter()
+        .map(|&t| t as u8 as i8)
+        .collect();
+    let scales = x.b[first..first + rows]
+        .iter()
+        .map(|&v| f16::from_f32(v))
+        .collect();
+    LutQuantized::from_parts(bits, rows, cols, codes, tables, scales).map_err(|e| {
+        RuntimeError::Shape {
+            op: "lut codes",
+            msg: e.to_string(),
+        }
+    })
+}
+
 fn group_codes(spec: &Op, x: &Inputs, first: usize, rows: usize) -> Result<GroupQuantized> {
     let Some((Coded::Group { bits, group }, cols, _)) = coded_shape(spec) else {
         return Err(crate::error::RuntimeError::Unsupported(
@@ -1460,6 +1508,13 @@ fn coded_linear<B: ResidentKernels>(
             bias,
             "conformance trellis",
         ),
+        Some((Coded::Lut { .. }, ..)) => crate::resident::lut_or_dequantized(
+            b,
+            lut_weight(spec, x, first, rows)?,
+            bias,
+            WeightPrecision::F32,
+            "conformance lut",
+        ),
         Some((Coded::Gguf { .. }, ..)) => {
             let t = gguf_blocks(spec, x, first, rows)?;
             match b.gguf_block_linear(&t, bias.clone(), "conformance gguf")? {
@@ -1497,6 +1552,7 @@ fn coded_dequant(spec: &Op, x: &Inputs, rows: &[usize]) -> Result<Vec<f32>> {
             }
             Ok(w)
         }
+        Some((Coded::Lut { .. }, ..)) => Ok(lut_weight(spec, x, 0, total)?.dequantize()),
         Some((Coded::Gguf { .. }, ..)) => {
             gguf_blocks(spec, x, 0, total)?
                 .dequantize()
@@ -1983,6 +2039,22 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
             i.ids = (0..groups).map(|_| rng.below(1 << bits) as u32).collect();
         }
         Coded::Gguf { ty } => i.bytes = random_gguf_blocks(ty, rows, cols, rng),
+        Coded::Lut { bits } => {
+            i.bytes = (0..rows * (cols * usize::from(bits)).div_ceil(8))
+                .map(|_| rng.next() as u8)
+                .collect();
+            // Levels anywhere on the signed byte grid (its ends included); scales give the
+            // weights variance ≈ 1/cols.
+            i.ids = (0..rows << bits)
+                .map(|_| (rng.next() & 0xff) as u32)
+                .collect();
+            let unit = (3.0 / cols as f32).sqrt() / 128.0;
+            i.b = rng
+                .vec(rows, 0.5)
+                .iter()
+                .map(|u| unit * (1.0 + u))
+                .collect();
+        }
         Coded::Trellis { k, .. } => {
             i.bytes = (0..rows / 16 * cols / 16 * 32 * usize::from(k))
                 .map(|_| rng.next() as u8)

@@ -17,11 +17,12 @@ use crate::error::{Result, RuntimeError};
 use crate::linear::{load_bias, FloatLinear, Linear, LinearFactory, LinearRole, LinearSpec};
 use crate::model::{Model, ModelOptions};
 use crate::resident::gguf_blocks::block_linear;
-use crate::resident::ResidentKernels;
+use crate::resident::{lut_or_dequantized, ResidentKernels};
 use half::f16;
 use sfx_formats::gguf::BlockTensor;
 use sfx_formats::resident::{
-    GroupQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme, SUPPORTED_BITS,
+    GroupQuantized, LutQuantized, SmallHadamard, TrellisParts, TrellisQuantized, TrellisScheme,
+    SUPPORTED_BITS,
 };
 use sfx_formats::sfx::{Layout, SectionView, SfxFile, MAGIC};
 use sfx_formats::{DType, FormatError, ModelConfig, TensorSource, TensorView};
@@ -36,6 +37,9 @@ pub const PACKING_GROUP_ASYM_V1: &str = "group-asym-v1";
 pub const PACKING_TRELLIS_V1: &str = "trellis-v1";
 /// llama.cpp's own blocks, kept from a GGUF (`gguf_blocks` sections name their type).
 pub const PACKING_GGUF_BLOCKS_V1: &str = "gguf-blocks-v1";
+/// Look-up-table codes (SqueezeLLM): `P.weight` packed codes, `P.weight.table` levels,
+/// `P.weight.scales` one per row (docs/format.md).
+pub const PACKING_LUT_V1: &str = "lut-v1";
 
 /// True when `path` is a regular file starting with the `.sfx` magic `SFX\0`. Detection by
 /// content rather than extension, so a renamed container still loads as one (and a folder or
@@ -108,14 +112,15 @@ fn check_packing(file: &SfxFile) -> Result<()> {
         Some(serde_json::Value::String(p))
             if p == PACKING_GROUP_ASYM_V1
                 || p == PACKING_TRELLIS_V1
-                || p == PACKING_GGUF_BLOCKS_V1 =>
+                || p == PACKING_GGUF_BLOCKS_V1
+                || p == PACKING_LUT_V1 =>
         {
             Ok(())
         }
         Some(other) => Err(RuntimeError::Unsupported(format!(
             "{}: params.quant.packing is {other}; this runtime reads \
              \"{PACKING_GROUP_ASYM_V1}\", \"{PACKING_TRELLIS_V1}\" and \
-             \"{PACKING_GGUF_BLOCKS_V1}\"",
+             \"{PACKING_GGUF_BLOCKS_V1}\", \"{PACKING_LUT_V1}\"",
             file.path().display()
         ))),
     }
@@ -439,6 +444,74 @@ impl SfxLinearFactory<'_> {
         Ok(decoded_exact(file, &s, n)?.into_owned())
     }
 
+    /// The look-up-table-coded weight of one projection (`P.weight` packed codes with one
+    /// group a row, `P.weight.table` levels, `P.weight.scales`), every section checked
+    /// against `spec`.
+    pub fn lut_quantized(&self, spec: &LinearSpec<'_>) -> Result<LutQuantized> {
+        let file = self.file;
+        let name = spec.weight_name;
+        let what = spec.role.describe();
+        let codes = required_section(file, name, &format!("look-up-table codes of the {what}"))?;
+        let Layout::PackedCodes {
+            rows,
+            cols,
+            bits,
+            group,
+        } = *codes.layout
+        else {
+            return Err(section_err(
+                file,
+                name,
+                format!(
+                    "layout {}, expected packed_codes",
+                    layout_name(codes.layout)
+                ),
+            ));
+        };
+        let (rows, cols) = config_dims(file, name, "codes", (rows, cols), spec)?;
+        if group != cols as u64 {
+            return Err(section_err(
+                file,
+                name,
+                format!("group {group}: look-up-table codes have one group a row ({cols})"),
+            ));
+        }
+        let bits = u8::try_from(bits).unwrap_or(0);
+        let (code_bytes, levels) =
+            LutQuantized::sizes(bits, rows, cols).map_err(|e| section_err(file, name, e))?;
+        let code_data = decoded_exact(file, &codes, code_bytes)?.into_owned();
+        let table_name = format!("{name}.table");
+        let t = required_section(
+            file,
+            &table_name,
+            &format!("per-row look-up tables of the {what}"),
+        )?;
+        if *t.layout != Layout::Bytes {
+            return Err(section_err(
+                file,
+                &table_name,
+                format!("{}, expected bytes", describe_layout(t.layout)),
+            ));
+        }
+        let tables = decoded_exact(file, &t, levels)?
+            .iter()
+            .map(|&b| b as i8)
+            .collect();
+        let scales_name = format!("{name}.scales");
+        let scales = self
+            .dense_exact(
+                &scales_name,
+                DType::F16,
+                &[rows as u64],
+                &format!("per-row scales of the {what}"),
+            )?
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        LutQuantized::from_parts(bits, rows, cols, code_data, tables, scales)
+            .map_err(|e| section_err(file, &scales_name, e))
+    }
+
     /// A projection kept in llama.cpp's blocks (`P.weight`, layout `gguf_blocks`), checked
     /// against `spec`.
     pub fn gguf_blocks(&self, spec: &LinearSpec<'_>) -> Result<BlockTensor> {
@@ -617,6 +690,10 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
             let t = self.gguf_blocks(spec)?;
             return block_linear(backend, &t, bias, self.float_precision, &what);
         }
+        if self.is_lut(spec.weight_name) {
+            let q = self.lut_quantized(spec)?;
+            return lut_or_dequantized(backend, q, bias, self.float_precision, &what);
+        }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)
     }
@@ -646,6 +723,11 @@ impl SfxLinearFactory<'_> {
     /// The layout of section `name`, if the file has that section.
     fn section_layout(&self, name: &str) -> Option<&Layout> {
         self.file.section(name).ok().map(|s| s.layout)
+    }
+
+    /// Whether weight `name` is look-up-table coded (it has a `.table` section).
+    pub fn is_lut(&self, name: &str) -> bool {
+        self.file.section(&format!("{name}.table")).is_ok()
     }
 
     /// Whether section `name` holds packed codes (a quantized embedding or head).

@@ -264,6 +264,12 @@ pub fn formats_of(
     let projection = "model.layers.0.self_attn.q_proj.weight";
     let (dtype, weights) = match layout(projection) {
         Some(Layout::Dense { dtype, .. }) => (dtype, SyntheticWeights::Float),
+        Some(Layout::PackedCodes { .. }) if layout(&format!("{projection}.table")).is_some() => {
+            return Err(unreadable(
+                projection,
+                "look-up-table codes (sqllm), which have no synthetic stand-in yet".into(),
+            ))
+        }
         Some(Layout::PackedCodes { bits, group, .. }) => (
             DType::BF16,
             SyntheticWeights::Group {

@@ -87,6 +87,9 @@ struct ConvertArgs {
     /// 16×16 tiles); or yaqa2, yaqa3, yaqa4 (the same format rounded with YAQA's two-sided LDLQ
     /// on Kronecker factors of the full-model KL Hessian, see --yaqa-seqs). Trellis
     /// conversions run a Viterbi search per 256 weights: ~50 min on 2 cores for SmolLM2.
+    /// Or sqllm2, sqllm3, sqllm4 (SqueezeLLM, dense part: per output row a table of 2^N
+    /// levels from a k-means weighted by the Fisher diagonal, the squared gradients of the
+    /// loss on the calibration text's own next tokens; see --yaqa-seqs).
     /// Or a llama.cpp block type for every projection: q2_k, q3_k, q4_k, q5_k, q6_k (k-quants:
     /// 256-weight super-blocks; projections whose rows are not whole super-blocks take
     /// llama.cpp's fallback, q2_k/q3_k → Q4_0, q4_k → Q5_0, q5_k → Q5_1, q6_k → Q8_0), q4_0,
@@ -174,9 +177,10 @@ struct ConvertArgs {
     /// Held-out sequences (of --calib-len tokens).
     #[arg(long, default_value_t = 4)]
     heldout_seqs: usize,
-    /// yaqaN only: calibration sequences whose sampled-label gradients build YAQA's Kronecker
-    /// Hessian factors (the first N of --calib-seqs; 0 = all). Cost is linear in N
-    /// (docs/decisions.md, "YAQA Hessians").
+    /// yaqaN and sqllmN only: calibration sequences whose gradients build YAQA's Kronecker
+    /// Hessian factors (sampled labels) or SqueezeLLM's Fisher diagonal (the text's next
+    /// tokens): the first N of --calib-seqs; 0 = all. Cost is linear in N (one forward and
+    /// backward pass of the float model a sequence; docs/decisions.md, "YAQA Hessians").
     #[arg(long, default_value_t = 0)]
     yaqa_seqs: usize,
     /// Output head and token embedding: bf16 (the float tables as the source stores them),
@@ -705,8 +709,13 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => eprintln!("{line}"),
         }
     };
+    let gradient_pass = if options.quant.method == QuantMethod::SqueezeLlm {
+        "SqueezeLLM Fisher diagonal"
+    } else {
+        "YAQA Hessian sketch"
+    };
     let mut on_sketch = |done: usize, total: usize| {
-        let line = format!("YAQA Hessian sketch: {done}/{total} sequences");
+        let line = format!("{gradient_pass}: {done}/{total} sequences");
         match &bar {
             Some(b) => b.set_message(line),
             None => eprintln!("{line}"),

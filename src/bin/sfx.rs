@@ -492,8 +492,9 @@ fn verify_folder(dir: &std::path::Path, json: bool) -> Result<()> {
 }
 
 /// Size of the resident quantized linears of a converter-written container: every
-/// `packed_codes` section `P.weight` with its `P.weight.scales` and `P.weight.zeros`, and
-/// every `gguf_blocks` section (its scales are inside the blocks).
+/// `packed_codes` section `P.weight` with its `P.weight.scales` and `P.weight.zeros` (or, for
+/// look-up-table codes, `P.weight.table`), and every `gguf_blocks` section (its scales are
+/// inside the blocks).
 #[derive(Default)]
 struct ResidentLinears {
     count: usize,
@@ -501,6 +502,7 @@ struct ResidentLinears {
     codes_bytes: u64,
     scales_bytes: u64,
     zeros_bytes: u64,
+    tables_bytes: u64,
 }
 
 impl ResidentLinears {
@@ -522,15 +524,17 @@ impl ResidentLinears {
             };
             r.scales_bytes += side("scales");
             r.zeros_bytes += side("zeros");
+            r.tables_bytes += side("table");
         }
         r
     }
 
     fn bytes(&self) -> u64 {
-        self.codes_bytes + self.scales_bytes + self.zeros_bytes
+        self.codes_bytes + self.scales_bytes + self.zeros_bytes + self.tables_bytes
     }
 
-    /// (codes + scales + zeros bytes) · 8 / weights; `None` without quantized linears.
+    /// (codes + scales + zeros + tables bytes) · 8 / weights; `None` without quantized
+    /// linears.
     fn bits_per_weight(&self) -> Option<f64> {
         (self.weights > 0).then(|| self.bytes() as f64 * 8.0 / self.weights as f64)
     }
@@ -572,7 +576,8 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
             "quant": quant,
             "resident_linears": {"count": lin.count, "weights": lin.weights,
                 "codes_bytes": lin.codes_bytes, "scales_bytes": lin.scales_bytes,
-                "zeros_bytes": lin.zeros_bytes, "bits_per_weight": lin.bits_per_weight()},
+                "zeros_bytes": lin.zeros_bytes, "tables_bytes": lin.tables_bytes,
+                "bits_per_weight": lin.bits_per_weight()},
             "refine": refine,
             "refine_rungs": rungs.iter().map(|((k, tier), (c, b))| serde_json::json!({"k": k, "tier": tier, "columns_bytes": c, "bundles_bytes": b})).collect::<Vec<_>>(),
             "tuning": match &tuning { Ok(t) => serde_json::to_value(t)?, Err(e) => serde_json::json!({"error": e.to_string()}) },
@@ -602,13 +607,18 @@ fn inspect_sfx(path: &std::path::Path, json: bool) -> Result<()> {
     }
     if let Some(bpw) = lin.bits_per_weight() {
         println!(
-            "resident     {} quantized linears, {:.1} M weights, {:.1} MB (codes {:.1} + scales {:.1} + zeros {:.1}): {bpw:.3} bits/weight",
+            "resident     {} quantized linears, {:.1} M weights, {:.1} MB (codes {:.1} + scales {:.1} + zeros {:.1}{}): {bpw:.3} bits/weight",
             lin.count,
             lin.weights as f64 / 1e6,
             lin.bytes() as f64 / 1e6,
             lin.codes_bytes as f64 / 1e6,
             lin.scales_bytes as f64 / 1e6,
-            lin.zeros_bytes as f64 / 1e6
+            lin.zeros_bytes as f64 / 1e6,
+            if lin.tables_bytes > 0 {
+                format!(" + tables {:.1}", lin.tables_bytes as f64 / 1e6)
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(r) = refine {

@@ -49,6 +49,8 @@ pub(super) struct LayerContext<'a> {
     pub options: &'a ConvertOptions,
     /// YAQA's Kronecker factors keyed by weight name.
     pub kron: Option<&'a std::collections::BTreeMap<String, crate::yaqa::KroneckerFactors>>,
+    /// SqueezeLLM's Fisher diagonal keyed by weight name (`rows, cols, values`).
+    pub fisher: Option<&'a crate::yaqa::Gradients>,
 }
 
 /// One float projection on its way to the file.
@@ -261,6 +263,10 @@ impl LayerContext<'_> {
                                 h_in: &f.h_in,
                                 h_out: &f.h_out,
                             }),
+                        fisher: self
+                            .fisher
+                            .and_then(|m| m.get(&format!("{}.weight", p.prefix)))
+                            .map(|(_, _, f)| &f[..]),
                     })
                     .collect();
                 let context = SetContext {
@@ -459,6 +465,7 @@ impl LayerContext<'_> {
                     ResidentWeight::Group(q) => sink.put_group(&format!("{name}.weight"), q)?,
                     ResidentWeight::Trellis(t) => sink.put_trellis(name, t)?,
                     ResidentWeight::Gguf(t) => sink.put_gguf(&format!("{name}.weight"), t)?,
+                    ResidentWeight::Lut(q) => sink.put_lut(&format!("{name}.weight"), q)?,
                 }
                 code_bits += 8 * proj.quantized()?.size_in_bytes() as u64;
                 weights += rows * cols;

@@ -67,6 +67,8 @@ pub enum QuantMethod {
     Gguf,
     /// llama.cpp's block types, rounded here as `llama-quantize` rounds them.
     Ggml(crate::quant::GgmlQuant),
+    /// SqueezeLLM: per-row look-up tables from a Fisher-weighted k-means.
+    SqueezeLlm,
 }
 
 /// `rtn{2,3,4}` or `awq{2,3,4}` at a group size, or `qtip{2,3,4}` (trellis; no groups).
@@ -91,7 +93,7 @@ impl QuantSpec {
     pub fn parse(s: &str) -> Result<Self, ConvertError> {
         let bad = || {
             ConvertError::Options(format!(
-                "--quant {s:?}: expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, a \
+                "--quant {s:?}: expected rtnN, awqN, qtipN, yaqaN or sqllmN with N = 2, 3 or 4, a \
                  llama.cpp type (q2_k, q3_k, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q8_0), \
                  or gguf"
             ))
@@ -119,6 +121,8 @@ impl QuantSpec {
             (QuantMethod::Qtip, b)
         } else if let Some(b) = s.strip_prefix("yaqa") {
             (QuantMethod::Yaqa, b)
+        } else if let Some(b) = s.strip_prefix("sqllm") {
+            (QuantMethod::SqueezeLlm, b)
         } else {
             return Err(bad());
         };
@@ -161,6 +165,7 @@ impl QuantSpec {
                 Box::new(yaqa)
             }
             QuantMethod::Ggml(q) => Box::new(q),
+            QuantMethod::SqueezeLlm => Box::new(crate::quant::SqueezeLlm { bits: self.bits }),
             QuantMethod::Gguf => {
                 return Err(ConvertError::Options(
                     "--quant gguf keeps the blocks of a GGUF base: give the GGUF as the model \
@@ -185,6 +190,7 @@ impl QuantSpec {
             QuantMethod::Awq => "awq",
             QuantMethod::Qtip => "qtip",
             QuantMethod::Yaqa => "yaqa",
+            QuantMethod::SqueezeLlm => "sqllm",
             QuantMethod::Gguf => "gguf",
             QuantMethod::Ggml(q) => q.quant_name(),
         }
@@ -195,6 +201,7 @@ impl QuantSpec {
         match self.method {
             QuantMethod::Rtn | QuantMethod::Awq => "group-asym-v1",
             QuantMethod::Qtip | QuantMethod::Yaqa => "trellis-v1",
+            QuantMethod::SqueezeLlm => sfx_runtime::sfx_model::PACKING_LUT_V1,
             QuantMethod::Gguf | QuantMethod::Ggml(_) => {
                 sfx_runtime::sfx_model::PACKING_GGUF_BLOCKS_V1
             }
@@ -290,8 +297,9 @@ pub struct ConvertOptions {
     pub mlp: MlpScheme,
     /// Tier of the refinement sections (`ram` or `ssd`).
     pub refine_tier: Tier,
-    /// YAQA: calibration sequences (from the start of the calibration set) whose sampled-label
-    /// gradients build the Kronecker factors; 0 = all.
+    /// YAQA and SqueezeLLM: calibration sequences (from the start of the calibration set)
+    /// whose gradients build YAQA's Kronecker factors (sampled labels) or SqueezeLLM's Fisher
+    /// diagonal (the text's next tokens); 0 = all.
     pub yaqa_sequences: usize,
     /// The output head and embedding tables.
     pub head: HeadFormat,
@@ -393,7 +401,8 @@ pub struct ConvertReport {
     pub refine_bytes: u64,
     pub refine_zstd_bytes: u64,
     pub calib_tokens: u64,
-    /// Calibration sequences YAQA's Hessian sketch used (`None` for other methods).
+    /// Calibration sequences YAQA's Hessian sketch or SqueezeLLM's Fisher diagonal used
+    /// (`None` for other methods).
     pub yaqa_sequences: Option<usize>,
     pub heldout_tokens: u64,
     /// Bytes of the output head and embedding tables (one table when tied).
@@ -537,6 +546,31 @@ impl Sink<'_> {
         )
     }
 
+    /// A look-up-table-coded weight `name`: codes (one group a row), `.table`, `.scales`
+    /// (docs/format.md).
+    fn put_lut(
+        &mut self,
+        name: &str,
+        q: &sfx_formats::resident::LutQuantized,
+    ) -> Result<(), ConvertError> {
+        let (rows, cols) = (q.rows() as u64, q.cols() as u64);
+        let layout = Layout::PackedCodes {
+            rows,
+            cols,
+            bits: u64::from(q.bits()),
+            group: cols,
+        };
+        self.put(name.to_string(), Tier::Resident, layout, q.codes())?;
+        let table: Vec<u8> = q.tables().iter().map(|&t| t as u8).collect();
+        self.put(
+            format!("{name}.table"),
+            Tier::Resident,
+            Layout::Bytes,
+            &table,
+        )?;
+        self.put_f16(format!("{name}.scales"), vec![rows], q.scales())
+    }
+
     /// A weight kept in llama.cpp's blocks: the GGUF's bytes as they are (docs/format.md).
     fn put_gguf(
         &mut self,
@@ -660,13 +694,29 @@ pub fn convert(
 
     // YAQA: the Kronecker factors need gradients through the whole float model, so they are
     // computed before the block-by-block pass (Sketch B, crate::yaqa).
-    let yaqa_sequences = (options.quant.method == QuantMethod::Yaqa && base.is_none()).then(|| {
-        match options.yaqa_sequences {
+    let gradient_method = matches!(
+        options.quant.method,
+        QuantMethod::Yaqa | QuantMethod::SqueezeLlm
+    );
+    let yaqa_sequences =
+        (gradient_method && base.is_none()).then(|| match options.yaqa_sequences {
             0 => calib.len(),
             n => n.min(calib.len()),
+        });
+    let fisher = match yaqa_sequences {
+        Some(n) if options.quant.method == QuantMethod::SqueezeLlm => {
+            let opts = crate::yaqa::SketchOptions::default();
+            Some(crate::yaqa::fisher_diagonal(
+                config,
+                tensors,
+                &calib[..n],
+                &opts,
+                hooks.on_sketch,
+            )?)
         }
-    });
-    let kron = if let Some(n) = yaqa_sequences {
+        _ => None,
+    };
+    let kron = if let Some(n) = yaqa_sequences.filter(|_| fisher.is_none()) {
         let opts = crate::yaqa::SketchOptions::default();
         Some(crate::yaqa::sketch_b(
             config,
@@ -684,6 +734,7 @@ pub fn convert(
         quantizer,
         options,
         kron: kron.as_ref(),
+        fisher: fisher.as_ref(),
     };
     if let Some(st) = resume {
         let t = std::time::Instant::now();
@@ -869,12 +920,28 @@ fn params(
             }),
         },
     );
-    if let Some(n) = report.yaqa_sequences {
-        let seed = crate::yaqa::SketchOptions::default().seed;
-        p.insert(
-            "yaqa".into(),
-            json!({ "sketch": "B", "sequences": n, "power_iterations": 0, "label_seed": seed }),
-        );
+    match report.yaqa_sequences {
+        Some(n) if o.quant.method == QuantMethod::SqueezeLlm => {
+            p.insert(
+                "sqllm".into(),
+                json!({
+                    "sensitivity": "fisher-diagonal",
+                    "labels": "next-token",
+                    "sequences": n,
+                    "kmeans": "weighted-exact-1d-dp",
+                    "levels": "int8-row-scale",
+                    "outliers": null,
+                }),
+            );
+        }
+        Some(n) => {
+            let seed = crate::yaqa::SketchOptions::default().seed;
+            p.insert(
+                "yaqa".into(),
+                json!({ "sketch": "B", "sequences": n, "power_iterations": 0, "label_seed": seed }),
+            );
+        }
+        None => {}
     }
     if o.quant.method == QuantMethod::Awq {
         p.insert(

@@ -102,6 +102,9 @@ impl FileBase {
             .map_err(|e| fail(e.to_string()))?
             .layout;
         match layout {
+            Layout::PackedCodes { .. } if factory.is_lut(&weight_name) => {
+                factory.lut_quantized(&spec).map(ResidentWeight::Lut)
+            }
             Layout::PackedCodes { .. } => factory.group_quantized(&spec).map(ResidentWeight::Group),
             Layout::TrellisTiles { .. } => factory
                 .trellis_quantized(&spec)

@@ -205,6 +205,7 @@ mod tests {
             rows: 2,
             cols: 256,
             kron: None,
+            fisher: None,
         };
         let e = GgmlQuant::parse("q4_k")
             .unwrap()

@@ -10,6 +10,8 @@
 //! - [`gguf_base`]: a llama.cpp GGUF's own blocks, kept as they are.
 //! - [`ggml_quant`]: a float model rounded into llama.cpp's block types as `llama-quantize`
 //!   rounds them ([`ggml_rounding`]).
+//! - [`sqllm`]: SqueezeLLM's sensitivity-weighted k-means per row into look-up-table codes
+//!   (`LutQuantized`), weighted by the Fisher diagonal.
 //! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
@@ -22,6 +24,7 @@ pub mod head;
 pub mod kept_base;
 pub mod qtip;
 pub mod rtn;
+pub mod sqllm;
 pub mod yaqa;
 
 pub use awq::Awq;
@@ -34,9 +37,10 @@ pub use qtip::Qtip;
 pub use rtn::Rtn;
 use sfx_formats::gguf::BlockTensor;
 pub use sfx_formats::resident::{
-    GroupQuantized, ResidentError, TrellisQuantized, DEFAULT_GROUP_SIZE,
+    GroupQuantized, LutQuantized, ResidentError, TrellisQuantized, DEFAULT_GROUP_SIZE,
 };
 use sfx_runtime::ProjectionSet;
+pub use sqllm::SqueezeLlm;
 use std::collections::BTreeMap;
 pub use yaqa::Yaqa;
 
@@ -50,6 +54,10 @@ pub struct WeightView<'a> {
     pub cols: usize,
     /// YAQA's Kronecker factors of the full-model KL Hessian for this weight, if computed.
     pub kron: Option<Kron<'a>>,
+    /// The diagonal of the empirical Fisher information of this weight (`rows × cols`, the
+    /// summed squared gradients of the loss on the calibration text), if computed:
+    /// SqueezeLLM's per-weight sensitivity.
+    pub fisher: Option<&'a [f32]>,
 }
 
 /// Kronecker factors `H_in` (`cols²`) and `H_out` (`rows²`), row-major, of one weight's
@@ -104,6 +112,8 @@ pub enum ResidentWeight {
     Trellis(TrellisQuantized),
     /// A llama.cpp GGUF weight kept in its own blocks ([`gguf_base`]).
     Gguf(BlockTensor),
+    /// Per-row look-up-table codes ([`sqllm`]).
+    Lut(LutQuantized),
 }
 
 impl ResidentWeight {
@@ -112,6 +122,7 @@ impl ResidentWeight {
             ResidentWeight::Group(g) => g.bits_per_weight(),
             ResidentWeight::Trellis(t) => t.bits_per_weight(),
             ResidentWeight::Gguf(t) => t.bytes.len() as f64 * 8.0 / (t.rows * t.cols) as f64,
+            ResidentWeight::Lut(l) => l.bits_per_weight(),
         }
     }
     /// Resident bytes of this projection's own sections.
@@ -120,6 +131,7 @@ impl ResidentWeight {
             ResidentWeight::Group(g) => g.size_in_bytes(),
             ResidentWeight::Trellis(t) => t.size_in_bytes(),
             ResidentWeight::Gguf(t) => t.bytes.len(),
+            ResidentWeight::Lut(l) => l.size_in_bytes(),
         }
     }
     pub fn rows(&self) -> usize {
@@ -127,6 +139,7 @@ impl ResidentWeight {
             ResidentWeight::Group(g) => g.rows(),
             ResidentWeight::Trellis(t) => t.rows(),
             ResidentWeight::Gguf(t) => t.rows,
+            ResidentWeight::Lut(l) => l.rows(),
         }
     }
     pub fn cols(&self) -> usize {
@@ -134,6 +147,7 @@ impl ResidentWeight {
             ResidentWeight::Group(g) => g.cols(),
             ResidentWeight::Trellis(t) => t.cols(),
             ResidentWeight::Gguf(t) => t.cols,
+            ResidentWeight::Lut(l) => l.cols(),
         }
     }
     /// Dequantized weight in the original domain, row-major (R = W − Ŵ for the refinement
@@ -141,6 +155,7 @@ impl ResidentWeight {
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, QuantError> {
         match self {
             ResidentWeight::Group(g) => Ok(g.dequantize()),
+            ResidentWeight::Lut(l) => Ok(l.dequantize()),
             ResidentWeight::Trellis(t) => {
                 sfx_runtime::resident::dequantize_trellis(t).map_err(|e| QuantError::Layout {
                     name: name.to_string(),

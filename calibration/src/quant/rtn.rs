@@ -79,6 +79,7 @@ mod tests {
     fn view<'a>(data: &'a [f32], rows: usize, cols: usize) -> WeightView<'a> {
         WeightView {
             kron: None,
+            fisher: None,
             name: "w",
             data,
             rows,

@@ -285,6 +285,7 @@ mod tests {
             rows,
             cols,
             kron: Some(super::super::Kron { h_in: &h_in, h_out }),
+            fisher: None,
         };
         let y = Yaqa::new(2);
         let book = CodeBook::new(y.qtip.code);

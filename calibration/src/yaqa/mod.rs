@@ -54,6 +54,11 @@ pub enum YaqaError {
     #[error("sequence {sequence} is empty")]
     EmptySequence { sequence: usize },
     #[error(
+        "sequence {sequence} has {len} token(s): the Fisher diagonal needs at least two (the \
+         text's own next tokens are the labels)"
+    )]
+    ShortSequence { sequence: usize, len: usize },
+    #[error(
         "sequence {sequence} has {len} tokens, more than SketchOptions::max_len = {max} \
          (attention memory grows with the square of the length)"
     )]
@@ -297,6 +302,67 @@ pub fn sketch_b(
         progress(i + 1, seqs.len());
     }
     Ok(factors)
+}
+
+/// Elementwise sums of squared per-sequence gradients of every decoder linear: the diagonal of
+/// the empirical Fisher information `Σ_b G_b ⊙ G_b` (SqueezeLLM's sensitivity of each weight),
+/// keyed like [`sketch_b`]'s factors, `rows × cols` row-major. The labels are the text's own
+/// next tokens (sequence `s` predicts `s[1..]` from `s[..len − 1]`), so each sequence needs at
+/// least two tokens.
+///
+/// `progress(done, total)` is called with 0 first and after every sequence.
+pub fn fisher_diagonal(
+    config: &ModelConfig,
+    tensors: &dyn TensorSource,
+    seqs: &[Vec<u32>],
+    opts: &SketchOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Gradients, YaqaError> {
+    if seqs.is_empty() {
+        return Err(YaqaError::NoSequences);
+    }
+    for (i, s) in seqs.iter().enumerate() {
+        if s.len() < 2 {
+            return Err(YaqaError::ShortSequence {
+                sequence: i,
+                len: s.len(),
+            });
+        }
+        check_tokens(config, &s[..s.len() - 1], i, opts.max_len)?;
+        check_tokens(config, &s[1..], i, opts.max_len)?;
+    }
+    let graph = Graph::load(config, tensors)?;
+    let mut fisher: Gradients = graph
+        .projections()
+        .map(|p| {
+            (
+                p.name.clone(),
+                (p.rows(), p.cols(), vec![0.0; p.rows() * p.cols()]),
+            )
+        })
+        .collect();
+    progress(0, seqs.len());
+    for (i, s) in seqs.iter().enumerate() {
+        let (tokens, labels) = (&s[..s.len() - 1], s[1..].to_vec());
+        backward(&graph, tokens, i, &mut Timings::default(), |_| Ok(labels))?;
+        for p in graph.projections() {
+            let g = weight_gradient(p)?;
+            if let Some((rows, cols, f)) = fisher.get_mut(&p.name) {
+                if g.len() != f.len() {
+                    return Err(YaqaError::GradientSize {
+                        rows: *rows,
+                        cols: *cols,
+                        actual: g.len(),
+                    });
+                }
+                for (fi, gi) in f.iter_mut().zip(&g) {
+                    *fi += gi * gi;
+                }
+            }
+        }
+        progress(i + 1, seqs.len());
+    }
+    Ok(fisher)
 }
 
 /// The per-sequence G_b of every decoder linear for given `labels` (one per token; label t is

@@ -21,7 +21,9 @@
 
 use half::f16;
 
+pub mod lut;
 pub mod trellis;
+pub use lut::{LutQuantized, LUT_BITS};
 pub use trellis::{
     hadamard_section, trellis_sections, SmallHadamard, TileOrder, TrellisCode, TrellisParts,
     TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS, TLUT_SECTION,
@@ -38,7 +40,7 @@ pub const SUPPORTED_BITS: [u8; 5] = [2, 3, 4, 6, 8];
 /// Errors from building or validating a resident layout. Never a panic on bad dimensions.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ResidentError {
-    #[error("group quantization: {0}")]
+    #[error("resident layout: {0}")]
     Invalid(String),
 }
 

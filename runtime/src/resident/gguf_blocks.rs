@@ -26,7 +26,7 @@ use crate::resident::gguf_kquant_kernel as kquant;
 use crate::resident::{coded_forward, gather_decoded_rows, run_row_blocks, ResidentKernels};
 use half::f16;
 use sfx_formats::gguf::{dequantize, BlockTensor, GgmlType, QK_K};
-use sfx_formats::{DType, TensorSource, TensorView};
+use sfx_formats::TensorSource;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -523,15 +523,7 @@ pub fn dequantized_linear<B: Backend>(
         op: "dequantized_linear",
         msg: format!("{name}: {e}"),
     })?;
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let shape = [t.rows, t.cols];
-    let view =
-        TensorView::new(name, DType::F32, &shape, &bytes).map_err(|e| RuntimeError::Shape {
-            op: "dequantized_linear",
-            msg: e.to_string(),
-        })?;
-    let weight = backend.upload_matrix(name, &view, precision)?;
-    FloatLinear::new(backend, weight, bias)
+    crate::resident::float_linear_of(backend, &values, (t.rows, t.cols), bias, precision, name)
 }
 
 /// `t` on the backend's block kernels, or dequantized at `precision` where it has none.

@@ -67,6 +67,7 @@ impl GroupQuantLinear {
                 scales: &w.scales()[r0 * gpr..(r0 + n) * gpr],
                 zeros: &w.zeros()[r0 * gpr..(r0 + n) * gpr],
                 bits: w.bits(),
+                tables: None,
             };
             group_q8::rows(level, &rows, &prepared, yb);
         };

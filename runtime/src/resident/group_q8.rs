@@ -18,6 +18,11 @@
 //!   activation block `2c`, 8–15 block `2c+1`. 8-bit codes skip the unpack.
 //! - Other tiers keep the f32 kernels ([`int8_kernels_at`]).
 //!
+//! Look-up-table codes (`sfx_formats::resident::LutQuantized`) run through the same kernels:
+//! a row's table of unsigned levels (`level + 128`, at most 64 of them) sits in one register
+//! and one `vpermb` per code vector maps the unpacked codes to their levels before the
+//! `vpdpbusd`; the row is then one group whose zero point is 128 and whose scale is the row's.
+//!
 //! Shapes: input width and group size multiples of 64 (every Llama/Qwen width is); others run
 //! the f32 kernel.
 
@@ -106,6 +111,9 @@ pub(crate) struct CodeRows<'a> {
     pub(crate) scales: &'a [f16],
     pub(crate) zeros: &'a [u8],
     pub(crate) bits: u8,
+    /// Look-up-table codes: `2^bits` unsigned levels per row, row-major; a code's value is
+    /// its row's level, not the code itself.
+    pub(crate) tables: Option<&'a [u8]>,
 }
 
 /// `y[r] = Σ_i ŵ[r, i]·x̃_i` for every row of `w` (the caller checked [`takes`]).
@@ -118,14 +126,19 @@ pub(crate) fn rows(level: SimdLevel, w: &CodeRows<'_>, p: &Prepared, y: &mut [f3
     // SAFETY: `takes` checked AVX-512F/BW/VL/VBMI/VNNI; `w` holds `y.len()` rows of
     // `cols·bits/8` code bytes and `cols/group` scales and zeros per row (the caller's slices).
     unsafe {
-        match w.bits {
-            4 if planar(4, p.group) => vnni::planar4(w, p, y),
-            2 if planar(2, p.group) => vnni::planar2(w, p, y),
-            8 => vnni::rows::<8>(w, p, y),
-            6 => vnni::rows::<6>(w, p, y),
-            4 => vnni::rows::<4>(w, p, y),
-            3 => vnni::rows::<3>(w, p, y),
-            _ => vnni::rows::<2>(w, p, y),
+        match (w.bits, w.tables.is_some()) {
+            (4, false) if planar(4, p.group) => vnni::planar4::<false>(w, p, y),
+            (4, true) if planar(4, p.group) => vnni::planar4::<true>(w, p, y),
+            (2, false) if planar(2, p.group) => vnni::planar2::<false>(w, p, y),
+            (2, true) if planar(2, p.group) => vnni::planar2::<true>(w, p, y),
+            (8, _) => vnni::rows::<8, false>(w, p, y),
+            (6, _) => vnni::rows::<6, false>(w, p, y),
+            (4, false) => vnni::rows::<4, false>(w, p, y),
+            (4, true) => vnni::rows::<4, true>(w, p, y),
+            (3, false) => vnni::rows::<3, false>(w, p, y),
+            (3, true) => vnni::rows::<3, true>(w, p, y),
+            (_, false) => vnni::rows::<2, false>(w, p, y),
+            (_, true) => vnni::rows::<2, true>(w, p, y),
         }
     }
 }
@@ -144,6 +157,20 @@ mod vnni {
     #[inline(always)]
     unsafe fn scale(h: half::f16) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
+    }
+
+    /// Row `r`'s table of levels in every 128-bit lane's reach of `vpermb` (zero where `w`
+    /// has no tables: the caller then never uses it).
+    #[inline(always)]
+    unsafe fn table(w: &CodeRows<'_>, r: usize) -> __m512i {
+        match w.tables {
+            Some(t) => {
+                let n = 1usize << w.bits;
+                let m: __mmask64 = if n >= 64 { !0 } else { (1u64 << n) - 1 };
+                _mm512_maskz_loadu_epi8(m, t.as_ptr().add(r * n).cast())
+            }
+            None => _mm512_setzero_si512(),
+        }
     }
 
     /// `Σ_g s_g·z_g·Σx̃_g` of row `r`: the zero points' share, subtracted once per row. 16
@@ -176,13 +203,13 @@ mod vnni {
     /// # Safety
     /// As [`rows`], with `super::planar(4, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    pub(super) unsafe fn planar4(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        by_row_blocks!(y, ROWS, |r0, yb, R| planar4_block::<R>(w, p, r0, yb))
+    pub(super) unsafe fn planar4<const LUT: bool>(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
+        by_row_blocks!(y, ROWS, |r0, yb, R| planar4_block::<R, LUT>(w, p, r0, yb))
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    unsafe fn planar4_block<const R: usize>(
+    unsafe fn planar4_block<const R: usize, const LUT: bool>(
         w: &CodeRows<'_>,
         p: &Prepared,
         r0: usize,
@@ -201,6 +228,8 @@ mod vnni {
         let nib = _mm512_set1_epi8(0x0F);
         let (xp, dp) = (p.planes.as_ptr(), p.dunit.as_ptr());
         let rows: [*const u8; R] = std::array::from_fn(|i| w.codes.as_ptr().add((r0 + i) * rb));
+        let tables: [__m512i; R] =
+            std::array::from_fn(|i| if LUT { table(w, r0 + i) } else { nib });
         let mut lanes = [_mm512_setzero_ps(); R];
         for g in 0..gpr {
             let (u0, u1) = (g * units_per_group, ((g + 1) * units_per_group).min(nunits));
@@ -212,8 +241,12 @@ mod vnni {
                 let d = _mm512_loadu_ps(dp.add(16 * u));
                 for i in 0..R {
                     let raw = _mm512_maskz_loadu_epi8(m, rows[i].add(64 * u).cast());
-                    let lo = _mm512_and_si512(raw, nib);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), nib);
+                    let mut lo = _mm512_and_si512(raw, nib);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), nib);
+                    if LUT {
+                        lo = _mm512_permutexvar_epi8(lo, tables[i]);
+                        hi = _mm512_permutexvar_epi8(hi, tables[i]);
+                    }
                     let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x0);
                     let dot = _mm512_dpbusd_epi32(dot, hi, x1);
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[i]);
@@ -234,13 +267,13 @@ mod vnni {
     /// # Safety
     /// As [`rows`], with `super::planar(2, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    pub(super) unsafe fn planar2(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        by_row_blocks!(y, ROWS, |r0, yb, R| planar2_block::<R>(w, p, r0, yb))
+    pub(super) unsafe fn planar2<const LUT: bool>(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
+        by_row_blocks!(y, ROWS, |r0, yb, R| planar2_block::<R, LUT>(w, p, r0, yb))
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    unsafe fn planar2_block<const R: usize>(
+    unsafe fn planar2_block<const R: usize, const LUT: bool>(
         w: &CodeRows<'_>,
         p: &Prepared,
         r0: usize,
@@ -259,6 +292,13 @@ mod vnni {
         let two = _mm256_set1_epi8(0x03);
         let (xp, dp) = (p.planes.as_ptr(), p.dunit.as_ptr());
         let rows: [*const u8; R] = std::array::from_fn(|i| w.codes.as_ptr().add((r0 + i) * rb));
+        let tables: [__m256i; R] = std::array::from_fn(|i| {
+            if LUT {
+                _mm512_castsi512_si256(table(w, r0 + i))
+            } else {
+                two
+            }
+        });
         let mut lanes = [_mm256_setzero_ps(); R];
         for g in 0..gpr {
             let (u0, u1) = (g * units_per_group, ((g + 1) * units_per_group).min(nunits));
@@ -275,10 +315,16 @@ mod vnni {
                 let d = _mm256_loadu_ps(dp.add(8 * u));
                 for i in 0..R {
                     let raw = _mm256_maskz_loadu_epi8(m, rows[i].add(32 * u).cast());
-                    let p0 = _mm256_and_si256(raw, two);
-                    let p1 = _mm256_and_si256(_mm256_srli_epi16::<2>(raw), two);
-                    let p2 = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), two);
-                    let p3 = _mm256_and_si256(_mm256_srli_epi16::<6>(raw), two);
+                    let mut p0 = _mm256_and_si256(raw, two);
+                    let mut p1 = _mm256_and_si256(_mm256_srli_epi16::<2>(raw), two);
+                    let mut p2 = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), two);
+                    let mut p3 = _mm256_and_si256(_mm256_srli_epi16::<6>(raw), two);
+                    if LUT {
+                        p0 = _mm256_permutexvar_epi8(p0, tables[i]);
+                        p1 = _mm256_permutexvar_epi8(p1, tables[i]);
+                        p2 = _mm256_permutexvar_epi8(p2, tables[i]);
+                        p3 = _mm256_permutexvar_epi8(p3, tables[i]);
+                    }
                     let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), p0, xs[0]);
                     let dot = _mm256_dpbusd_epi32(dot, p1, xs[1]);
                     let dot = _mm256_dpbusd_epi32(dot, p2, xs[2]);
@@ -316,13 +362,17 @@ mod vnni {
     /// `cols·B/8` code bytes and `cols.div_ceil(group)` scales and zeros per row, with
     /// `cols = p.acts.q.len()` and `super::takes(cols, group)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    pub(super) unsafe fn rows<const B: usize>(w: &CodeRows<'_>, p: &Prepared, y: &mut [f32]) {
-        by_row_blocks!(y, ROWS, |r0, yb, R| rows_block::<B, R>(w, p, r0, yb))
+    pub(super) unsafe fn rows<const B: usize, const LUT: bool>(
+        w: &CodeRows<'_>,
+        p: &Prepared,
+        y: &mut [f32],
+    ) {
+        by_row_blocks!(y, ROWS, |r0, yb, R| rows_block::<B, R, LUT>(w, p, r0, yb))
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,f16c,fma")]
-    unsafe fn rows_block<const B: usize, const R: usize>(
+    unsafe fn rows_block<const B: usize, const R: usize, const LUT: bool>(
         w: &CodeRows<'_>,
         p: &Prepared,
         r0: usize,
@@ -345,6 +395,8 @@ mod vnni {
         let xq = p.acts.q.as_ptr();
         let dv = p.dvec.as_ptr();
         let rows: [*const u8; R] = std::array::from_fn(|i| w.codes.as_ptr().add((r0 + i) * rb));
+        let tables: [__m512i; R] =
+            std::array::from_fn(|i| if LUT { table(w, r0 + i) } else { code_mask });
         let mut lanes = [_mm512_setzero_ps(); R];
         for g in 0..gpr {
             let (c0, c1) = (g * steps_per_group, ((g + 1) * steps_per_group).min(nsteps));
@@ -355,7 +407,7 @@ mod vnni {
                 for i in 0..R {
                     let raw =
                         _mm512_maskz_loadu_epi8(load_mask, rows[i].add(c * step_bytes).cast());
-                    let codes = if B == 8 {
+                    let mut codes = if B == 8 {
                         raw
                     } else {
                         _mm512_and_si512(
@@ -363,6 +415,9 @@ mod vnni {
                             code_mask,
                         )
                     };
+                    if LUT {
+                        codes = _mm512_permutexvar_epi8(codes, tables[i]);
+                    }
                     let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[i]);
                 }
@@ -415,6 +470,7 @@ mod tests {
                     scales: q.scales(),
                     zeros: q.zeros(),
                     bits,
+                    tables: None,
                 };
                 for level in SimdLevel::supported() {
                     if !takes(level, cols, group) {

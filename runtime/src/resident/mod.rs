@@ -25,6 +25,7 @@ mod gguf_kquant_kernel;
 pub mod group;
 mod group_q8;
 pub mod hadamard;
+pub mod lut;
 pub mod trellis;
 pub mod trellis_kernel;
 pub mod trellis_linear;
@@ -34,6 +35,7 @@ pub use gguf_blocks::{
     runs_in_blocks, GgufBlockFactory, GgufBlockLinear, GgufWeight, KQuantBlocks, LegacyBlocks,
 };
 pub use group::{GroupQuantLinear, RtnFactory};
+pub use lut::LutLinear;
 pub use trellis_linear::{dequantize_trellis, TrellisLinear};
 
 use crate::backend::cpu::{CpuBackend, DecodeActivations, SimdLevel};
@@ -42,7 +44,7 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::linear::Linear;
 use sfx_formats::gguf::BlockTensor;
-use sfx_formats::resident::{GroupQuantized, TrellisQuantized};
+use sfx_formats::resident::{GroupQuantized, LutQuantized, TrellisQuantized};
 
 /// Which resident formats a backend has kernels for: the `.sfx` loader builds each projection
 /// through this, so a format missing on a backend is one clear error at load, naming the
@@ -71,6 +73,59 @@ pub trait ResidentKernels: Backend {
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>>;
+    /// A look-up-table-coded projection (SqueezeLLM codes), or `None` where this backend has
+    /// no kernels for it (the caller then dequantizes it).
+    fn lut_linear(
+        &self,
+        q: LutQuantized,
+        bias: Option<Vec<f32>>,
+        what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>>;
+}
+
+/// A float linear holding `values` (row-major `[rows, cols]`) at `precision`: how a backend
+/// without kernels for a coded format still runs it.
+pub fn float_linear_of<B: Backend>(
+    backend: &B,
+    values: &[f32],
+    (rows, cols): (usize, usize),
+    bias: Option<&[f32]>,
+    precision: crate::backend::WeightPrecision,
+    name: &str,
+) -> Result<crate::linear::FloatLinear<B>> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [rows, cols];
+    let view = sfx_formats::TensorView::new(name, sfx_formats::DType::F32, &shape, &bytes)
+        .map_err(|e| crate::RuntimeError::Shape {
+            op: "float_linear_of",
+            msg: e.to_string(),
+        })?;
+    let weight = backend.upload_matrix(name, &view, precision)?;
+    crate::linear::FloatLinear::new(backend, weight, bias)
+}
+
+/// `q` on the backend's look-up-table kernels, or dequantized at `precision` where it has
+/// none.
+pub fn lut_or_dequantized<B: ResidentKernels>(
+    backend: &B,
+    q: LutQuantized,
+    bias: Option<Vec<f32>>,
+    precision: crate::backend::WeightPrecision,
+    name: &str,
+) -> Result<Box<dyn Linear<B>>> {
+    let values = q.dequantize();
+    let shape = (q.rows(), q.cols());
+    match backend.lut_linear(q, bias.clone(), name)? {
+        Some(linear) => Ok(linear),
+        None => Ok(Box::new(float_linear_of(
+            backend,
+            &values,
+            shape,
+            bias.as_deref(),
+            precision,
+            name,
+        )?)),
+    }
 }
 
 /// A CPU coded projection's `forward`: with `m ≤ 2` tokens, one decode matvec per token —
@@ -200,6 +255,14 @@ impl ResidentKernels for CpuBackend {
             None => Ok(None),
         }
     }
+    fn lut_linear(
+        &self,
+        q: LutQuantized,
+        bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>> {
+        Ok(Some(Box::new(LutLinear::new(q, bias)?)))
+    }
 }
 
 impl ResidentKernels for CudaBackend {
@@ -231,6 +294,15 @@ impl ResidentKernels for CudaBackend {
     fn gguf_block_linear(
         &self,
         _t: &BlockTensor,
+        _bias: Option<Vec<f32>>,
+        _what: &str,
+    ) -> Result<Option<Box<dyn Linear<Self>>>> {
+        Ok(None)
+    }
+    /// No CUDA kernels read look-up-table codes yet: the weight is dequantized at load.
+    fn lut_linear(
+        &self,
+        _q: LutQuantized,
         _bias: Option<Vec<f32>>,
         _what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
