@@ -108,6 +108,7 @@ fn rtn4_container_runs_exactly_like_in_process_rtn() {
         .as_f64()
         .unwrap();
     assert!((4.18..4.25).contains(&bpw), "bits per weight {bpw}");
+    std::fs::remove_file(file.path()).unwrap();
 }
 
 /// The default head (`q8`) on the tied SmolLM2: the embedding section becomes 8-bit codes (no second
@@ -236,6 +237,8 @@ fn conversion_is_byte_identical_across_thread_counts() {
     assert_eq!(a.len(), b.len(), "file sizes differ");
     let first = a.iter().zip(&b).position(|(x, y)| x != y);
     assert!(first.is_none(), "files differ first at byte {first:?}");
+    // Only this test reads the 1-thread file; CI's disk is finite.
+    std::fs::remove_file(&awq3_pair().1).unwrap();
 }
 
 #[test]
@@ -917,6 +920,7 @@ fn ladder_rungs_equal_one_conversion_per_k() {
     assert_eq!(down.offset, want);
     let default = sfx_runtime::refine::plan_from_sfx(&ladder, &config, None).unwrap();
     assert_eq!(default.fitted_k, [Some(16); 4]);
+    std::fs::remove_file(ladder.path()).unwrap();
 }
 
 /// `--base` keeps a file's resident codes and fits new refinement: refitting a plain rtn4
@@ -958,6 +962,7 @@ fn refit_from_a_base_equals_a_direct_conversion() {
         refused(&args, needle);
     }
     assert!(!o.exists());
+    std::fs::remove_file(refit.path()).unwrap();
 }
 
 #[test]
@@ -969,7 +974,7 @@ fn bad_options_are_named() {
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
     let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 24] = [
         (
             &["--quant", "rtn3", "--imatrix", g, "-o", o],
             "--imatrix goes with a llama.cpp type from a float model",
@@ -977,8 +982,20 @@ fn bad_options_are_named() {
         (&["--quant", "gguf", g, "-o", o], "--float-source <hf-dir"),
         (
             &["--quant", "q4_k_m", g, "-o", o],
-            "--quant \"q4_k_m\": expected rtnN, awqN, qtipN or yaqaN with N = 2, 3 or 4, a \
-             llama.cpp type (q2_k",
+            "--quant \"q4_k_m\": expected rtnN, awqN, qtipN, yaqaN or sqllmN with N = 2, 3 or 4, \
+             a llama.cpp type (q2_k",
+        ),
+        (
+            &["--quant", "sqllm5", g, "-o", o],
+            "--quant \"sqllm5\": expected rtnN",
+        ),
+        (
+            &["--quant", "rtn3", "--imatrix-file", not_gguf, g, "-o", o],
+            "--imatrix-file goes with a llama.cpp type from a float model",
+        ),
+        (
+            &["--quant", "q4_k", "--imatrix-file", not_gguf, g, "-o", o],
+            "not an importance matrix",
         ),
         (
             &["--quant", "gguf", not_gguf, "--float-source", g, "-o", o],

@@ -230,6 +230,7 @@ fn a_q4_k_container_holds_llama_quantizes_blocks_and_runs() {
         refined < 0.5 * base,
         "k = 16: KL {refined} vs the base's {base}"
     );
+    std::fs::remove_file(&out).unwrap();
 }
 
 /// `--imatrix` end to end: the calibration text's E[x²] reaches llama.cpp's weighted rounding.
@@ -245,4 +246,90 @@ fn a_q2_k_container_rounded_with_the_calibration_importance_is_far_closer_to_flo
     assert_eq!(quant["name"], "q2_k-imatrix");
     let base = kl_to_float(&out, &["--k", "0"]);
     assert!(base < 1.0, "q2_k --imatrix base KL {base}");
+    std::fs::remove_file(&out).unwrap();
+}
+
+/// `--imatrix-file`: llama.cpp's legacy importance-matrix file (the one
+/// `make_reference.sh` gives `llama-quantize --imatrix`, written here the same way) reaches
+/// the weighted rounding of every projection: the container's rows are the rounding of the
+/// float rows with the file's values, which `smollm2_projections_are_llama_quantizes_blocks`
+/// checks against llama-quantize's own output with that file.
+#[test]
+fn a_q4_k_container_rounded_with_a_llama_cpp_imatrix_file_holds_its_blocks() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_quant_test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dat = dir.join("formula.imatrix.dat");
+    let mut b = (30 * PROJECTIONS.len() as i32).to_le_bytes().to_vec();
+    for l in 0..30 {
+        for (p, (name, _)) in PROJECTIONS.iter().enumerate() {
+            let cols = if *name == "ffn_down" { 1536 } else { 576 };
+            let n = format!("blk.{l}.{name}.weight");
+            b.extend((n.len() as i32).to_le_bytes());
+            b.extend(n.as_bytes());
+            b.extend(1i32.to_le_bytes());
+            b.extend((cols as i32).to_le_bytes());
+            for v in formula_importance(l, p, cols) {
+                b.extend(v.to_le_bytes());
+            }
+        }
+    }
+    std::fs::write(&dat, &b).unwrap();
+    let out = quick_convert(
+        "q4_k",
+        &["--imatrix-file", dat.to_str().unwrap()],
+        "smollm2.q4_k-imatrix-file.sfx",
+    );
+    let sfx = SfxFile::open(&out).unwrap();
+    let quant = &sfx.metadata().params["quant"];
+    assert_eq!(quant["name"], "q4_k-imatrix");
+    assert_eq!(quant["importance"]["layout"], "legacy");
+    assert_eq!(quant["importance"]["entries"], 210);
+    let file = GgufFile::open(gguf()).unwrap();
+    let q = GgmlQuant::parse("q4_k").unwrap();
+    for l in [0, 29] {
+        for (p, ((w, _, cols), (_, hf))) in gguf_order_weights(&file, l)
+            .iter()
+            .zip(PROJECTIONS)
+            .enumerate()
+        {
+            let name = format!("model.layers.{l}.{hf}.weight");
+            let section = sfx.section(&name).unwrap();
+            let importance = formula_importance(l, p, *cols);
+            let (_, rows) = our_rows(q, w, *cols, Some(&importance));
+            let stored: BTreeSet<&[u8]> = section.bytes.chunks_exact(rows[0].len()).collect();
+            let reference: BTreeSet<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+            assert!(
+                stored == reference,
+                "{name}: rows differ from the weighted rounding"
+            );
+            let (_, plain) = our_rows(q, w, *cols, None);
+            assert!(plain != rows, "{name}: the importance changed nothing");
+        }
+    }
+    // A file without the model's weights is named, not ignored.
+    let empty = dir.join("other.imatrix.dat");
+    let mut e = 1i32.to_le_bytes().to_vec();
+    let n = "blk.0.attn_q.weight";
+    e.extend((n.len() as i32).to_le_bytes());
+    e.extend(n.as_bytes());
+    e.extend(1i32.to_le_bytes());
+    e.extend(576i32.to_le_bytes());
+    e.extend(std::iter::repeat_n(1.0f32.to_le_bytes(), 576).flatten());
+    std::fs::write(&empty, &e).unwrap();
+    let fail = Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+        .args(quick_args(
+            "q4_k",
+            &["--imatrix-file", empty.to_str().unwrap()],
+            &dir.join("never.sfx"),
+        ))
+        .env("SFX_ASSETS", assets())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&fail.stderr);
+    assert!(!fail.status.success());
+    assert!(
+        stderr.contains("model.layers.0.") && stderr.contains("importance matrix has no entry"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&out).unwrap();
 }

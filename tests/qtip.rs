@@ -77,6 +77,7 @@ fn view<'a>(s: &'a Setup, kron: Option<Kron<'a>>) -> WeightView<'a> {
         cols: s.cols,
         kron,
         fisher: None,
+        imatrix: None,
     }
 }
 

@@ -417,4 +417,5 @@ fn corrupt_refinement_is_refused_with_one_warning() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["refined"], false);
+    std::fs::remove_file(&bad_path).unwrap();
 }

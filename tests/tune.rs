@@ -232,6 +232,8 @@ fn a_profile_of_another_file_or_no_reference_is_refused() {
     let e = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && e.contains("--kl-ref"), "{e}");
     assert!(!e.contains("panicked"), "{e}");
+    std::fs::remove_file(&other).unwrap();
+    std::fs::remove_file(sidecar_path(&other)).unwrap();
 }
 
 /// `sfx-run --k-sweep` scores the base and every budget against one kept reference pass;

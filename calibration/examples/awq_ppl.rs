@@ -64,6 +64,7 @@ fn view<'a>(t: &'a Tensors, name: &'a str) -> WeightView<'a> {
     WeightView {
         kron: None,
         fisher: None,
+        imatrix: None,
         name,
         data,
         rows: shape[0],

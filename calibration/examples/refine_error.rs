@@ -130,6 +130,7 @@ fn main() -> Result<()> {
                 let q = rtn.quantize_group(WeightView {
                     kron: None,
                     fisher: None,
+                    imatrix: None,
                     name: &name,
                     data: &wf,
                     rows,

@@ -210,6 +210,7 @@ fn main() -> Result<()> {
                     cols: *cols,
                     kron: None,
                     fisher: None,
+                    imatrix: None,
                 })
                 .collect();
             let (xh, rows) = &heldx[&key];

@@ -38,6 +38,7 @@ fn views<'a>(w1: &'a [f32], w2: &'a [f32]) -> [WeightView<'a>; 2] {
         WeightView {
             kron: None,
             fisher: None,
+            imatrix: None,
             name: "w1",
             data: w1,
             rows: ROWS,
@@ -46,6 +47,7 @@ fn views<'a>(w1: &'a [f32], w2: &'a [f32]) -> [WeightView<'a>; 2] {
         WeightView {
             kron: None,
             fisher: None,
+            imatrix: None,
             name: "w2",
             data: w2,
             rows: 2 * ROWS,

@@ -7,8 +7,10 @@ use sfx_calibration::convert::{
     convert, ConvertError, ConvertOptions, ConvertReport, ConvertState, HeadFormat, Hooks,
     LayerReport, MlpScheme, QuantMethod, QuantSpec,
 };
+use sfx_calibration::quant::ggml_quant::Importance;
 use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
+use sfx_formats::gguf::Imatrix;
 use sfx_formats::package;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
@@ -131,6 +133,11 @@ struct ConvertArgs {
     /// llama-quantize --imatrix writes given those values. Q8_0 has no weighted rounding.
     #[arg(long)]
     imatrix: bool,
+    /// With a llama.cpp type: round with the importance matrix in FILE instead, as
+    /// llama-quantize --imatrix FILE does (llama-imatrix's output, GGUF or legacy .dat; every
+    /// quantized weight needs an entry, its value per input column the mean of x^2).
+    #[arg(long, value_name = "FILE", conflicts_with = "imatrix")]
+    imatrix_file: Option<PathBuf>,
     /// Store the fitted refinement C instead of the plain residual R = W - Q(W).
     #[arg(long)]
     fit: bool,
@@ -468,17 +475,34 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
     };
     quant.awq_alpha_steps = alphas;
     quant.awq_clip_steps = clips;
-    if a.imatrix {
+    if a.imatrix || a.imatrix_file.is_some() {
+        let flag = if a.imatrix {
+            "--imatrix"
+        } else {
+            "--imatrix-file"
+        };
         match &mut quant.method {
-            QuantMethod::Ggml(q) if base.is_none() => q.importance = true,
+            QuantMethod::Ggml(q) if base.is_none() => {
+                q.importance = if a.imatrix {
+                    Importance::Calibration
+                } else {
+                    Importance::File
+                }
+            }
             _ => bail!(
-                "--imatrix goes with a llama.cpp type from a float model (--quant q2_k … q5_1), \
+                "{flag} goes with a llama.cpp type from a float model (--quant q2_k … q5_1), \
                  not --quant {}{}",
                 quant.label(),
                 if base.is_some() { " from --base" } else { "" }
             ),
         }
     }
+    let imatrix = match &a.imatrix_file {
+        Some(p) => Some(std::sync::Arc::new(
+            Imatrix::read(p).with_context(|| format!("--imatrix-file {}", p.display()))?,
+        )),
+        None => None,
+    };
     if base.is_none() {
         quant.trellis_code = TrellisCode::parse(&a.trellis_code).ok_or_else(|| {
             anyhow!(
@@ -505,6 +529,7 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
         yaqa_sequences: a.yaqa_seqs,
         head: HeadFormat::parse(&a.head)?,
         base,
+        imatrix,
     };
     options.validate()?;
     // Checked before the conversion's work: a bad --quality must not end an hour's run.
@@ -870,7 +895,10 @@ fn fingerprint(
     );
     put("--quant", o.quant.label());
     if let QuantMethod::Ggml(q) = o.quant.method {
-        put("--imatrix", q.importance.to_string());
+        put("--imatrix", format!("{:?}", q.importance));
+        if let Some(m) = &o.imatrix {
+            put("--imatrix-file", m.sha256.clone());
+        }
     }
     put(
         "--awq-grid",

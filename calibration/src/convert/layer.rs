@@ -267,6 +267,11 @@ impl LayerContext<'_> {
                             .fisher
                             .and_then(|m| m.get(&format!("{}.weight", p.prefix)))
                             .map(|(_, _, f)| &f[..]),
+                        imatrix: self
+                            .options
+                            .imatrix
+                            .as_deref()
+                            .and_then(|m| m.get(&format!("{}.weight", p.prefix))),
                     })
                     .collect();
                 let context = SetContext {

@@ -306,6 +306,9 @@ pub struct ConvertOptions {
     /// Keep the resident codes of this container instead of quantizing (`--base`); `quant`
     /// then describes the file's base.
     pub base: Option<std::path::PathBuf>,
+    /// A llama.cpp importance matrix read from a file (`--imatrix-file`), for the weighted
+    /// rounding of llama.cpp's block types.
+    pub imatrix: Option<std::sync::Arc<sfx_formats::gguf::Imatrix>>,
 }
 
 impl ConvertOptions {
@@ -826,9 +829,21 @@ pub fn convert(
             .and_then(|v| v.as_object_mut())
         {
             p.insert("types".into(), serde_json::json!(types));
-            // llama.cpp's weighted rounding, from the calibration text's E[x²] per column.
-            let importance = q.importance.then_some("calibration-e-x2");
-            p.insert("importance".into(), serde_json::json!(importance));
+            // llama.cpp's weighted rounding: the calibration text's E[x²] per column, or a
+            // user's importance matrix.
+            let importance = match (q.importance, &options.imatrix) {
+                (crate::quant::ggml_quant::Importance::Calibration, _) => {
+                    serde_json::json!("calibration-e-x2")
+                }
+                (crate::quant::ggml_quant::Importance::File, Some(m)) => serde_json::json!({
+                    "file": "llama.cpp imatrix",
+                    "layout": m.layout,
+                    "entries": m.entries.len(),
+                    "sha256": m.sha256,
+                }),
+                _ => serde_json::Value::Null,
+            };
+            p.insert("importance".into(), importance);
         }
     }
     if let Some(b) = &base {

@@ -30,13 +30,23 @@ pub const GGML_QUANTS: [(&str, GgmlType); 10] = [
     ("q8_0", GgmlType::Q8_0),
 ];
 
+/// Where the importance of llama.cpp's weighted rounding comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Importance {
+    /// No weighting: `llama-quantize` without `--imatrix`.
+    None,
+    /// Each input column's E[x²] over the calibration text (what `llama-imatrix`
+    /// accumulates), from the converter's own statistics.
+    Calibration,
+    /// A user's importance matrix, one vector per weight ([`WeightView::imatrix`]).
+    File,
+}
+
 /// Quantizes every projection into one llama.cpp block type (or its fallback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GgmlQuant {
     pub target: GgmlType,
-    /// Round with llama.cpp's importance-matrix weighting, the importance of an input column
-    /// being its E[x²] over the calibration text (what `llama-imatrix` accumulates).
-    pub importance: bool,
+    pub importance: Importance,
 }
 
 impl GgmlQuant {
@@ -47,7 +57,7 @@ impl GgmlQuant {
             .find(|(n, _)| *n == name)
             .map(|&(_, target)| Self {
                 target,
-                importance: false,
+                importance: Importance::None,
             })
     }
 
@@ -130,12 +140,15 @@ impl GgmlQuant {
 
 impl ResidentQuantizer for GgmlQuant {
     fn name(&self) -> String {
-        let suffix = if self.importance { "-imatrix" } else { "" };
+        let suffix = match self.importance {
+            Importance::None => "",
+            Importance::Calibration | Importance::File => "-imatrix",
+        };
         format!("{}{suffix}", self.quant_name())
     }
 
     fn needs_calibration(&self) -> bool {
-        self.importance
+        self.importance == Importance::Calibration
     }
 
     fn quantize_set(
@@ -147,9 +160,11 @@ impl ResidentQuantizer for GgmlQuant {
         // The set's projections share their input, so one importance vector serves them all:
         // the diagonal of E[x xᵀ].
         let importance: Option<Vec<f32>> = match (self.importance, stats) {
-            (false, _) => None,
-            (true, Some(s)) => Some((0..s.cols).map(|i| s.gram[i * s.cols + i]).collect()),
-            (true, None) => {
+            (Importance::None | Importance::File, _) => None,
+            (Importance::Calibration, Some(s)) => {
+                Some((0..s.cols).map(|i| s.gram[i * s.cols + i]).collect())
+            }
+            (Importance::Calibration, None) => {
                 return Err(QuantError::MissingStats {
                     name: weights
                         .first()
@@ -163,7 +178,15 @@ impl ResidentQuantizer for GgmlQuant {
             weights: weights
                 .iter()
                 .map(|w| {
-                    self.quantize(w, importance.as_deref())
+                    let from_file = match self.importance {
+                        Importance::File => {
+                            Some(w.imatrix.ok_or_else(|| QuantError::MissingImportance {
+                                name: w.name.to_string(),
+                            })?)
+                        }
+                        _ => None,
+                    };
+                    self.quantize(w, from_file.or(importance.as_deref()))
                         .map(ResidentWeight::Gguf)
                 })
                 .collect::<Result<_, _>>()?,
@@ -206,6 +229,7 @@ mod tests {
             cols: 256,
             kron: None,
             fisher: None,
+            imatrix: None,
         };
         let e = GgmlQuant::parse("q4_k")
             .unwrap()

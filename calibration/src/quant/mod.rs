@@ -58,6 +58,9 @@ pub struct WeightView<'a> {
     /// summed squared gradients of the loss on the calibration text), if computed:
     /// SqueezeLLM's per-weight sensitivity.
     pub fisher: Option<&'a [f32]>,
+    /// A user's importance of each input column (`cols` values, llama.cpp's importance matrix
+    /// read from a file), if given: the weighting of llama.cpp's block rounding.
+    pub imatrix: Option<&'a [f32]>,
 }
 
 /// Kronecker factors `H_in` (`cols²`) and `H_out` (`rows²`), row-major, of one weight's
@@ -179,6 +182,8 @@ pub enum QuantError {
         #[source]
         source: ResidentError,
     },
+    #[error("{name}: the importance matrix has no entry for this weight (--imatrix-file)")]
+    MissingImportance { name: String },
     #[error("{name}: resident base: {message}")]
     Base { name: String, message: String },
     #[error("{name}: {method} needs calibration statistics ({what})")]

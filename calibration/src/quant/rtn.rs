@@ -80,6 +80,7 @@ mod tests {
         WeightView {
             kron: None,
             fisher: None,
+            imatrix: None,
             name: "w",
             data,
             rows,

@@ -384,6 +384,7 @@ mod tests {
             cols,
             kron: None,
             fisher: Some(&fisher),
+            imatrix: None,
         };
         for bits in LUT_BITS {
             let q = quantize_rows(&w, &fisher, bits).unwrap();

@@ -286,6 +286,7 @@ mod tests {
             cols,
             kron: Some(super::super::Kron { h_in: &h_in, h_out }),
             fisher: None,
+            imatrix: None,
         };
         let y = Yaqa::new(2);
         let book = CodeBook::new(y.qtip.code);

@@ -11,6 +11,7 @@
 
 mod dequant;
 mod error;
+mod imatrix;
 mod import;
 mod iq;
 mod iq_grids;
@@ -21,6 +22,7 @@ pub use dequant::{
     dequantize, dequantize_to_vec, k_scale_min, q3k_scales, GgmlType, DEQUANTIZABLE, QK_K,
 };
 pub use error::GgufError;
+pub use imatrix::{Imatrix, ImatrixError};
 pub use import::{
     hf_tensor_name, import_from_gguf, import_gguf, import_gguf_keeping,
     llama3_rope_scaling_from_factors, unpermute_rows, BlockTensor, GgufArch, ImportedModel,

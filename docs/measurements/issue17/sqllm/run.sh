@@ -2,7 +2,8 @@
 # SqueezeLLM look-up-table bases against group bases on SmolLM2 (issue 17, item 1), CPU.
 # Every file: --fit, k = 16, Brown 16 × 512 calibration, q8 head; SqueezeLLM's Fisher diagonal
 # from the first 8 calibration sequences; AWQ on a 10 × 10 grid (2 cores). Each file is
-# evaluated on wiki:8 against the float GGUF, base (k = 0) and refined (k = 16).
+# evaluated on wiki:8 against the float GGUF; the k = 16 run reports the base (k = 0) beside
+# the refined model.
 # BIN=target/release (or any folder with sfx-convert and sfx-run), OUT=results folder.
 set -euo pipefail
 BIN=${BIN:-target/release}
@@ -12,11 +13,11 @@ QUANTS=${QUANTS:-"sqllm4 rtn4 sqllm3 rtn3 awq4 awq3 sqllm2"}
 mkdir -p "$OUT"
 for q in $QUANTS; do
   f="$OUT/$q.sfx"
-  /usr/bin/time -v "$BIN/sfx-convert" --quant "$q" --fit "$GGUF" -o "$f" \
-    --calib-seqs 16 --calib-len 512 --yaqa-seqs 8 --awq-grid 10,10 --json \
-    > "$OUT/$q.convert.json" 2> "$OUT/$q.convert.log"
-  for k in 0 16; do
-    "$BIN/sfx-run" "$f" --k "$k" --ppl wiki:8 --kl-ref "$GGUF" --json > "$OUT/$q.k$k.json" 2> "$OUT/$q.k$k.log"
-  done
+  if [ ! -f "$f" ]; then
+    /usr/bin/time -v "$BIN/sfx-convert" --quant "$q" --fit "$GGUF" -o "$f" \
+      --calib-seqs 16 --calib-len 512 --yaqa-seqs 8 --awq-grid 10,10 --json \
+      > "$OUT/$q.convert.json" 2> "$OUT/$q.convert.log"
+  fi
+  "$BIN/sfx-run" "$f" --k 16 --ppl wiki:8 --kl-ref "$GGUF" --json > "$OUT/$q.k16.json" 2> "$OUT/$q.k16.log"
   rm -f "$f"
 done
