@@ -3,7 +3,7 @@
 //! `tests/fixtures/ggml_quants/make_reference.sh` from a llama.cpp build: ggml's
 //! `quantize_chunk` on awkward synthetic rows, and `llama-quantize --pure` on SmolLM2).
 
-use crate::common::{assets, gguf, kl_to_float, quick_args, stdout_of};
+use crate::common::{assets, gguf, kl_to_float, quick_args};
 use sfx_calibration::quant::ggml_quant::GGML_QUANTS;
 use sfx_calibration::quant::ggml_rounding::quantize_row;
 use sfx_calibration::quant::GgmlQuant;
@@ -170,17 +170,9 @@ fn smollm2_projections_are_llama_quantizes_blocks() {
     }
 }
 
-/// A quick conversion ([`quick_args`]) of the asset to `name` under the target directory.
+/// A quick conversion of the asset to `name` in this module's folder.
 fn quick_convert(quant: &str, extra: &[&str], name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_quant_test");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    stdout_of(
-        Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-            .args(quick_args(quant, extra, &out))
-            .env("SFX_ASSETS", assets()),
-    );
-    out
+    crate::common::quick_convert("ggml_quant_test", quant, extra, name)
 }
 
 /// `sfx-convert --quant q4_k` writes the blocks llama-quantize writes (as row sets: q and k

@@ -2,24 +2,16 @@
 //! end (the Fisher pass, the k-means, the container sections, the CPU kernels, refinement on
 //! top).
 
-use crate::common::{assets, gguf, kl_to_float, quick_args, stdout_of};
+use crate::common::{assets, gguf, kl_to_float, stdout_of};
 use sfx_formats::gguf::GgufFile;
 use sfx_formats::resident::get_code;
 use sfx_formats::sfx::{Layout, SfxFile};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-/// A quick conversion ([`quick_args`]) of the asset to `name` under the target directory.
+/// A quick conversion of the asset to `name` in this module's folder.
 fn quick_convert(quant: &str, extra: &[&str], name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sqllm_test");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    stdout_of(
-        Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
-            .args(quick_args(quant, extra, &out))
-            .env("SFX_ASSETS", assets()),
-    );
-    out
+    crate::common::quick_convert("sqllm_test", quant, extra, name)
 }
 
 /// The container's own sections, read without the runtime: every stored weight of layer 3's

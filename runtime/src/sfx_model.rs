@@ -307,23 +307,8 @@ impl<'f> SfxLinearFactory<'f> {
             .layer
             .map_or(String::new(), |l| format!(" of layer {l}"));
 
-        let codes = required_section(file, name, &format!("resident codes of the {what}{layer}"))?;
-        let Layout::PackedCodes {
-            rows,
-            cols,
-            bits,
-            group,
-        } = *codes.layout
-        else {
-            return Err(section_err(
-                file,
-                name,
-                format!(
-                    "layout {}, expected packed_codes (resident codes of the {what})",
-                    layout_name(codes.layout)
-                ),
-            ));
-        };
+        let (codes, [rows, cols, bits, group]) =
+            self.packed_codes(name, &format!("resident codes of the {what}{layer}"))?;
         let (rows, cols) = config_dims(file, name, "codes", (rows, cols), spec)?;
         // The layout allows 1–8 bits; kernels exist for SUPPORTED_BITS.
         let bits = match u8::try_from(bits) {
@@ -369,19 +354,11 @@ impl<'f> SfxLinearFactory<'f> {
             .collect();
 
         let zeros_name = format!("{name}.zeros");
-        let z = required_section(
-            file,
+        let zeros = self.bytes_exact(
             &zeros_name,
+            n_groups,
             &format!("per-group zero points of the {what}{layer}"),
         )?;
-        if *z.layout != Layout::Bytes {
-            return Err(section_err(
-                file,
-                &zeros_name,
-                format!("{}, expected bytes", describe_layout(z.layout)),
-            ));
-        }
-        let zeros = decoded_exact(file, &z, n_groups)?.into_owned();
         let qmax = (1u16 << bits) - 1;
         if let Some(bad) = zeros.iter().find(|&&v| u16::from(v) > qmax) {
             return Err(section_err(
@@ -412,7 +389,44 @@ impl<'f> SfxLinearFactory<'f> {
     }
 }
 
-impl SfxLinearFactory<'_> {
+impl<'f> SfxLinearFactory<'f> {
+    /// A `packed_codes` section and its `[rows, cols, bits, group]`; the error names the
+    /// section and what it is for.
+    fn packed_codes(&self, name: &str, why: &str) -> Result<(SectionView<'f>, [u64; 4])> {
+        let codes = required_section(self.file, name, why)?;
+        let Layout::PackedCodes {
+            rows,
+            cols,
+            bits,
+            group,
+        } = *codes.layout
+        else {
+            return Err(section_err(
+                self.file,
+                name,
+                format!(
+                    "layout {}, expected packed_codes ({why})",
+                    layout_name(codes.layout)
+                ),
+            ));
+        };
+        Ok((codes, [rows, cols, bits, group]))
+    }
+
+    /// A `bytes` section of exactly `len` bytes, decoded; the error names the section and what
+    /// it is for.
+    fn bytes_exact(&self, name: &str, len: usize, why: &str) -> Result<Vec<u8>> {
+        let s = required_section(self.file, name, why)?;
+        if *s.layout != Layout::Bytes {
+            return Err(section_err(
+                self.file,
+                name,
+                format!("{}, expected bytes ({why})", describe_layout(s.layout)),
+            ));
+        }
+        Ok(decoded_exact(self.file, &s, len)?.into_owned())
+    }
+
     /// A dense section of exactly `shape` in `dtype`, decoded; the error names the section and
     /// what it is for.
     fn dense_exact(&self, name: &str, dtype: DType, shape: &[u64], why: &str) -> Result<Vec<u8>> {
@@ -451,23 +465,8 @@ impl SfxLinearFactory<'_> {
         let file = self.file;
         let name = spec.weight_name;
         let what = spec.role.describe();
-        let codes = required_section(file, name, &format!("look-up-table codes of the {what}"))?;
-        let Layout::PackedCodes {
-            rows,
-            cols,
-            bits,
-            group,
-        } = *codes.layout
-        else {
-            return Err(section_err(
-                file,
-                name,
-                format!(
-                    "layout {}, expected packed_codes",
-                    layout_name(codes.layout)
-                ),
-            ));
-        };
+        let (codes, [rows, cols, bits, group]) =
+            self.packed_codes(name, &format!("look-up-table codes of the {what}"))?;
         let (rows, cols) = config_dims(file, name, "codes", (rows, cols), spec)?;
         if group != cols as u64 {
             return Err(section_err(
@@ -480,20 +479,12 @@ impl SfxLinearFactory<'_> {
         let (code_bytes, levels) =
             LutQuantized::sizes(bits, rows, cols).map_err(|e| section_err(file, name, e))?;
         let code_data = decoded_exact(file, &codes, code_bytes)?.into_owned();
-        let table_name = format!("{name}.table");
-        let t = required_section(
-            file,
-            &table_name,
-            &format!("per-row look-up tables of the {what}"),
-        )?;
-        if *t.layout != Layout::Bytes {
-            return Err(section_err(
-                file,
-                &table_name,
-                format!("{}, expected bytes", describe_layout(t.layout)),
-            ));
-        }
-        let tables = decoded_exact(file, &t, levels)?
+        let tables = self
+            .bytes_exact(
+                &format!("{name}.table"),
+                levels,
+                &format!("per-row look-up tables of the {what}"),
+            )?
             .iter()
             .map(|&b| b as i8)
             .collect();

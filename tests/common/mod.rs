@@ -45,6 +45,20 @@ pub fn quick_args(quant: &str, extra: &[&str], out: &Path) -> Vec<String> {
     args
 }
 
+/// A quick conversion ([`quick_args`]) of the asset to `name` in the target directory's
+/// folder `dir`; its path.
+pub fn quick_convert(dir: &str, quant: &str, extra: &[&str], name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    stdout_of(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sfx-convert"))
+            .args(quick_args(quant, extra, &out))
+            .env("SFX_ASSETS", assets()),
+    );
+    out
+}
+
 /// The development model; a missing file fails the test with the command that fetches it.
 pub fn gguf() -> PathBuf {
     let p = assets().join("SmolLM2-135M-Instruct.Q4_1.gguf");
