@@ -1510,24 +1510,18 @@ fn coded_linear<B: ResidentKernels>(
         ),
         Some((Coded::Lut { .. }, ..)) => crate::resident::lut_or_dequantized(
             b,
-            lut_weight(spec, x, first, rows)?,
+            &lut_weight(spec, x, first, rows)?,
             bias,
             WeightPrecision::F32,
             "conformance lut",
         ),
-        Some((Coded::Gguf { .. }, ..)) => {
-            let t = gguf_blocks(spec, x, first, rows)?;
-            match b.gguf_block_linear(&t, bias.clone(), "conformance gguf")? {
-                Some(linear) => Ok(linear),
-                None => Ok(Box::new(crate::resident::gguf_blocks::dequantized_linear(
-                    b,
-                    &t,
-                    bias.as_deref(),
-                    WeightPrecision::F32,
-                    "conformance gguf",
-                )?)),
-            }
-        }
+        Some((Coded::Gguf { .. }, ..)) => crate::resident::gguf_blocks::block_linear(
+            b,
+            &gguf_blocks(spec, x, first, rows)?,
+            bias,
+            WeightPrecision::F32,
+            "conformance gguf",
+        ),
         _ => b.group_linear(
             group_codes(spec, x, first, rows)?,
             bias,

@@ -683,7 +683,7 @@ impl<B: ResidentKernels> LinearFactory<B> for SfxLinearFactory<'_> {
         }
         if self.is_lut(spec.weight_name) {
             let q = self.lut_quantized(spec)?;
-            return lut_or_dequantized(backend, q, bias, self.float_precision, &what);
+            return lut_or_dequantized(backend, &q, bias, self.float_precision, &what);
         }
         let q = self.group_quantized(spec)?;
         backend.group_linear(q, bias, &what)

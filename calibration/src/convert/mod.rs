@@ -695,8 +695,8 @@ pub fn convert(
         .map(|s| runner.embed(tensors, s))
         .collect::<Result<Vec<_>, _>>()?;
 
-    // YAQA: the Kronecker factors need gradients through the whole float model, so they are
-    // computed before the block-by-block pass (Sketch B, crate::yaqa).
+    // YAQA's Kronecker factors and SqueezeLLM's Fisher diagonal need gradients through the
+    // whole float model, so they are computed before the block-by-block pass (crate::yaqa).
     let gradient_method = matches!(
         options.quant.method,
         QuantMethod::Yaqa | QuantMethod::SqueezeLlm
@@ -706,30 +706,18 @@ pub fn convert(
             0 => calib.len(),
             n => n.min(calib.len()),
         });
-    let fisher = match yaqa_sequences {
-        Some(n) if options.quant.method == QuantMethod::SqueezeLlm => {
-            let opts = crate::yaqa::SketchOptions::default();
-            Some(crate::yaqa::fisher_diagonal(
-                config,
-                tensors,
-                &calib[..n],
-                &opts,
-                hooks.on_sketch,
-            )?)
+    let opts = crate::yaqa::SketchOptions::default();
+    let (kron, fisher) = match (yaqa_sequences, options.quant.method) {
+        (None, _) => (None, None),
+        (Some(n), QuantMethod::SqueezeLlm) => {
+            let f =
+                crate::yaqa::fisher_diagonal(config, tensors, &calib[..n], &opts, hooks.on_sketch)?;
+            (None, Some(f))
         }
-        _ => None,
-    };
-    let kron = if let Some(n) = yaqa_sequences.filter(|_| fisher.is_none()) {
-        let opts = crate::yaqa::SketchOptions::default();
-        Some(crate::yaqa::sketch_b(
-            config,
-            tensors,
-            &calib[..n],
-            &opts,
-            hooks.on_sketch,
-        )?)
-    } else {
-        None
+        (Some(n), _) => {
+            let k = crate::yaqa::sketch_b(config, tensors, &calib[..n], &opts, hooks.on_sketch)?;
+            (Some(k), None)
+        }
     };
     let ctx = layer::LayerContext {
         runner: &runner,

@@ -17,7 +17,7 @@ use super::{InputStats, LutQuantized};
 use super::{QuantError, QuantizedSet, ResidentQuantizer, ResidentWeight, SetContext, WeightView};
 use half::f16;
 use rayon::prelude::*;
-use sfx_formats::resident::{f16_round_up, put_code, LUT_BITS};
+use sfx_formats::resident::{f16_round_up, put_code};
 use std::collections::BTreeMap;
 
 /// SqueezeLLM's dense non-uniform quantizer at `bits` (2, 3 or 4) per weight.
@@ -67,7 +67,7 @@ fn quantize_rows(w: &WeightView<'_>, fisher: &[f32], bits: u8) -> Result<LutQuan
     let (rows, cols) = (w.rows, w.cols);
     let (code_bytes, _) =
         LutQuantized::sizes(bits, rows, cols).map_err(|e| layout_err(w.name, e))?;
-    if !LUT_BITS.contains(&bits) || w.data.len() != rows * cols || fisher.len() != rows * cols {
+    if w.data.len() != rows * cols || fisher.len() != rows * cols {
         return Err(layout_err(
             w.name,
             sfx_formats::resident::ResidentError::Invalid(format!(
@@ -386,7 +386,7 @@ mod tests {
             fisher: Some(&fisher),
             imatrix: None,
         };
-        for bits in LUT_BITS {
+        for bits in sfx_formats::resident::LUT_BITS {
             let q = quantize_rows(&w, &fisher, bits).unwrap();
             let deq = q.dequantize();
             for r in 0..rows {

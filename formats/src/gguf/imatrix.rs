@@ -20,8 +20,8 @@ use super::{hf_tensor_name, GgufFile, GGUF_MAGIC};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// A legacy file larger than this is not an importance matrix (a 70B model's is ~100 MB).
-const MAX_LEGACY_BYTES: u64 = 1 << 30;
+/// A file larger than this is not an importance matrix (a 70B model's is ~100 MB).
+const MAX_FILE_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImatrixError {
@@ -58,28 +58,25 @@ impl Imatrix {
             path: path.to_path_buf(),
             source,
         };
-        let mut magic = [0u8; 4];
-        {
-            use std::io::Read;
-            let mut f = std::fs::File::open(path).map_err(io)?;
-            let n = f.read(&mut magic).map_err(io)?;
-            if n < 4 {
-                return Err(invalid(path, format!("{n} bytes")));
-            }
+        // An importance matrix is one vector per weight: even a 70B model's is ~100 MB, so the
+        // file is read once, for its layout, its digest and (legacy) its entries.
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        if len > MAX_FILE_BYTES {
+            return Err(invalid(
+                path,
+                format!("{len} bytes, far more than any model's importance matrix"),
+            ));
         }
-        let mut m = if magic == *GGUF_MAGIC {
-            Self::read_gguf(path)?
-        } else {
-            let len = std::fs::metadata(path).map_err(io)?.len();
-            if len > MAX_LEGACY_BYTES {
-                return Err(invalid(
-                    path,
-                    format!("{len} bytes and no GGUF magic (a legacy .dat is far smaller)"),
-                ));
-            }
-            parse_legacy(path, &std::fs::read(path).map_err(io)?)?
+        let bytes = std::fs::read(path).map_err(io)?;
+        let mut m = match bytes.get(..4) {
+            None => return Err(invalid(path, format!("{} bytes", bytes.len()))),
+            Some(magic) if magic == GGUF_MAGIC => Self::read_gguf(path)?,
+            Some(_) => parse_legacy(path, &bytes)?,
         };
-        m.sha256 = file_sha256(path).map_err(io)?;
+        m.sha256 = {
+            use sha2::{Digest, Sha256};
+            format!("{:x}", Sha256::digest(&bytes))
+        };
         Ok(m)
     }
 
@@ -144,14 +141,6 @@ impl Imatrix {
     pub fn get(&self, name: &str) -> Option<&[f32]> {
         self.entries.get(name).map(Vec::as_slice)
     }
-}
-
-/// SHA-256 of a file, streamed.
-fn file_sha256(path: &Path) -> std::io::Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
-    Ok(format!("{:x}", h.finalize()))
 }
 
 fn invalid(path: &Path, msg: String) -> ImatrixError {

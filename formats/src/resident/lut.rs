@@ -145,10 +145,11 @@ impl LutQuantized {
         let codes = &self.codes[row * rb..(row + 1) * rb];
         let s = self.scales[row].to_f32();
         let n = self.levels();
-        let values: Vec<f32> = self.tables[row * n..(row + 1) * n]
-            .iter()
-            .map(|&t| f32::from(t) * s)
-            .collect();
+        // Prefill dequantizes rows panel by panel: no allocation per row.
+        let mut values = [0.0f32; 16];
+        for (v, &t) in values.iter_mut().zip(&self.tables[row * n..(row + 1) * n]) {
+            *v = f32::from(t) * s;
+        }
         for (i, o) in out.iter_mut().enumerate() {
             *o = values[usize::from(get_code(codes, i, self.bits))];
         }

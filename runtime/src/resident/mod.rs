@@ -77,7 +77,7 @@ pub trait ResidentKernels: Backend {
     /// no kernels for it (the caller then dequantizes it).
     fn lut_linear(
         &self,
-        q: LutQuantized,
+        q: &LutQuantized,
         bias: Option<Vec<f32>>,
         what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>>;
@@ -108,19 +108,17 @@ pub fn float_linear_of<B: Backend>(
 /// none.
 pub fn lut_or_dequantized<B: ResidentKernels>(
     backend: &B,
-    q: LutQuantized,
+    q: &LutQuantized,
     bias: Option<Vec<f32>>,
     precision: crate::backend::WeightPrecision,
     name: &str,
 ) -> Result<Box<dyn Linear<B>>> {
-    let values = q.dequantize();
-    let shape = (q.rows(), q.cols());
     match backend.lut_linear(q, bias.clone(), name)? {
         Some(linear) => Ok(linear),
         None => Ok(Box::new(float_linear_of(
             backend,
-            &values,
-            shape,
+            &q.dequantize(),
+            (q.rows(), q.cols()),
             bias.as_deref(),
             precision,
             name,
@@ -257,11 +255,11 @@ impl ResidentKernels for CpuBackend {
     }
     fn lut_linear(
         &self,
-        q: LutQuantized,
+        q: &LutQuantized,
         bias: Option<Vec<f32>>,
         _what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
-        Ok(Some(Box::new(LutLinear::new(q, bias)?)))
+        Ok(Some(Box::new(LutLinear::new(q.clone(), bias)?)))
     }
 }
 
@@ -302,7 +300,7 @@ impl ResidentKernels for CudaBackend {
     /// No CUDA kernels read look-up-table codes yet: the weight is dequantized at load.
     fn lut_linear(
         &self,
-        _q: LutQuantized,
+        _q: &LutQuantized,
         _bias: Option<Vec<f32>>,
         _what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
