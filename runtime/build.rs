@@ -29,6 +29,7 @@ const KERNELS: &[&str] = &[
     "trellis",
     "kvarn",
     "refine",
+    "coded",
 ];
 
 fn main() {
@@ -42,7 +43,7 @@ fn main() {
             src.join(format!("{k}.cu")).display()
         );
     }
-    for header in ["common.cuh", "refine_epilogue.cuh"] {
+    for header in ["common.cuh", "refine_epilogue.cuh", "packed_codes.cuh"] {
         println!("cargo:rerun-if-changed={}", src.join(header).display());
     }
     for var in [

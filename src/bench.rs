@@ -4,6 +4,7 @@
 use crate::device::{with_backend, DeviceChoice, OnBackend};
 use crate::model_open::load_checkpoint_model;
 use anyhow::{bail, Context, Result};
+use sfx_calibration::quant::ggml_quant::GGML_QUANTS;
 use sfx_formats::resident::TrellisCode;
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::DType;
@@ -171,11 +172,16 @@ pub fn parse_head(s: &str, weights: SyntheticWeights) -> Result<SyntheticWeights
     }
 }
 
-/// `--quant`: float, group codes rtnN / awqN (group 128), or trellis tiles qtipN / yaqaN
-/// with `code` (`--trellis-code`: hyb, 1mad, 3inst); N = 2, 3, 4.
+/// `--quant`: float, group codes rtnN / awqN (group 128), trellis tiles qtipN / yaqaN with
+/// `code` (`--trellis-code`: hyb, 1mad, 3inst), look-up-table codes sqllmN (N = 2, 3, 4), or
+/// a llama.cpp block type for every projection (q2_k … q6_k, q4_0 … q8_0: GGUF blocks as a
+/// GGUF-resident file keeps them).
 pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     if s == "float" {
         return Ok(SyntheticWeights::Float);
+    }
+    if let Some(&(_, ty)) = GGML_QUANTS.iter().find(|(name, _)| *name == s) {
+        return Ok(SyntheticWeights::Gguf { ty });
     }
     let bits = |prefixes: [&str; 2]| {
         prefixes
@@ -187,6 +193,13 @@ pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     if let Some(bits) = bits(["rtn", "awq"]) {
         return Ok(SyntheticWeights::Group { bits, group: 128 });
     }
+    if let Some(bits) = s
+        .strip_prefix("sqllm")
+        .and_then(|b| b.parse::<u8>().ok())
+        .filter(|b| (2..=4).contains(b))
+    {
+        return Ok(SyntheticWeights::Lut { bits });
+    }
     if let Some(k) = bits(["qtip", "yaqa"]) {
         let code = TrellisCode::parse(code)
             .with_context(|| format!("--trellis-code {code:?}: expected hyb, 1mad or 3inst"))?;
@@ -194,7 +207,8 @@ pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     }
     bail!(
         "--quant {s:?}: expected float, rtn2, rtn3, rtn4, awq2, awq3, awq4, qtip2, qtip3, qtip4, \
-         yaqa2, yaqa3 or yaqa4"
+         yaqa2, yaqa3, yaqa4, sqllm2, sqllm3, sqllm4, or a llama.cpp type: q2_k, q3_k, q4_k, \
+         q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q8_0"
     )
 }
 
@@ -271,6 +285,9 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
                 SyntheticWeights::Group { .. } => format!("{} g128, {head} head", a.quant),
                 SyntheticWeights::Trellis { code, .. } => {
                     format!("{} {}, {head} head", a.quant, code.name())
+                }
+                SyntheticWeights::Lut { .. } | SyntheticWeights::Gguf { .. } => {
+                    format!("{}, {head} head", a.quant)
                 }
             };
             (

@@ -498,6 +498,8 @@ fn speed_model<B: ResidentKernels>(
         SyntheticWeights::Float => format!("{dtype:?}").to_lowercase(),
         SyntheticWeights::Group { bits, group } => format!("{bits}-bit g{group}"),
         SyntheticWeights::Trellis { code, k } => format!("{k}-bit trellis {}", code.name()),
+        SyntheticWeights::Lut { bits } => format!("{bits}-bit look-up-table"),
+        SyntheticWeights::Gguf { ty } => format!("GGUF {ty}"),
     };
     let label = format!(
         "{preset} (synthetic, {}, {} head)",

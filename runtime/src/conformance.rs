@@ -195,11 +195,10 @@ pub enum Op {
         bias: bool,
         acc: bool,
     },
-    /// Rows of a group-coded table by token id (a tied embedding of a quantized head) through
-    /// [`crate::linear::Linear::gather_rows`].
-    GroupEmbedding {
-        bits: u8,
-        group: usize,
+    /// Rows of a coded table by token id (a tied embedding of a quantized head, or of a GGUF
+    /// file's blocks) through [`crate::linear::Linear::gather_rows`].
+    CodedEmbedding {
+        format: Coded,
         vocab: usize,
         cols: usize,
         n: usize,
@@ -1004,9 +1003,8 @@ pub fn cases() -> Vec<Case> {
             add(
                 "group_embedding",
                 format!("q{bits}g{group} {vocab}×{cols} n{n}"),
-                Op::GroupEmbedding {
-                    bits,
-                    group,
+                Op::CodedEmbedding {
+                    format: Coded::Group { bits, group },
                     vocab,
                     cols,
                     n,
@@ -1015,6 +1013,76 @@ pub fn cases() -> Vec<Case> {
                 0.0,
             );
         }
+    }
+    // GGUF blocks and look-up-table codes through the fused decode paths (CUDA's coded.cu
+    // kernels: up to three projections in one launch, gate/up with SwiGLU, the norm folded
+    // in) on the Llama-3.1-8B shapes and a small one, and as embedding tables (the first and
+    // last ids and random ones; the gather is exact).
+    let block_formats = crate::resident::gguf_blocks::BLOCK_TYPES
+        .into_iter()
+        .map(|ty| Coded::Gguf { ty })
+        .chain(
+            sfx_formats::resident::LUT_BITS
+                .into_iter()
+                .map(|bits| Coded::Lut { bits }),
+        );
+    for format in block_formats {
+        let tag = format.tag();
+        for norm in [false, true] {
+            let nt = if norm { " +norm" } else { "" };
+            for (m, cols, rows, bias) in [
+                (1, 4096, [4096, 1024, 1024], false),
+                (2, 512, [256, 128, 64], true),
+            ] {
+                add(
+                    "coded_projections",
+                    format!(
+                        "{tag} m{m} {cols}→{},{},{}{}{nt}",
+                        rows[0],
+                        rows[1],
+                        rows[2],
+                        if bias { " +bias" } else { "" }
+                    ),
+                    Op::CodedProjections {
+                        format,
+                        m,
+                        cols,
+                        rows,
+                        bias,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+            for (m, rows, cols) in [(1, 14336, 4096), (2, 160, 512)] {
+                add(
+                    "coded_swiglu",
+                    format!("{tag} m{m} {cols}→{rows}{nt}"),
+                    Op::CodedSwiglu {
+                        format,
+                        m,
+                        rows,
+                        cols,
+                        norm,
+                    },
+                    1e-5,
+                    1e-5,
+                );
+            }
+        }
+        add(
+            "coded_embedding",
+            format!("{tag} 301×512 n5"),
+            Op::CodedEmbedding {
+                format,
+                vocab: 301,
+                cols: 512,
+                n: 5,
+            },
+            0.0,
+            0.0,
+        );
     }
     // The fused decode paths over group codes: q/k/v shapes of SmolLM2 and Llama-3.1-8B (and
     // an odd one), gate/up of both, with and without the norm folded in.
@@ -1190,6 +1258,35 @@ pub fn cases() -> Vec<Case> {
             1e-5,
         );
     }
+    // Whole models of look-up-table codes and GGUF blocks through the graph's fused paths
+    // (q/k/v in one launch, gate/up with SwiGLU, norms folded in: CUDA's coded.cu kernels);
+    // prefill multiplies TF32 panels on CUDA, hence the group models' bound.
+    for weights in [
+        SyntheticWeights::Lut { bits: 3 },
+        SyntheticWeights::Lut { bits: 4 },
+        SyntheticWeights::Gguf { ty: GgmlType::Q2K },
+        SyntheticWeights::Gguf { ty: GgmlType::Q4K },
+        SyntheticWeights::Gguf { ty: GgmlType::Q6K },
+        SyntheticWeights::Gguf { ty: GgmlType::Q5_0 },
+    ] {
+        add(
+            "model_decode",
+            format!(
+                "tiny-wide-qwen3 {} prefill 7 + 12 steps, graphs on",
+                weights_tag(weights)
+            ),
+            Op::Decode {
+                preset: "tiny-wide-qwen3",
+                prompt: 7,
+                steps: 12,
+                graphs: true,
+                weights,
+                refine: None,
+            },
+            3e-3,
+            1e-5,
+        );
+    }
     // A whole trellis-coded model through the graph's fused paths (HYB K2, and 1MAD K3);
     // its prefill multiplies TF32 panels on CUDA, hence the looser bound.
     for (code, k) in [(TrellisCode::Hyb { q: 9 }, 2), (TrellisCode::OneMad, 3)] {
@@ -1272,12 +1369,12 @@ pub fn cases() -> Vec<Case> {
             16,
             [0.5, 1.0, 1.0, 0.5],
         ),
+        // Refinement beside launches that do not apply it themselves (CUDA's GGUF and
+        // look-up-table kernels): the backend's own selection and column launches.
+        (SyntheticWeights::Gguf { ty: GgmlType::Q4K }, 64, [0.0; 4]),
+        (SyntheticWeights::Lut { bits: 3 }, 16, [0.5, 1.0, 1.0, 0.5]),
     ] {
-        let tag = match weights {
-            SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
-            SyntheticWeights::Trellis { code, k } => format!("qtip{k} {}", code.name()),
-            SyntheticWeights::Float => "f32".into(),
-        };
+        let tag = weights_tag(weights);
         // Every token but the first is a decode step, and the first is one row: no
         // tensor-core prefill, whose ~5e-4 (TF32 panels on CUDA) reaches the steps through
         // the cache and swaps near-tied channels of the selection (with a 7-token prefill
@@ -1372,13 +1469,12 @@ fn coded_shape(spec: &Op) -> Option<(Coded, usize, usize)> {
         | Op::RefinedProjections {
             format, cols, rows, ..
         } => Some((format, cols, rows.iter().sum())),
-        Op::GroupEmbedding {
-            bits,
-            group,
+        Op::CodedEmbedding {
+            format,
             vocab,
             cols,
             ..
-        } => Some((Coded::Group { bits, group }, cols, vocab)),
+        } => Some((format, cols, vocab)),
         _ => None,
     }
 }
@@ -1962,7 +2058,7 @@ fn inputs(spec: &Op, rng: &mut Rng) -> Inputs {
             i.c = rng.vec(rows, 0.5);
             i.d = rng.vec(m * rows, 1.0);
         }
-        Op::GroupEmbedding { vocab, n, .. } => {
+        Op::CodedEmbedding { vocab, n, .. } => {
             coded_inputs(&mut i, spec, rng);
             i.tokens = (0..n)
                 .map(|t| match t {
@@ -2066,27 +2162,25 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
     }
 }
 
+/// A synthetic model's projection format in a case name.
+fn weights_tag(weights: SyntheticWeights) -> String {
+    match weights {
+        SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
+        SyntheticWeights::Trellis { code, k } => format!("qtip{k} {}", code.name()),
+        SyntheticWeights::Lut { bits } => format!("lut{bits}"),
+        SyntheticWeights::Gguf { ty } => format!("gguf {ty}"),
+        SyntheticWeights::Float => "f32".into(),
+    }
+}
+
 /// GGUF blocks of `ty` for a `rows × cols` matrix: random code bytes (every bit pattern is a
 /// valid code), f16 scales giving weights of variance ≈ 1/cols, minimums about −8 scales.
 fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size())
         .map(|_| rng.next() as u8)
         .collect();
-    // Codes span ~2^bits levels (and K-quant sub-scales up to 63): one step ≈ 2/(levels·√cols).
-    let (levels, sub) = match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => (16.0, 1.0),
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => (32.0, 1.0),
-        GgmlType::Q8_0 | GgmlType::IQ4NL => (256.0, 1.0),
-        GgmlType::IQ4XS => (256.0, 32.0),
-        GgmlType::Q2K => (4.0, 8.0),
-        GgmlType::Q3K => (8.0, 32.0),
-        _ => (64.0, 128.0),
-    };
-    let unit = 2.0 / (levels * sub * (cols as f32).sqrt());
-    let legacy = ty.block_size() == 32;
-    crate::resident::gguf_blocks::set_block_scales(ty, &mut bytes, || {
-        let d = unit * (0.5 + rng.vec(1, 0.5)[0]);
-        (d, if legacy { -0.5 * levels * d } else { 0.5 * d })
+    crate::resident::gguf_blocks::scale_random_blocks(ty, &mut bytes, cols, || {
+        rng.vec(1, 0.5)[0] - 0.5
     });
     bytes
 }
@@ -2484,9 +2578,8 @@ fn execute<B: ResidentKernels>(spec: &Op, x: &Inputs, b: &B) -> Result<Vec<f32>>
                 download(b, &out)
             }
         }
-        Op::GroupEmbedding { vocab, cols, n, .. } => {
-            let q = group_codes(spec, x, 0, vocab)?;
-            let table = b.group_linear(q, None, "conformance group_embedding")?;
+        Op::CodedEmbedding { vocab, cols, n, .. } => {
+            let table = coded_linear(b, spec, x, (0, 0, vocab), None)?;
             let mut out = poisoned(b, n * cols)?;
             table.gather_rows(b, &index(b, &x.tokens)?, &mut out)?;
             download(b, &out)
@@ -3316,8 +3409,8 @@ fn naive(spec: &Op, x: &Inputs) -> Option<Vec<f64>> {
             let xs = naive_select_input(real, &x.d, row_len, norm);
             naive_columns(x, &xs, &sel, row_len, &outs, offset, 1.0)
         }
-        Op::GroupEmbedding { vocab, cols, .. } => {
-            let w = group_codes(spec, x, 0, vocab).ok()?.dequantize();
+        Op::CodedEmbedding { vocab, cols, .. } => {
+            let w = coded_dequant(spec, x, &[vocab]).ok()?;
             x.tokens
                 .iter()
                 .flat_map(|&t| f(&w[t as usize * cols..][..cols]))

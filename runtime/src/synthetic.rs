@@ -13,7 +13,10 @@ use crate::resident::ResidentKernels;
 use half::f16;
 use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
-use sfx_formats::resident::{GroupQuantized, TrellisCode, TrellisQuantized, TrellisScheme};
+use sfx_formats::gguf::{BlockTensor, GgmlType};
+use sfx_formats::resident::{
+    GroupQuantized, LutQuantized, TrellisCode, TrellisQuantized, TrellisScheme,
+};
 use sfx_formats::{DType, ModelConfig};
 use std::sync::Arc;
 
@@ -182,6 +185,64 @@ pub fn group_codes(
     })
 }
 
+/// Random look-up-table codes (format lut-v1) for a `rows × cols` projection: codes uniform,
+/// each row's 2^bits int8 levels spread over ±127 with a little jitter, and the row scale
+/// that gives the weights variance ≈ 1/cols. The kernels do exactly the work of a converted
+/// model.
+pub fn lut_codes(seed: u64, rows: usize, cols: usize, bits: u8) -> Result<LutQuantized> {
+    let err = |msg: String| RuntimeError::Shape {
+        op: "synthetic look-up-table codes",
+        msg,
+    };
+    let (code_bytes, levels) =
+        LutQuantized::sizes(bits, rows, cols).map_err(|e| err(e.to_string()))?;
+    let n = 1usize << bits;
+    let step = 254.0 / (n - 1) as f32;
+    let tables = (0..levels)
+        .map(|i| {
+            let jitter = 0.25 * step * synthetic_value(seed ^ 0x7ab1e, i as u64);
+            (-127.0 + step * (i % n) as f32 + jitter).clamp(-127.0, 127.0) as i8
+        })
+        .collect();
+    // Levels spread evenly over ±127 have variance ≈ 127²/3.
+    let unit = (3.0 / cols.max(1) as f32).sqrt() / 127.0;
+    let scales = (0..rows)
+        .map(|r| f16::from_f32(unit * (1.0 + 0.25 * synthetic_value(seed ^ 0x5ca1e, r as u64))))
+        .collect();
+    LutQuantized::from_parts(
+        bits,
+        rows,
+        cols,
+        random_bytes(seed, code_bytes),
+        tables,
+        scales,
+    )
+    .map_err(|e| err(e.to_string()))
+}
+
+/// Random GGUF blocks of `ty` for a `rows × cols` projection: random code bytes (every bit
+/// pattern is a valid code) and scales giving the weights variance ≈ 1/cols.
+pub fn gguf_blocks(seed: u64, rows: usize, cols: usize, ty: GgmlType) -> Result<BlockTensor> {
+    if !cols.is_multiple_of(ty.block_size()) {
+        return Err(RuntimeError::Shape {
+            op: "synthetic GGUF blocks",
+            msg: format!("{cols} columns is not a whole number of {ty} blocks"),
+        });
+    }
+    let mut bytes = random_bytes(seed, rows * cols / ty.block_size() * ty.type_size());
+    let mut block = 0u64;
+    crate::resident::gguf_blocks::scale_random_blocks(ty, &mut bytes, cols, || {
+        block += 1;
+        0.25 * synthetic_value(seed ^ 0x5ca1e, block)
+    });
+    Ok(BlockTensor {
+        ty,
+        rows,
+        cols,
+        bytes,
+    })
+}
+
 /// `n` random bytes from `seed`, 1 MiB blocks in parallel (an 8B model has ~2 GB of codes).
 fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n];
@@ -244,6 +305,10 @@ pub enum SyntheticWeights {
     Group { bits: u8, group: usize },
     /// Trellis tiles of `k` bits per weight with `code` (QTIP / YAQA layout).
     Trellis { code: TrellisCode, k: u8 },
+    /// Look-up-table codes of `bits` bits (SqueezeLLM layout).
+    Lut { bits: u8 },
+    /// llama.cpp GGUF blocks of type `ty`, as a GGUF-resident file keeps them.
+    Gguf { ty: GgmlType },
 }
 
 /// The formats a synthetic stand-in for a model file takes: the float dtype, the
@@ -264,12 +329,25 @@ pub fn formats_of(
     let projection = "model.layers.0.self_attn.q_proj.weight";
     let (dtype, weights) = match layout(projection) {
         Some(Layout::Dense { dtype, .. }) => (dtype, SyntheticWeights::Float),
-        Some(Layout::PackedCodes { .. }) if layout(&format!("{projection}.table")).is_some() => {
-            return Err(unreadable(
-                projection,
-                "look-up-table codes (sqllm), which have no synthetic stand-in yet".into(),
-            ))
+        Some(Layout::PackedCodes { bits, .. })
+            if layout(&format!("{projection}.table")).is_some() =>
+        {
+            (
+                DType::BF16,
+                SyntheticWeights::Lut {
+                    bits: u8::try_from(bits)
+                        .map_err(|_| unreadable(projection, format!("{bits}-bit")))?,
+                },
+            )
         }
+        Some(Layout::GgufBlocks { ggml_type, .. }) => (
+            DType::BF16,
+            SyntheticWeights::Gguf {
+                ty: gguf_type(ggml_type).ok_or_else(|| {
+                    unreadable(projection, format!("of GGUF type id {ggml_type}"))
+                })?,
+            },
+        ),
         Some(Layout::PackedCodes { bits, group, .. }) => (
             DType::BF16,
             SyntheticWeights::Group {
@@ -306,6 +384,10 @@ pub fn formats_of(
             group: group as usize,
         },
         Layout::Dense { .. } => SyntheticWeights::Float,
+        Layout::GgufBlocks { ggml_type, .. } => SyntheticWeights::Gguf {
+            ty: gguf_type(ggml_type)
+                .ok_or_else(|| unreadable(head_name, format!("of GGUF type id {ggml_type}")))?,
+        },
         other => return Err(unreadable(head_name, format!("{other:?}"))),
     };
     let dtype = match dtype {
@@ -313,6 +395,10 @@ pub fn formats_of(
         _ => DType::BF16,
     };
     Ok((dtype, weights, head))
+}
+
+fn gguf_type(id: u64) -> Option<GgmlType> {
+    u32::try_from(id).ok().and_then(GgmlType::from_id)
 }
 
 impl<B: ResidentKernels> Model<B> {
@@ -359,6 +445,12 @@ impl<B: ResidentKernels> Model<B> {
         let vector = |name: &str, n: usize, scale: f32, offset: f32| {
             b.upload(&host_values(tensor_seed(seed, name), n, scale, offset))
         };
+        // A backend without kernels for a format holds its dequantized copy in `dtype`.
+        let precision = if dtype == DType::F32 {
+            crate::backend::WeightPrecision::F32
+        } else {
+            crate::backend::WeightPrecision::Bf16
+        };
         let linear_of = |weights: SyntheticWeights,
                          name: String,
                          rows: usize,
@@ -379,6 +471,14 @@ impl<B: ResidentKernels> Model<B> {
                 SyntheticWeights::Trellis { code, k } => {
                     let q = trellis_codes(tensor_seed(seed, &name), rows, cols, code, k)?;
                     b.trellis_linear(q, bias, &name)
+                }
+                SyntheticWeights::Lut { bits } => {
+                    let q = lut_codes(tensor_seed(seed, &name), rows, cols, bits)?;
+                    crate::resident::lut_or_dequantized(b, &q, bias, precision, &name)
+                }
+                SyntheticWeights::Gguf { ty } => {
+                    let t = gguf_blocks(tensor_seed(seed, &name), rows, cols, ty)?;
+                    crate::resident::gguf_blocks::block_linear(b, &t, bias, precision, &name)
                 }
             }
         };

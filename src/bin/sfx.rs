@@ -183,9 +183,12 @@ enum Command {
         dtype: String,
         /// Resident format of a synthetic model's projections (embedding and head: --head):
         /// float (default); group codes rtn2, rtn3, rtn4 (AWQ's awq2..awq4 have the same
-        /// layout and kernels), group 128; or trellis tiles qtip2, qtip3, qtip4 (YAQA's
-        /// yaqa2..yaqa4 have the same layout and kernels) with --trellis-code. Random codes
-        /// are valid codes: the kernels do a converted model's work.
+        /// layout and kernels), group 128; trellis tiles qtip2, qtip3, qtip4 (YAQA's
+        /// yaqa2..yaqa4 have the same layout and kernels) with --trellis-code; look-up-table
+        /// codes sqllm2, sqllm3, sqllm4; or llama.cpp blocks in every projection, as a
+        /// GGUF-resident file keeps them: q2_k, q3_k, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0,
+        /// q5_1, q8_0 (pure: no per-tensor mix). Random codes are valid codes: the kernels do
+        /// a converted model's work.
         #[arg(long, default_value = "float", requires = "synthetic")]
         quant: String,
         /// Trellis code of qtipN / yaqaN synthetic models: hyb (sfx-convert's default), 1mad

@@ -83,6 +83,34 @@ pub(crate) fn set_block_scales(
     }
 }
 
+/// Writes scales into every `ty` block of `bytes` (random code bytes, every bit pattern a
+/// valid code) for a matrix of `cols` columns: f16 scales giving weights of variance ≈ 1/cols
+/// (each times `1 + jitter()`), minimums about −half the code range (legacy
+/// blocks) or half a scale (K-quants). Conformance cases and synthetic models are made so.
+pub(crate) fn scale_random_blocks(
+    ty: GgmlType,
+    bytes: &mut [u8],
+    cols: usize,
+    mut jitter: impl FnMut() -> f32,
+) {
+    // Codes span ~2^bits levels (and K-quant sub-scales up to 63): one step ≈ 2/(levels·√cols).
+    let (levels, sub) = match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => (16.0, 1.0),
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => (32.0, 1.0),
+        GgmlType::Q8_0 | GgmlType::IQ4NL => (256.0, 1.0),
+        GgmlType::IQ4XS => (256.0, 32.0),
+        GgmlType::Q2K => (4.0, 8.0),
+        GgmlType::Q3K => (8.0, 32.0),
+        _ => (64.0, 128.0),
+    };
+    let unit = 2.0 / (levels * sub * (cols.max(1) as f32).sqrt());
+    let legacy = ty.block_size() == 32;
+    set_block_scales(ty, bytes, || {
+        let d = unit * (1.0 + jitter());
+        (d, if legacy { -0.5 * levels * d } else { 0.5 * d })
+    });
+}
+
 /// One GGUF matrix of 32-weight blocks, fields split into arrays.
 #[derive(Debug, Clone)]
 pub struct LegacyBlocks {

@@ -288,22 +288,28 @@ impl ResidentKernels for CudaBackend {
             what,
         )?))
     }
-    /// No CUDA kernels read GGUF blocks yet: the weight is dequantized at load, as before.
+    /// The legacy blocks and the K-quants run in their blocks (`None`, dequantized at load:
+    /// the i-quants and float types).
     fn gguf_block_linear(
         &self,
-        _t: &BlockTensor,
-        _bias: Option<Vec<f32>>,
-        _what: &str,
+        t: &BlockTensor,
+        bias: Option<Vec<f32>>,
+        what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
-        Ok(None)
+        Ok(self
+            .upload_gguf_linear(t, bias.as_deref(), what)?
+            .map(|l| Box::new(l) as Box<dyn Linear<Self>>))
     }
-    /// No CUDA kernels read look-up-table codes yet: the weight is dequantized at load.
     fn lut_linear(
         &self,
-        _q: &LutQuantized,
-        _bias: Option<Vec<f32>>,
-        _what: &str,
+        q: &LutQuantized,
+        bias: Option<Vec<f32>>,
+        what: &str,
     ) -> Result<Option<Box<dyn Linear<Self>>>> {
-        Ok(None)
+        Ok(Some(Box::new(self.upload_lut_linear(
+            q,
+            bias.as_deref(),
+            what,
+        )?)))
     }
 }

@@ -94,6 +94,39 @@ pub(crate) struct TrellisKernels {
     pub finish_tokens: Kernel,
 }
 
+/// The entry names of coded.cu's formats, in [`super::coded::CODED_FORMATS`]' order.
+macro_rules! coded_names {
+    ($prefix:literal, $suffix:literal) => {
+        [
+            concat!($prefix, "lut2", $suffix),
+            concat!($prefix, "lut3", $suffix),
+            concat!($prefix, "lut4", $suffix),
+            concat!($prefix, "q4_0", $suffix),
+            concat!($prefix, "q4_1", $suffix),
+            concat!($prefix, "q5_0", $suffix),
+            concat!($prefix, "q5_1", $suffix),
+            concat!($prefix, "q8_0", $suffix),
+            concat!($prefix, "q2_k", $suffix),
+            concat!($prefix, "q3_k", $suffix),
+            concat!($prefix, "q4_k", $suffix),
+            concat!($prefix, "q5_k", $suffix),
+            concat!($prefix, "q6_k", $suffix),
+        ]
+    };
+}
+
+/// Look-up-table codes and GGUF blocks (coded.cu), by format ([`super::coded::CODED_FORMATS`]):
+/// matvecs by `[format][R − 1]` (R rows per thread: 1, 2), SwiGLU (one row pair per thread),
+/// the f32 prefill panel and the embedding row gather.
+pub(crate) struct CodedKernels {
+    pub matvec: Vec<[Kernel; 2]>,
+    pub matvec_norm: Vec<[Kernel; 2]>,
+    pub swiglu: Vec<Kernel>,
+    pub swiglu_norm: Vec<Kernel>,
+    pub dequant_f32: Vec<Kernel>,
+    pub gather_f32: Vec<Kernel>,
+}
+
 pub(crate) struct Kernels {
     pub embedding_bf16: Kernel,
     pub embedding_f32: Kernel,
@@ -121,6 +154,7 @@ pub(crate) struct Kernels {
     pub gemm_f32: Kernel,
     pub group: GroupKernels,
     pub trellis: TrellisKernels,
+    pub coded: CodedKernels,
     /// KVarN decode attention and the code frame's rotation (kvarn.cu).
     pub kvarn_attn_decode_g4: Kernel,
     pub kvarn_attn_decode_g8: Kernel,
@@ -169,6 +203,19 @@ impl Kernels {
         let tr = find("trellis")?;
         let kv = find("kvarn")?;
         let rf = find("refine")?;
+        let cd = find("coded")?;
+        let coded = |names: [&'static str; 13]| -> Result<Vec<Kernel>> {
+            names.into_iter().map(|n| cd.function(n)).collect()
+        };
+        let coded_rows = |r1: [&'static str; 13], r2: [&'static str; 13]| {
+            Ok::<_, RuntimeError>(
+                coded(r1)?
+                    .into_iter()
+                    .zip(coded(r2)?)
+                    .map(|(a, b)| [a, b])
+                    .collect::<Vec<_>>(),
+            )
+        };
         // Trellis entry points: tr_matvec_{code}_k{K}_{rm|mma}_r{1|2} and
         // tr_gemm_{code}_k{K}_{rm|mma}_t{64|128}, as [K − 2][order][variant].
         macro_rules! tr_orders {
@@ -418,6 +465,20 @@ impl Kernels {
                 ],
                 finish_tokens: tr.function("tr_finish_tokens")?,
             },
+            coded: CodedKernels {
+                matvec: coded_rows(
+                    coded_names!("cd_matvec_", "_r1"),
+                    coded_names!("cd_matvec_", "_r2"),
+                )?,
+                matvec_norm: coded_rows(
+                    coded_names!("cd_matvec_norm_", "_r1"),
+                    coded_names!("cd_matvec_norm_", "_r2"),
+                )?,
+                swiglu: coded(coded_names!("cd_swiglu_", ""))?,
+                swiglu_norm: coded(coded_names!("cd_swiglu_norm_", ""))?,
+                dequant_f32: coded(coded_names!("cd_dequant_f32_", ""))?,
+                gather_f32: coded(coded_names!("cd_gather_f32_", ""))?,
+            },
             kvarn_attn_decode_g4: kv.function("kvarn_attn_decode_g4")?,
             kvarn_attn_decode_g8: kv.function("kvarn_attn_decode_g8")?,
             kvarn_attn_decode_g4_w: kv.function("kvarn_attn_decode_g4_w")?,
@@ -463,11 +524,26 @@ impl Kernels {
             .chain(k.trellis.finish_swiglu.iter())
             .chain(k.trellis.prepare_tokens.iter())
             .chain([&k.trellis.finish_tokens])
+            .chain(k.coded.matvec.iter().flatten())
+            .chain(k.coded.matvec_norm.iter().flatten())
+            .chain(k.coded.swiglu.iter())
+            .chain(k.coded.swiglu_norm.iter())
         {
             f.allow_shared(device.smem_optin)?;
         }
         // Modules stay loaded for the life of the process (kernels are plain handles).
         std::mem::forget(modules);
         Ok(k)
+    }
+}
+
+#[cfg(test)]
+mod coded_name_tests {
+    #[test]
+    fn entry_names_follow_the_format_table() {
+        let names = coded_names!("cd_swiglu_", "");
+        for (name, format) in names.iter().zip(super::super::coded::CODED_FORMATS) {
+            assert_eq!(*name, format!("cd_swiglu_{format}"));
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! "CUDA backend".
 
 mod blas;
+mod coded;
 mod device;
 mod group;
 mod kernels;
@@ -92,6 +93,8 @@ enum Codes {
     Group(group::GroupCodes),
     /// Trellis tiles (QTIP / YAQA): code, signs, transforms, table and decode scratch.
     Trellis(trellis::TrellisCodes),
+    /// Look-up-table codes (SqueezeLLM) or GGUF blocks: their tables or scale planes.
+    Coded(coded::CodedCodes),
 }
 
 impl MatrixData {
@@ -103,6 +106,7 @@ impl MatrixData {
                 (Codes::Float, Codes::Float) => true,
                 (Codes::Group(a), Codes::Group(b)) => a.same_format(b),
                 (Codes::Trellis(a), Codes::Trellis(b)) => a.same_format(b),
+                (Codes::Coded(a), Codes::Coded(b)) => a.same_format(b),
                 _ => false,
             }
     }
@@ -186,6 +190,8 @@ enum Arg {
     Group(MatvecGroup),
     GroupCodes(group::GqGroup),
     GroupTiles(group::GtGroup),
+    Coded(coded::CdGroup),
+    CodedItem(coded::CdItem),
     Trellis(trellis::TrGroup),
     TrellisPrep(trellis::TrPrep),
     TrellisFinish(trellis::TrFinish),
@@ -217,6 +223,8 @@ impl Arg {
             Arg::Group(g) => g as *mut MatvecGroup as *mut c_void,
             Arg::GroupCodes(g) => g as *mut group::GqGroup as *mut c_void,
             Arg::GroupTiles(g) => g as *mut group::GtGroup as *mut c_void,
+            Arg::Coded(g) => g as *mut coded::CdGroup as *mut c_void,
+            Arg::CodedItem(g) => g as *mut coded::CdItem as *mut c_void,
             Arg::Trellis(g) => g as *mut trellis::TrGroup as *mut c_void,
             Arg::TrellisPrep(g) => g as *mut trellis::TrPrep as *mut c_void,
             Arg::TrellisFinish(g) => g as *mut trellis::TrFinish as *mut c_void,
@@ -581,6 +589,7 @@ impl CudaBackend {
         match first.0.inner.codes {
             Codes::Float => {}
             Codes::Group(_) => return self.group_matvec(x, m, items, accumulate, norm, refine),
+            Codes::Coded(_) => return self.coded_matvec(x, m, items, accumulate, norm),
             Codes::Trellis(_) => {
                 return self.trellis_matvec(x, m, items, accumulate, norm, refine);
             }
@@ -653,6 +662,7 @@ impl CudaBackend {
             Codes::Float => {}
             Codes::Group(_) => return self.group_swiglu(x, m, g, u, gate, norm, None),
             Codes::Trellis(_) => return self.trellis_swiglu(x, m, g, u, gate, norm, None),
+            Codes::Coded(_) => return self.coded_swiglu(x, m, g, u, gate, norm),
         }
         let elems = if g.dtype == DType::BF16 { 8 } else { 4 };
         let vector = g.cols.is_multiple_of(elems);
@@ -957,9 +967,10 @@ fn dpl_index(d: usize) -> Result<usize> {
 }
 
 /// Whether `w`'s decode launches apply a [`FusedColumns`] themselves: group codes (the
-/// matvec's epilogue) and trellis codes (the output transform's launch), not float weights.
+/// matvec's epilogue) and trellis codes (the output transform's launch), not float weights,
+/// look-up-table codes or GGUF blocks (their refinement runs in launches of its own).
 fn kernels_take_refinement(w: &CudaMatrix) -> bool {
-    !matches!(w.inner.codes, Codes::Float)
+    matches!(w.inner.codes, Codes::Group(_) | Codes::Trellis(_))
 }
 
 impl Backend for CudaBackend {
@@ -1299,6 +1310,7 @@ impl Backend for CudaBackend {
         match table.inner.codes {
             Codes::Float => {}
             Codes::Group(_) => return self.group_gather(&table.inner, tokens, out),
+            Codes::Coded(_) => return self.coded_gather(&table.inner, tokens, out),
             Codes::Trellis(_) => {
                 return Err(RuntimeError::Unsupported(
                     "embedding: trellis-coded tables have no row gather (the converter keeps \
@@ -1347,6 +1359,7 @@ impl Backend for CudaBackend {
             match &w.inner.codes {
                 Codes::Group(_) => self.group_gemm(x, m, &w.inner, bias, y, accumulate),
                 Codes::Trellis(_) => self.trellis_gemm(x, m, &w.inner, bias, y, accumulate),
+                Codes::Coded(_) => self.coded_gemm(x, m, &w.inner, bias, y, accumulate),
                 Codes::Float => self.gemm(x, m, w.inner.weight_ref(), bias, y, accumulate),
             }
         }
