@@ -12,8 +12,8 @@
 //
 // Every GGUF type is affine in 16-weight halves: w = a·q + b for an unsigned code q, so a
 // half's dot is a·Σ q·x + b·Σ x with Σ x read from per-16 sums staged beside x. A code becomes
-// a float with one OR into the mantissa of 2^23 and one subtraction (int → float conversion
-// runs at a sixteenth of the FMA rate on Hopper).
+// a float without a conversion (int → float runs at a sixteenth of the FMA rate on Hopper):
+// its bits are rotated to the top of an f32 mantissa, f = 1 + q·2^-B.
 //
 // A thread owns a 32-column chunk for R rows at a time; `tpr` threads split a row's chunks;
 // the next chunks' bytes are loaded before the current one is multiplied. x is staged once per
@@ -59,10 +59,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int k) {
     return k == 0 ? v.x : (k == 1 ? v.y : (k == 2 ? v.z : v.w));
 }
 
-// Byte l (0..31) of a 32-byte register pair; l is a constant after unrolling.
-__device__ __forceinline__ uint32_t byte_at(const uint4 (&v)[2], int l) {
-    return (word_of(v[l >> 4], (l >> 2) & 3) >> (8 * (l & 3))) & 0xFFu;
-}
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
     return __ldg(reinterpret_cast<const unsigned short*>(p));
@@ -85,6 +81,16 @@ __device__ __forceinline__ float code_float(uint32_t q) {
     return __uint_as_float(0x4B000000u | q) - 8388608.0f;
 }
 
+// A `bits`-wide field of byte l (0..31) of a 32-byte register pair, starting `shift` bits into
+// the byte, moved to bits [target, target + bits) of an otherwise zero word: one rotate (the
+// field may sit above or below its target, which `shift` decides at run time) and one AND.
+__device__ __forceinline__ uint32_t field(const uint4 (&v)[2], int l, int shift, int bits,
+                                          int target) {
+    const uint32_t w = word_of(v[l >> 4], (l >> 2) & 3);
+    const int at = 8 * (l & 3) + shift;
+    return __funnelshift_l(w, w, (target - at) & 31) & (((1u << bits) - 1u) << target);
+}
+
 // ---- GGUF block types: plane sizes, loads, codes and the affine map of each 16-weight half.
 // `blk` is the block's index in the planes (row · blocks per row + block), `sub` the chunk's
 // 32-weight index inside its block (0 for the legacy blocks, 0..7 for the K-quants).
@@ -96,8 +102,9 @@ struct FmtQ4_0 {
         r.q[0] = load_stream(reinterpret_cast<const uint4*>(it.qs + blk * QS));
         r.m[0] = ld_u16(it.meta + blk * META);
     }
-    static __device__ uint32_t code(const CdRegs& r, int, int l) {
-        return (byte_at(r.q, l & 15) >> (l >= 16 ? 4 : 0)) & 0xFu;
+    static constexpr int BITS = 4;
+    static __device__ uint32_t mant(const CdRegs& r, int, int l) {
+        return field(r.q, l & 15, l >= 16 ? 4 : 0, 4, 23 - BITS);
     }
     static __device__ float2 affine(const CdRegs& r, int, int) {
         const float d = half_lo(r.m[0]);
@@ -112,8 +119,9 @@ struct FmtQ4_1 {
         r.q[0] = load_stream(reinterpret_cast<const uint4*>(it.qs + blk * QS));
         r.m[0] = ld_u32(it.meta + blk * META);
     }
-    static __device__ uint32_t code(const CdRegs& r, int s, int l) {
-        return FmtQ4_0::code(r, s, l);
+    static constexpr int BITS = 4;
+    static __device__ uint32_t mant(const CdRegs& r, int s, int l) {
+        return FmtQ4_0::mant(r, s, l);
     }
     static __device__ float2 affine(const CdRegs& r, int, int) {
         return make_float2(half_lo(r.m[0]), half_hi(r.m[0]));
@@ -128,8 +136,10 @@ struct FmtQ5_0 {
         r.h[0].x = ld_u32(it.qh + blk * QH);
         r.m[0] = ld_u16(it.meta + blk * META);
     }
-    static __device__ uint32_t code(const CdRegs& r, int s, int l) {
-        return FmtQ4_0::code(r, s, l) | (((r.h[0].x >> l) & 1u) << 4);
+    static constexpr int BITS = 5;
+    static __device__ uint32_t mant(const CdRegs& r, int, int l) {
+        return field(r.q, l & 15, l >= 16 ? 4 : 0, 4, 23 - BITS) |
+               (__funnelshift_l(r.h[0].x, r.h[0].x, (22 - l) & 31) & (1u << 22));
     }
     static __device__ float2 affine(const CdRegs& r, int, int) {
         const float d = half_lo(r.m[0]);
@@ -145,8 +155,9 @@ struct FmtQ5_1 {
         r.h[0].x = ld_u32(it.qh + blk * QH);
         r.m[0] = ld_u32(it.meta + blk * META);
     }
-    static __device__ uint32_t code(const CdRegs& r, int s, int l) {
-        return FmtQ5_0::code(r, s, l);
+    static constexpr int BITS = 5;
+    static __device__ uint32_t mant(const CdRegs& r, int s, int l) {
+        return FmtQ5_0::mant(r, s, l);
     }
     static __device__ float2 affine(const CdRegs& r, int, int) {
         return make_float2(half_lo(r.m[0]), half_hi(r.m[0]));
@@ -162,7 +173,10 @@ struct FmtQ8_0 {
         r.q[1] = load_stream(p + 1);
         r.m[0] = ld_u16(it.meta + blk * META);
     }
-    static __device__ uint32_t code(const CdRegs& r, int, int l) { return byte_at(r.q, l) ^ 0x80u; }
+    static constexpr int BITS = 8;
+    static __device__ uint32_t mant(const CdRegs& r, int, int l) {
+        return field(r.q, l, 0, 8, 23 - BITS) ^ (0x80u << (23 - BITS));
+    }
     static __device__ float2 affine(const CdRegs& r, int, int) {
         const float d = half_lo(r.m[0]);
         return make_float2(d, -128.0f * d);
@@ -182,8 +196,9 @@ struct FmtQ2_K {
         r.m[0] = ld_u16(m + 2 * sub);
         r.m[1] = ld_u32(m + 16);
     }
-    static __device__ uint32_t code(const CdRegs& r, int sub, int l) {
-        return (byte_at(r.q, l) >> (2 * (sub & 3))) & 3u;
+    static constexpr int BITS = 2;
+    static __device__ uint32_t mant(const CdRegs& r, int sub, int l) {
+        return field(r.q, l, 2 * (sub & 3), 2, 23 - BITS);
     }
     static __device__ float2 affine(const CdRegs& r, int, int h) {
         const uint32_t s = (r.m[0] >> (8 * h)) & 0xFFu;
@@ -213,9 +228,9 @@ struct FmtQ3_K {
         r.m[1] = ld_u16(m + 8 + (i & 3));
         r.m[2] = ld_u16(m + 12);
     }
-    static __device__ uint32_t code(const CdRegs& r, int sub, int l) {
-        const uint32_t low = (byte_at(r.q, l) >> (2 * (sub & 3))) & 3u;
-        return low | (((byte_at(r.h, l) >> sub) & 1u) << 2);
+    static constexpr int BITS = 3;
+    static __device__ uint32_t mant(const CdRegs& r, int sub, int l) {
+        return field(r.q, l, 2 * (sub & 3), 2, 23 - BITS) | field(r.h, l, sub, 1, 22);
     }
     static __device__ float2 affine(const CdRegs& r, int sub, int h) {
         const int i = 2 * sub;
@@ -260,8 +275,9 @@ struct FmtQ4_K {
         r.m[2] = m.z;
         r.m[3] = m.w;
     }
-    static __device__ uint32_t code(const CdRegs& r, int sub, int l) {
-        return (byte_at(r.q, l) >> (4 * (sub & 1))) & 0xFu;
+    static constexpr int BITS = 4;
+    static __device__ uint32_t mant(const CdRegs& r, int sub, int l) {
+        return field(r.q, l, 4 * (sub & 1), 4, 23 - BITS);
     }
     static __device__ float2 affine(const CdRegs& r, int sub, int) { return k4_affine(r, sub); }
 };
@@ -275,8 +291,9 @@ struct FmtQ5_K {
         r.h[0] = load_stream(h);
         r.h[1] = load_stream(h + 1);
     }
-    static __device__ uint32_t code(const CdRegs& r, int sub, int l) {
-        return FmtQ4_K::code(r, sub, l) | (((byte_at(r.h, l) >> sub) & 1u) << 4);
+    static constexpr int BITS = 5;
+    static __device__ uint32_t mant(const CdRegs& r, int sub, int l) {
+        return field(r.q, l, 4 * (sub & 1), 4, 23 - BITS) | field(r.h, l, sub, 1, 22);
     }
     static __device__ float2 affine(const CdRegs& r, int sub, int) { return k4_affine(r, sub); }
 };
@@ -299,10 +316,10 @@ struct FmtQ6_K {
         r.m[0] = ld_u16(m + 2 * sub);
         r.m[1] = ld_u16(m + 16);
     }
-    static __device__ uint32_t code(const CdRegs& r, int sub, int l) {
+    static constexpr int BITS = 6;
+    static __device__ uint32_t mant(const CdRegs& r, int sub, int l) {
         const int k = sub & 3;
-        const uint32_t low = (byte_at(r.q, l) >> (k >= 2 ? 4 : 0)) & 0xFu;
-        return low | (((byte_at(r.h, l) >> (2 * k)) & 3u) << 4);
+        return field(r.q, l, k >= 2 ? 4 : 0, 4, 23 - BITS) | field(r.h, l, 2 * k, 2, 21);
     }
     static __device__ float2 affine(const CdRegs& r, int, int h) {
         const int sc = (int)(signed char)((r.m[0] >> (8 * h)) & 0xFFu);
@@ -311,21 +328,31 @@ struct FmtQ6_K {
     }
 };
 
-// Σ ŵ·x over one chunk of an affine format: per 16-weight half, a·Σ q·x + b·Σ x.
+// Code l of a chunk as f = 1 + q·2^-B: its bits placed at the top of an f32 mantissa of
+// exponent 0 (the format's `mant`), so a weight costs a rotate, an AND-OR and the FMA.
+template <class F>
+__device__ __forceinline__ float code_f(const CdRegs& r, int sub, int l) {
+    return __uint_as_float(0x3F800000u | F::mant(r, sub, l));
+}
+
+// Σ ŵ·x over one chunk of an affine format, per 16-weight half: a·Σ q·x + b·Σ x, with
+// Σ q·x = 2^B·(Σ f·x − Σ x) (the 1 of every f taken out with the half's Σ x, as group.cu does).
 template <class F>
 __device__ __forceinline__ float affine_dot(const CdRegs& r, int sub, const float (&xv)[CD_CHUNK],
                                             float s0, float s1) {
+    constexpr float TWO_B = (float)(1 << F::BITS);
     float acc = 0.0f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float a = 0.0f, b = 0.0f;
 #pragma unroll
         for (int l = 0; l < 16; l += 2) {
-            a = fmaf(code_float(F::code(r, sub, 16 * h + l)), xv[16 * h + l], a);
-            b = fmaf(code_float(F::code(r, sub, 16 * h + l + 1)), xv[16 * h + l + 1], b);
+            a = fmaf(code_f<F>(r, sub, 16 * h + l), xv[16 * h + l], a);
+            b = fmaf(code_f<F>(r, sub, 16 * h + l + 1), xv[16 * h + l + 1], b);
         }
         const float2 ab = F::affine(r, sub, h);
-        acc = fmaf(ab.x, a + b, fmaf(ab.y, h ? s1 : s0, acc));
+        const float scale = ab.x * TWO_B;
+        acc = fmaf(scale, a + b, fmaf(ab.y - scale, h ? s1 : s0, acc));
     }
     return acc;
 }
@@ -335,6 +362,8 @@ template <class F>
 struct Gguf {
     static constexpr bool TABLE = false;
     static constexpr int ENTRIES = 0;
+    // The K-quants with high-bit planes hold 80 bytes of registers a chunk: one in flight.
+    static constexpr int UNROLL = F::QH >= 32 ? 1 : CD_UNROLL;
     static constexpr int CPB = F::BLOCK / CD_CHUNK;
     static __device__ __forceinline__ void load(const CdItem& it, int row, int c, int bpr,
                                                 CdRegs& r) {
@@ -359,7 +388,7 @@ struct Gguf {
                 float v[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    v[e] = fmaf(ab.x, code_float(F::code(r, sub, 16 * h + l + e)), ab.y);
+                    v[e] = fmaf(ab.x, code_float(F::mant(r, sub, 16 * h + l + e) >> (23 - F::BITS)), ab.y);
                 reinterpret_cast<float4*>(dst)[(16 * h + l) / 4] =
                     make_float4(v[0], v[1], v[2], v[3]);
             }
@@ -373,6 +402,7 @@ struct Gguf {
 template <int B>
 struct Lut {
     static constexpr bool TABLE = true;
+    static constexpr int UNROLL = CD_UNROLL;
     static constexpr int ENTRIES = 1 << B;
     static __device__ __forceinline__ void load(const CdItem& it, int row, int c, int bpr,
                                                 CdRegs& r) {
@@ -461,10 +491,10 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
         }
     }
 
-    CdRegs regs[CD_UNROLL][NR];
+    CdRegs regs[F::UNROLL][NR];
     auto fetch = [&](int base) {
 #pragma unroll
-        for (int j = 0; j < CD_UNROLL; ++j) {
+        for (int j = 0; j < F::UNROLL; ++j) {
             const int c = base + j * tpr;
             if (c < chunks) {
 #pragma unroll
@@ -535,7 +565,7 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
     for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
     while (base < chunks) {
 #pragma unroll
-        for (int j = 0; j < CD_UNROLL; ++j) {
+        for (int j = 0; j < F::UNROLL; ++j) {
             const int c = base + j * tpr;
             if (c < chunks) {
                 float xv[CD_CHUNK];
@@ -554,7 +584,7 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
                 for (int r = 0; r < NR; ++r) acc[r] += F::dot(regs[j][r], c, tab[r], xv, s0, s1);
             }
         }
-        base += CD_UNROLL * tpr;
+        base += F::UNROLL * tpr;
         if (base < chunks) fetch(base);
     }
 
