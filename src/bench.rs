@@ -586,6 +586,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn quant_names_pick_their_synthetic_formats() {
+        use sfx_formats::gguf::GgmlType;
+        let q = |s: &str| parse_quant(s, "hyb");
+        assert_eq!(q("sqllm3").unwrap(), SyntheticWeights::Lut { bits: 3 });
+        assert_eq!(
+            q("q2_k").unwrap(),
+            SyntheticWeights::Gguf { ty: GgmlType::Q2K }
+        );
+        assert_eq!(
+            q("q8_0").unwrap(),
+            SyntheticWeights::Gguf { ty: GgmlType::Q8_0 }
+        );
+        assert_eq!(
+            q("awq3").unwrap(),
+            SyntheticWeights::Group {
+                bits: 3,
+                group: 128
+            }
+        );
+        for bad in ["sqllm1", "sqllm5", "q7_k", "Q2_K", "sqllm"] {
+            assert!(q(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn kv_lists_name_float_caches_and_kvarn_bases() {
         let args = KvRefineArgs {
             sinks: 64,

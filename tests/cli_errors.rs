@@ -267,6 +267,26 @@ fn bad_device_and_bench_arguments_are_named() {
     assert_clean_failure(code, &err, "--head \"q9\"");
     let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--quant", "qtip5"]);
     assert_clean_failure(code, &err, "--quant \"qtip5\"");
+    let (code, err) = run(SFX, &["bench", "--synthetic", "tiny", "--quant", "sqllm5"]);
+    assert_clean_failure(code, &err, "--quant \"sqllm5\"");
+    // tiny's 72 columns are no whole number of 256-weight super-blocks.
+    let (code, err) = run(
+        SFX,
+        &[
+            "bench",
+            "--synthetic",
+            "tiny",
+            "--quant",
+            "q4_k",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_clean_failure(
+        code,
+        &err,
+        "72 columns is not a whole number of Q4_K blocks",
+    );
     let (code, err) = run(
         SFX,
         &[

@@ -14,6 +14,10 @@ use std::sync::{Arc, OnceLock};
 /// largest over these cases (seed 5, AVX-512): 3.8e-3 and 1.27e-2; see docs/results.md.
 const INT8_ACTIVATION_BOUND: f64 = 1e-2;
 const INT8_SWIGLU_BOUND: f64 = 3e-2;
+/// GGUF blocks with int8 activations: the K-quants' minimums (w = a·q − b) multiply the int8
+/// rounding of each sub-block's Σ x, so a row's error is larger than a group row's. Measured
+/// over 700 time seeds (AVX-512): 1 % of runs above 1e-2, the largest 1.37e-2.
+const INT8_GGUF_BOUND: f64 = 3e-2;
 
 fn verdict(r: CaseResult) -> Result<(), Failed> {
     if r.passed {
@@ -82,10 +86,10 @@ fn main() {
         ) {
             for level in SimdLevel::supported() {
                 let mut c = case.clone();
-                c.cpu_bound = c.cpu_bound.max(if case.op == "group_swiglu" {
-                    INT8_SWIGLU_BOUND
-                } else {
-                    INT8_ACTIVATION_BOUND
+                c.cpu_bound = c.cpu_bound.max(match case.op {
+                    "group_swiglu" => INT8_SWIGLU_BOUND,
+                    "gguf_linear" => INT8_GGUF_BOUND,
+                    _ => INT8_ACTIVATION_BOUND,
                 });
                 trials.push(Trial::test(
                     format!("cpu-int8-{}::{name}", level.as_str()),
