@@ -20,11 +20,12 @@
 // block in shared memory (RMS-normalised there for the `_norm` entries), as in group.cu.
 #include "common.cuh"
 #include "packed_codes.cuh"
+#include "row_matvec.cuh"
 
 #define CD_THREADS 256
 #define CD_WARPS (CD_THREADS / 32)
 #define CD_CHUNK 32
-#define CD_PAD(c) ((c) + ((c) >> 5) * 4)
+#define CD_PAD(c) MV_PAD(c)
 #define CD_MAX_ITEMS 3
 #define CD_UNROLL 2
 // Look-up tables a block stages: every row of the block (at most CD_THREADS / 32 row sets of
@@ -511,47 +512,10 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
     const float* xt = x + (size_t)t * cols;
     float* xs = cd_smem;                   // [CD_PAD(cols)]
     float* xsum = cd_smem + CD_PAD(cols);  // [cols / 16]: sums of 16 columns
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < cols / 4; i += CD_THREADS) {
-        float4 v = __ldg(reinterpret_cast<const float4*>(xt) + i);
-        if (NORM) {
-            const float4 nv = __ldg(reinterpret_cast<const float4*>(nw) + i);
-            ss = fmaf(v.x, v.x, ss);
-            ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss);
-            ss = fmaf(v.w, v.w, ss);
-            v.x *= nv.x;
-            v.y *= nv.y;
-            v.z *= nv.z;
-            v.w *= nv.w;
-        }
-        *reinterpret_cast<float4*>(xs + CD_PAD(4 * i)) = v;
-    }
-    if (NORM) {
-        ss = warp_sum(ss);
-        if (lane == 0) ss_red[warp] = ss;
-    }
+    stage_x<NORM, CD_THREADS>(xt, nw, cols, xs, ss_red);
     __syncthreads();
-    if constexpr (!F::TABLE) {
-        for (int k = threadIdx.x; k < cols / 16; k += CD_THREADS) {
-            const float4* p = reinterpret_cast<const float4*>(xs + CD_PAD(k * 16));
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float4 v = p[j];
-                sum += (v.x + v.y) + (v.z + v.w);
-            }
-            xsum[k] = sum;
-        }
-    }
-    float scale = 1.0f;
-    if (NORM) {
-        float total = 0.0f;
-#pragma unroll
-        for (int k = 0; k < CD_WARPS; ++k) total += ss_red[k];
-        scale = 1.0f / sqrtf(total / (float)cols + eps);
-    }
+    if constexpr (!F::TABLE) stage_sums<16, CD_THREADS>(xs, xsum, cols / 16);
+    const float scale = norm_scale<NORM, CD_WARPS>(ss_red, cols, eps);
     __syncthreads();
 
     const float* tab[NR];
@@ -569,15 +533,7 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
             const int c = base + j * tpr;
             if (c < chunks) {
                 float xv[CD_CHUNK];
-                const float4* p = reinterpret_cast<const float4*>(xs + CD_PAD(c * CD_CHUNK));
-#pragma unroll
-                for (int k = 0; k < CD_CHUNK / 4; ++k) {
-                    const float4 v = p[k];
-                    xv[4 * k] = v.x;
-                    xv[4 * k + 1] = v.y;
-                    xv[4 * k + 2] = v.z;
-                    xv[4 * k + 3] = v.w;
-                }
+                chunk_x(xs, c, xv);
                 const float s0 = F::TABLE ? 0.0f : xsum[2 * c];
                 const float s1 = F::TABLE ? 0.0f : xsum[2 * c + 1];
 #pragma unroll
@@ -588,39 +544,13 @@ __device__ __forceinline__ void cd_matvec_body(const CdGroup& g, const float* __
         if (base < chunks) fetch(base);
     }
 
-    const int seg = min(tpr, 32);
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        for (int o = seg / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(SFX_FULL_MASK, acc[r], o);
-    }
     auto emit = [&](int st, int r, float total, float up_total) {
         const int out_row = tile0 + st * R + r;
         if (out_row >= item.rows) return;
         projection_out<SWIGLU>(item.y + (size_t)t * item.rows + out_row, total, up_total, scale,
                                item.bias, out_row, accumulate);
     };
-    if (tpr <= 32) {
-        if (sub == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) emit(set, r, acc[r], SWIGLU ? acc[(R + r) % NR] : 0.0f);
-        }
-        return;
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) red[warp][r] = acc[r];
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < sets * R) {
-        const int st = threadIdx.x / R, r = threadIdx.x % R;
-        const int wpr = tpr / 32, first = st * wpr;
-        float total = 0.0f, up_total = 0.0f;
-        for (int k = 0; k < wpr; ++k) {
-            total += red[first + k][r];
-            if (SWIGLU) up_total += red[first + k][(R + r) % NR];
-        }
-        emit(st, r, total, up_total);
-    }
+    reduce_rows<R, NR, SWIGLU, CD_THREADS>(acc, tpr, red, emit);
 }
 
 // One thread per (row, 32-column chunk): the f32 panel prefill's GEMM reads.

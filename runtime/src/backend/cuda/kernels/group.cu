@@ -20,11 +20,12 @@
 #include "common.cuh"
 #include "refine_epilogue.cuh"
 #include "packed_codes.cuh"
+#include "row_matvec.cuh"
 
 #define GQ_THREADS 256
 #define GQ_WARPS (GQ_THREADS / 32)
 #define GQ_CHUNK 32  // columns per thread step
-#define GQ_PAD(c) ((c) + ((c) >> 5) * 4)
+#define GQ_PAD(c) MV_PAD(c)
 #define GQ_MAX_ITEMS 3
 
 // Code i (0..31) of a chunk as f = 1 + q·2^-B. `i` is a constant after unrolling, so the
@@ -161,46 +162,10 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
     const float* xt = x + (size_t)t * cols;
     float* xs = gq_smem;                   // [GQ_PAD(cols)]
     float* xsum = gq_smem + GQ_PAD(cols);  // [chunks]
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < cols / 4; i += GQ_THREADS) {
-        float4 v = __ldg(reinterpret_cast<const float4*>(xt) + i);
-        if (NORM) {
-            const float4 nv = __ldg(reinterpret_cast<const float4*>(nw) + i);
-            ss = fmaf(v.x, v.x, ss);
-            ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss);
-            ss = fmaf(v.w, v.w, ss);
-            v.x *= nv.x;
-            v.y *= nv.y;
-            v.z *= nv.z;
-            v.w *= nv.w;
-        }
-        *reinterpret_cast<float4*>(xs + GQ_PAD(4 * i)) = v;
-    }
-    if (NORM) {
-        ss = warp_sum(ss);
-        if (lane == 0) ss_red[warp] = ss;
-    }
+    stage_x<NORM, GQ_THREADS>(xt, nw, cols, xs, ss_red);
     __syncthreads();
-    for (int k = threadIdx.x; k < chunks; k += GQ_THREADS) {
-        const float4* p = reinterpret_cast<const float4*>(xs + GQ_PAD(k * GQ_CHUNK));
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < GQ_CHUNK / 4; ++j) {
-            const float4 v = p[j];
-            sum += (v.x + v.y) + (v.z + v.w);
-        }
-        xsum[k] = sum;
-    }
-    // The fused norm's scale, formed as rms_norm forms it: 1 / sqrt(mean(x²) + eps).
-    float scale = 1.0f;
-    if (NORM) {
-        float total = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GQ_WARPS; ++k) total += ss_red[k];
-        scale = 1.0f / sqrtf(total / (float)cols + eps);
-    }
+    stage_sums<GQ_CHUNK, GQ_THREADS>(xs, xsum, chunks);
+    const float scale = norm_scale<NORM, GQ_WARPS>(ss_red, cols, eps);
     __syncthreads();
 
     float acc[NR];
@@ -212,15 +177,7 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
             const int c = base + j * tpr;
             if (c < chunks) {
                 float xv[GQ_CHUNK];
-                const float4* p = reinterpret_cast<const float4*>(xs + GQ_PAD(c * GQ_CHUNK));
-#pragma unroll
-                for (int k = 0; k < GQ_CHUNK / 4; ++k) {
-                    const float4 v = p[k];
-                    xv[4 * k] = v.x;
-                    xv[4 * k + 1] = v.y;
-                    xv[4 * k + 2] = v.z;
-                    xv[4 * k + 3] = v.w;
-                }
+                chunk_x(xs, c, xv);
                 const float sx = xsum[c];
 #pragma unroll
                 for (int r = 0; r < NR; ++r) {
@@ -251,13 +208,6 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
         }
     }
 
-    // Sum over the tpr threads of each row set: within the set's lanes (tpr ≤ 32), or within
-    // warps and then across the set's warps.
-    const int seg = min(tpr, 32);
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        for (int o = seg / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(SFX_FULL_MASK, acc[r], o);
-    }
     auto emit = [&](int st, int r, float total, float up_total) {
         const int out_row = tile0 + st * R + r;
         if (out_row >= item.rows) return;
@@ -268,28 +218,7 @@ __device__ __forceinline__ void gq_matvec_body(const GqGroup& g, const float* __
                                scale, item.bias, out_row, accumulate, refined[0] || refined[1],
                                extra, refined[1] ? rdelta[block_rows + i] : 0.0f);
     };
-    if (tpr <= 32) {
-        if (sub == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) emit(set, r, acc[r], SWIGLU ? acc[(R + r) % NR] : 0.0f);
-        }
-        return;
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) red[warp][r] = acc[r];
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < sets * R) {
-        const int st = threadIdx.x / R, r = threadIdx.x % R;
-        const int wpr = tpr / 32, first = st * wpr;
-        float total = 0.0f, up_total = 0.0f;
-        for (int k = 0; k < wpr; ++k) {
-            total += red[first + k][r];
-            if (SWIGLU) up_total += red[first + k][(R + r) % NR];
-        }
-        emit(st, r, total, up_total);
-    }
+    reduce_rows<R, NR, SWIGLU, GQ_THREADS>(acc, tpr, red, emit);
 }
 
 // Dequantizes one 32-column chunk per thread to f32 (prefill: the TF32 GEMM reads the panel;
