@@ -43,7 +43,12 @@ fn main() {
             src.join(format!("{k}.cu")).display()
         );
     }
-    for header in ["common.cuh", "refine_epilogue.cuh", "packed_codes.cuh"] {
+    for header in [
+        "common.cuh",
+        "refine_epilogue.cuh",
+        "packed_codes.cuh",
+        "row_matvec.cuh",
+    ] {
         println!("cargo:rerun-if-changed={}", src.join(header).display());
     }
     for var in [
