@@ -85,18 +85,21 @@ pub(crate) fn set_block_scales(
 
 /// Writes scales into every `ty` block of `bytes` (random code bytes, every bit pattern a
 /// valid code) for a matrix of `cols` columns: f16 scales giving weights of variance ≈ 1/cols
-/// (each times `1 + jitter()`), minimums about −half the code range (legacy
-/// blocks) or half a scale (K-quants). Conformance cases and synthetic models are made so.
+/// (each times `1 + jitter()`), and minimums that centre the codes near 0. Conformance cases
+/// and synthetic models are made so.
 pub(crate) fn scale_random_blocks(
     ty: GgmlType,
     bytes: &mut [u8],
     cols: usize,
     mut jitter: impl FnMut() -> f32,
 ) {
-    // Codes span ~2^bits levels (and K-quant sub-scales up to 63): one step ≈ 2/(levels·√cols).
+    // Codes span ~2^bits levels, times the K-quants' sub-block scales (random codes too: 4-bit
+    // ones average 7.5, 6-bit ones 31.5, Q6_K's signed bytes ~64): one step ≈ 2/(levels·√cols).
     let (levels, sub) = match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => (16.0, 1.0),
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => (32.0, 1.0),
+        GgmlType::Q4_0 | GgmlType::Q4_1 => (16.0, 1.0),
+        GgmlType::Q5_0 | GgmlType::Q5_1 => (32.0, 1.0),
+        GgmlType::Q4K => (16.0, 32.0),
+        GgmlType::Q5K => (32.0, 32.0),
         GgmlType::Q8_0 | GgmlType::IQ4NL => (256.0, 1.0),
         GgmlType::IQ4XS => (256.0, 32.0),
         GgmlType::Q2K => (4.0, 8.0),
@@ -107,7 +110,16 @@ pub(crate) fn scale_random_blocks(
     let legacy = ty.block_size() == 32;
     set_block_scales(ty, bytes, || {
         let d = unit * (1.0 + jitter());
-        (d, if legacy { -0.5 * levels * d } else { 0.5 * d })
+        // Legacy minimums are added (w = d·q + m), K-quant ones subtracted (w = d·sc·q −
+        // dmin·m, m as random as sc): either way the codes' middle lands near 0.
+        (
+            d,
+            if legacy {
+                -0.5 * levels * d
+            } else {
+                0.5 * levels * d
+            },
+        )
     });
 }
 
