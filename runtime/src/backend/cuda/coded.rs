@@ -459,9 +459,7 @@ impl CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         let c = codes_of(w, "embedding")?;
-        let ntok = u32::try_from(tokens.len).map_err(|_| {
-            RuntimeError::Unsupported(format!("embedding: {} tokens in one call", tokens.len))
-        })?;
+        let ntok = tokens.grid_rows()?;
         if ntok == 0 {
             return Ok(());
         }

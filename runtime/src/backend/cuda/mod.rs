@@ -153,6 +153,15 @@ pub struct CudaIndex {
     len: usize,
 }
 
+impl CudaIndex {
+    /// The ids as an embedding gather's grid dimension (one block row per token).
+    fn grid_rows(&self) -> Result<u32> {
+        u32::try_from(self.len).map_err(|_| {
+            RuntimeError::Unsupported(format!("embedding: {} tokens in one call", self.len))
+        })
+    }
+}
+
 /// One layer's K or V cache in device memory.
 pub struct CudaKvStore {
     mem: DeviceMem,
