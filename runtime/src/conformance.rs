@@ -1027,53 +1027,20 @@ pub fn cases() -> Vec<Case> {
                 .map(|bits| Coded::Lut { bits }),
         );
     for format in block_formats {
-        let tag = format.tag();
         for norm in [false, true] {
-            let nt = if norm { " +norm" } else { "" };
-            for (m, cols, rows, bias) in [
+            for shape in [
                 (1, 4096, [4096, 1024, 1024], false),
                 (2, 512, [256, 128, 64], true),
             ] {
-                add(
-                    "coded_projections",
-                    format!(
-                        "{tag} m{m} {cols}→{},{},{}{}{nt}",
-                        rows[0],
-                        rows[1],
-                        rows[2],
-                        if bias { " +bias" } else { "" }
-                    ),
-                    Op::CodedProjections {
-                        format,
-                        m,
-                        cols,
-                        rows,
-                        bias,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+                add_projections(&mut add, "coded_projections", format, norm, shape);
             }
-            for (m, rows, cols) in [(1, 14336, 4096), (2, 160, 512)] {
-                add(
-                    "coded_swiglu",
-                    format!("{tag} m{m} {cols}→{rows}{nt}"),
-                    Op::CodedSwiglu {
-                        format,
-                        m,
-                        rows,
-                        cols,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+            for shape in [(1, 14336, 4096), (2, 160, 512)] {
+                add_swiglu(&mut add, "coded_swiglu", format, norm, shape);
             }
         }
         add(
             "coded_embedding",
-            format!("{tag} 301×512 n5"),
+            format!("{} 301×512 n5", format.tag()),
             Op::CodedEmbedding {
                 format,
                 vocab: 301,
@@ -1088,49 +1055,19 @@ pub fn cases() -> Vec<Case> {
     // an odd one), gate/up of both, with and without the norm folded in.
     for bits in SUPPORTED_BITS {
         for norm in [false, true] {
-            let tag = if norm { " +norm" } else { "" };
-            for (m, cols, rows, bias) in [
+            for shape in [
                 (1, 576, [576, 192, 192], false),
                 (1, 4096, [4096, 1024, 1024], true),
                 (3, 1536, [1536, 256, 96], true),
             ] {
-                add(
-                    "group_projections",
-                    format!(
-                        "q{bits}g128 m{m} {cols}→{},{},{}{}{tag}",
-                        rows[0],
-                        rows[1],
-                        rows[2],
-                        if bias { " +bias" } else { "" }
-                    ),
-                    Op::CodedProjections {
-                        format: Coded::Group { bits, group: 128 },
-                        m,
-                        cols,
-                        rows,
-                        bias,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+                let format = Coded::Group { bits, group: 128 };
+                add_projections(&mut add, "group_projections", format, norm, shape);
             }
             for (m, rows, cols, group) in
                 [(1, 1536, 576, 128), (1, 14336, 4096, 128), (2, 133, 64, 32)]
             {
-                add(
-                    "group_swiglu",
-                    format!("q{bits}g{group} m{m} {cols}→{rows}{tag}"),
-                    Op::CodedSwiglu {
-                        format: Coded::Group { bits, group },
-                        m,
-                        rows,
-                        cols,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+                let format = Coded::Group { bits, group };
+                add_swiglu(&mut add, "group_swiglu", format, norm, (m, rows, cols));
             }
         }
     }
@@ -1691,6 +1628,66 @@ fn add_coded_linear(
     );
 }
 
+/// A fused q/k/v case (`Op::CodedProjections`, three projections of one input in one launch
+/// where the backend fuses them; `norm`: the input RMSNorm folded in) of `format`, named `op`.
+fn add_projections(
+    add: &mut impl FnMut(&'static str, String, Op, f64, f64),
+    op: &'static str,
+    format: Coded,
+    norm: bool,
+    (m, cols, rows, bias): (usize, usize, [usize; 3], bool),
+) {
+    add(
+        op,
+        format!(
+            "{} m{m} {cols}→{},{},{}{}{}",
+            format.tag(),
+            rows[0],
+            rows[1],
+            rows[2],
+            if bias { " +bias" } else { "" },
+            if norm { " +norm" } else { "" }
+        ),
+        Op::CodedProjections {
+            format,
+            m,
+            cols,
+            rows,
+            bias,
+            norm,
+        },
+        1e-5,
+        1e-5,
+    );
+}
+
+/// A fused gate/up case with SwiGLU (`Op::CodedSwiglu`) of `format`, named `op`.
+fn add_swiglu(
+    add: &mut impl FnMut(&'static str, String, Op, f64, f64),
+    op: &'static str,
+    format: Coded,
+    norm: bool,
+    (m, rows, cols): (usize, usize, usize),
+) {
+    add(
+        op,
+        format!(
+            "{} m{m} {cols}→{rows}{}",
+            format.tag(),
+            if norm { " +norm" } else { "" }
+        ),
+        Op::CodedSwiglu {
+            format,
+            m,
+            rows,
+            cols,
+            norm,
+        },
+        1e-5,
+        1e-5,
+    );
+}
+
 /// Trellis-coded projections (QTIP / YAQA tiles) on the same shape families as the group
 /// codes (rows multiples of 16; 576, 1536, 14336 take dense Hadamard factors): every code at
 /// every K in both tile orders on decode and on a prefill of 70 tokens (two token blocks of
@@ -1768,54 +1765,21 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
     for (fi, format) in fused.into_iter().enumerate() {
         let large = fi == 0;
         for norm in [false, true] {
-            let tag = if norm { " +norm" } else { "" };
-            for (m, cols, rows, bias) in [
+            for shape in [
                 (1, 576, [576, 192, 192], false),
                 (1, 4096, [4096, 1024, 1024], true),
                 (3, 1536, [1536, 256, 96], true),
             ] {
-                if cols == 4096 && !large {
+                if shape.1 == 4096 && !large {
                     continue;
                 }
-                add(
-                    "trellis_projections",
-                    format!(
-                        "{} m{m} {cols}→{},{},{}{}{tag}",
-                        format.tag(),
-                        rows[0],
-                        rows[1],
-                        rows[2],
-                        if bias { " +bias" } else { "" }
-                    ),
-                    Op::CodedProjections {
-                        format,
-                        m,
-                        cols,
-                        rows,
-                        bias,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+                add_projections(add, "trellis_projections", format, norm, shape);
             }
-            for (m, rows, cols) in [(1, 1536, 576), (1, 14336, 4096), (2, 144, 64)] {
-                if rows == 14336 && !large {
+            for shape in [(1, 1536, 576), (1, 14336, 4096), (2, 144, 64)] {
+                if shape.1 == 14336 && !large {
                     continue;
                 }
-                add(
-                    "trellis_swiglu",
-                    format!("{} m{m} {cols}→{rows}{tag}", format.tag()),
-                    Op::CodedSwiglu {
-                        format,
-                        m,
-                        rows,
-                        cols,
-                        norm,
-                    },
-                    1e-5,
-                    1e-5,
-                );
+                add_swiglu(add, "trellis_swiglu", format, norm, shape);
             }
         }
     }
@@ -2179,7 +2143,7 @@ fn weights_tag(weights: SyntheticWeights) -> String {
 }
 
 /// GGUF blocks of `ty` for a `rows × cols` matrix: random code bytes (every bit pattern is a
-/// valid code), f16 scales giving weights of variance ≈ 1/cols, minimums about −8 scales.
+/// valid code), scaled by `scale_random_blocks`.
 fn random_gguf_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size())
         .map(|_| rng.next() as u8)
