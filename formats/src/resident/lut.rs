@@ -29,6 +29,19 @@ pub struct LutQuantized {
     scales: Vec<f16>,
 }
 
+/// A row's weight values by code: each of its `levels` (2^bits int8 levels) times its f16
+/// scale, in f32; entries past the levels are 0: the f32 CPU kernel, the dequantization and
+/// the CUDA kernels' tables all take these.
+#[inline]
+pub fn row_values(levels: &[i8], scale: f16) -> [f32; 16] {
+    let s = scale.to_f32();
+    let mut values = [0.0f32; 16];
+    for (v, &t) in values.iter_mut().zip(levels) {
+        *v = f32::from(t) * s;
+    }
+    values
+}
+
 impl LutQuantized {
     /// Wraps already-packed parts, validating every size (bits in [`LUT_BITS`], byte counts
     /// without overflow, `2^bits` levels and one finite non-negative scale per row).
@@ -143,13 +156,9 @@ impl LutQuantized {
         }
         let rb = self.row_bytes();
         let codes = &self.codes[row * rb..(row + 1) * rb];
-        let s = self.scales[row].to_f32();
         let n = self.levels();
         // Prefill dequantizes rows panel by panel: no allocation per row.
-        let mut values = [0.0f32; 16];
-        for (v, &t) in values.iter_mut().zip(&self.tables[row * n..(row + 1) * n]) {
-            *v = f32::from(t) * s;
-        }
+        let values = row_values(&self.tables[row * n..(row + 1) * n], self.scales[row]);
         for (i, o) in out.iter_mut().enumerate() {
             *o = values[usize::from(get_code(codes, i, self.bits))];
         }

@@ -14,6 +14,7 @@ use crate::error::{check_len, Result};
 use crate::linear::Linear;
 use crate::resident::{coded_forward, gather_decoded_rows, group_q8, run_row_blocks};
 use half::f16;
+use sfx_formats::resident::lut::row_values;
 use sfx_formats::resident::LutQuantized;
 
 /// A look-up-table-coded projection with an optional f32 bias.
@@ -181,11 +182,7 @@ fn rows_generic<const B: usize>(a: &Rows<'_>, y: &mut [f32]) {
     let n = 1usize << B;
     let mask = (1u32 << B) - 1;
     for (r, yr) in y.iter_mut().enumerate() {
-        let s = a.scales[r].to_f32();
-        let mut values = [0.0f32; 16];
-        for (v, &t) in values.iter_mut().zip(&a.tables[r * n..(r + 1) * n]) {
-            *v = f32::from(t) * s;
-        }
+        let values = row_values(&a.tables[r * n..(r + 1) * n], a.scales[r]);
         let row = &a.codes[r * rb..(r + 1) * rb];
         let mut acc = [0.0f32; 8];
         let mut xc = a.x.chunks_exact(8);

@@ -19,6 +19,7 @@ use super::{
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
 use sfx_formats::gguf::{BlockTensor, GgmlType};
+use sfx_formats::resident::lut::row_values;
 use sfx_formats::resident::LutQuantized;
 use sfx_formats::DType;
 use std::sync::Arc;
@@ -40,6 +41,11 @@ pub(crate) const CODED_FORMATS: [&str; 13] = [
     "lut2", "lut3", "lut4", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
     "q6_k",
 ];
+
+/// Index of the format named `name` (e.g. `lut3`, `q4_k`) in [`CODED_FORMATS`].
+fn format_index(name: &str) -> Option<usize> {
+    CODED_FORMATS.iter().position(|f| *f == name)
+}
 
 /// What a [`CudaMatrix`] of look-up-table codes or GGUF blocks holds beside its main buffer
 /// (the packed codes, or the GGUF blocks' low code bits).
@@ -89,19 +95,19 @@ struct BlockPlanes {
     qh: Option<(usize, usize)>,
 }
 
-fn block_planes(ty: GgmlType) -> Option<(usize, BlockPlanes)> {
+fn block_planes(ty: GgmlType) -> Option<BlockPlanes> {
     let p = |meta, qs, qh| BlockPlanes { meta, qs, qh };
     Some(match ty {
-        GgmlType::Q4_0 => (3, p(&[(0, 2)], (2, 18), None)),
-        GgmlType::Q4_1 => (4, p(&[(0, 4)], (4, 20), None)),
-        GgmlType::Q5_0 => (5, p(&[(0, 2)], (6, 22), Some((2, 6)))),
-        GgmlType::Q5_1 => (6, p(&[(0, 4)], (8, 24), Some((4, 8)))),
-        GgmlType::Q8_0 => (7, p(&[(0, 2)], (2, 34), None)),
-        GgmlType::Q2K => (8, p(&[(0, 16), (80, 84)], (16, 80), None)),
-        GgmlType::Q3K => (9, p(&[(96, 110)], (32, 96), Some((0, 32)))),
-        GgmlType::Q4K => (10, p(&[(0, 16)], (16, 144), None)),
-        GgmlType::Q5K => (11, p(&[(0, 16)], (48, 176), Some((16, 48)))),
-        GgmlType::Q6K => (12, p(&[(192, 210)], (0, 128), Some((128, 192)))),
+        GgmlType::Q4_0 => p(&[(0, 2)], (2, 18), None),
+        GgmlType::Q4_1 => p(&[(0, 4)], (4, 20), None),
+        GgmlType::Q5_0 => p(&[(0, 2)], (6, 22), Some((2, 6))),
+        GgmlType::Q5_1 => p(&[(0, 4)], (8, 24), Some((4, 8))),
+        GgmlType::Q8_0 => p(&[(0, 2)], (2, 34), None),
+        GgmlType::Q2K => p(&[(0, 16), (80, 84)], (16, 80), None),
+        GgmlType::Q3K => p(&[(96, 110)], (32, 96), Some((0, 32))),
+        GgmlType::Q4K => p(&[(0, 16)], (16, 144), None),
+        GgmlType::Q5K => p(&[(0, 16)], (48, 176), Some((16, 48))),
+        GgmlType::Q6K => p(&[(192, 210)], (0, 128), Some((128, 192))),
         _ => return None,
     })
 }
@@ -117,7 +123,8 @@ pub(super) struct GgufPlanes {
 
 impl GgufPlanes {
     pub(super) fn split(t: &BlockTensor) -> Option<GgufPlanes> {
-        let (format, spec) = block_planes(t.ty)?;
+        let spec = block_planes(t.ty)?;
+        let format = format_index(&t.ty.name().to_lowercase())?;
         let size = t.ty.type_size();
         let n = t.bytes.len() / size;
         let meta_len: usize = spec.meta.iter().map(|(a, b)| b - a).sum();
@@ -143,7 +150,7 @@ impl GgufPlanes {
     /// The blocks as the file lays them out again (the split's inverse, for its test).
     #[cfg(test)]
     fn join(&self, ty: GgmlType) -> Vec<u8> {
-        let Some((_, spec)) = block_planes(ty) else {
+        let Some(spec) = block_planes(ty) else {
             return Vec::new();
         };
         let size = ty.type_size();
@@ -249,21 +256,17 @@ impl CudaBackend {
         bias: Option<&[f32]>,
         what: &str,
     ) -> Result<CudaResidentLinear> {
-        let format = match q.bits() {
-            2 => 0,
-            3 => 1,
-            4 => 2,
-            b => {
-                return Err(RuntimeError::Unsupported(format!(
-                    "{what}: {b}-bit look-up-table codes have no CUDA kernels (2, 3, 4)"
-                )))
-            }
-        };
+        let format = format_index(&format!("lut{}", q.bits())).ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "{what}: {}-bit look-up-table codes have no CUDA kernels (2, 3, 4)",
+                q.bits()
+            ))
+        })?;
         let levels = q.levels();
         let mut tables = Vec::with_capacity(4 * q.rows() * levels);
-        for (row, scale) in q.tables().chunks_exact(levels).zip(q.scales()) {
-            for &t in row {
-                tables.extend_from_slice(&(f32::from(t) * scale.to_f32()).to_le_bytes());
+        for (row, &scale) in q.tables().chunks_exact(levels).zip(q.scales()) {
+            for v in &row_values(row, scale)[..levels] {
+                tables.extend_from_slice(&v.to_le_bytes());
             }
         }
         self.coded_linear(

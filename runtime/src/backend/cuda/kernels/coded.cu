@@ -60,7 +60,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int k) {
     return k == 0 ? v.x : (k == 1 ? v.y : (k == 2 ? v.z : v.w));
 }
 
-
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
     return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
