@@ -183,32 +183,29 @@ pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     if let Some(&(_, ty)) = GGML_QUANTS.iter().find(|(name, _)| *name == s) {
         return Ok(SyntheticWeights::Gguf { ty });
     }
-    let bits = |prefixes: [&str; 2]| {
+    let bits = |prefixes: &[&str]| {
         prefixes
             .iter()
             .find_map(|p| s.strip_prefix(p))
             .and_then(|b| b.parse::<u8>().ok())
             .filter(|b| (2..=4).contains(b))
     };
-    if let Some(bits) = bits(["rtn", "awq"]) {
+    if let Some(bits) = bits(&["rtn", "awq"]) {
         return Ok(SyntheticWeights::Group { bits, group: 128 });
     }
-    if let Some(bits) = s
-        .strip_prefix("sqllm")
-        .and_then(|b| b.parse::<u8>().ok())
-        .filter(|b| (2..=4).contains(b))
-    {
+    if let Some(bits) = bits(&["sqllm"]) {
         return Ok(SyntheticWeights::Lut { bits });
     }
-    if let Some(k) = bits(["qtip", "yaqa"]) {
+    if let Some(k) = bits(&["qtip", "yaqa"]) {
         let code = TrellisCode::parse(code)
             .with_context(|| format!("--trellis-code {code:?}: expected hyb, 1mad or 3inst"))?;
         return Ok(SyntheticWeights::Trellis { code, k });
     }
+    let ggml: Vec<&str> = GGML_QUANTS.iter().map(|(name, _)| *name).collect();
     bail!(
         "--quant {s:?}: expected float, rtn2, rtn3, rtn4, awq2, awq3, awq4, qtip2, qtip3, qtip4, \
-         yaqa2, yaqa3, yaqa4, sqllm2, sqllm3, sqllm4, or a llama.cpp type: q2_k, q3_k, q4_k, \
-         q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q8_0"
+         yaqa2, yaqa3, yaqa4, sqllm2, sqllm3, sqllm4, or a llama.cpp type: {}",
+        ggml.join(", ")
     )
 }
 
