@@ -76,11 +76,6 @@ __device__ __forceinline__ float half_hi(uint32_t w) {
     return __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
-// q < 2^23 as a float, exactly: OR it into the mantissa of 2^23, subtract 2^23.
-__device__ __forceinline__ float code_float(uint32_t q) {
-    return __uint_as_float(0x4B000000u | q) - 8388608.0f;
-}
-
 // A `bits`-wide field of byte l (0..31) of a 32-byte register pair, starting `shift` bits into
 // the byte, moved to bits [target, target + bits) of an otherwise zero word: one rotate (the
 // field may sit above or below its target, which `shift` decides at run time) and one AND.
@@ -377,6 +372,8 @@ struct Gguf {
     // The chunk's 32 weights (prefill panels, embedding rows).
     static __device__ __forceinline__ void dequant(const CdItem& it, int row, int c, int bpr,
                                                    float* __restrict__ dst) {
+        // q = (f − 1)·2^B exactly: the matvec's code → float step, without its Σ x fold.
+        constexpr float TWO_B = (float)(1 << F::BITS);
         CdRegs r;
         load(it, row, c, bpr, r);
         const int sub = c % CPB;
@@ -388,7 +385,7 @@ struct Gguf {
                 float v[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    v[e] = fmaf(ab.x, code_float(F::mant(r, sub, 16 * h + l + e) >> (23 - F::BITS)), ab.y);
+                    v[e] = fmaf(ab.x, (code_f<F>(r, sub, 16 * h + l + e) - 1.0f) * TWO_B, ab.y);
                 reinterpret_cast<float4*>(dst)[(16 * h + l) / 4] =
                     make_float4(v[0], v[1], v[2], v[3]);
             }
