@@ -974,7 +974,7 @@ fn bad_options_are_named() {
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
     let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 24] = [
+    let cases: [(&[&str], &str); 25] = [
         (
             &["--quant", "rtn3", "--imatrix", g, "-o", o],
             "--imatrix goes with a llama.cpp type from a float model",
@@ -982,12 +982,16 @@ fn bad_options_are_named() {
         (&["--quant", "gguf", g, "-o", o], "--float-source <hf-dir"),
         (
             &["--quant", "q4_k_m", g, "-o", o],
-            "--quant \"q4_k_m\": expected rtnN, awqN, qtipN, yaqaN or sqllmN with N = 2, 3 or 4, \
-             a llama.cpp type (q2_k",
+            "--quant \"q4_k_m\": expected rtnN, awqN, qtipN, yaqaN, sqllmN or lnqN with N = 2, 3 \
+             or 4, a llama.cpp type (q2_k",
         ),
         (
             &["--quant", "sqllm5", g, "-o", o],
             "--quant \"sqllm5\": expected rtnN",
+        ),
+        (
+            &["--quant", "lnq1", g, "-o", o],
+            "--quant \"lnq1\": expected rtnN",
         ),
         (
             &["--quant", "rtn3", "--imatrix-file", not_gguf, g, "-o", o],

@@ -78,6 +78,7 @@ fn view<'a>(s: &'a Setup, kron: Option<Kron<'a>>) -> WeightView<'a> {
         kron,
         fisher: None,
         imatrix: None,
+        guided: None,
     }
 }
 

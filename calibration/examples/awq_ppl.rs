@@ -65,6 +65,7 @@ fn view<'a>(t: &'a Tensors, name: &'a str) -> WeightView<'a> {
         kron: None,
         fisher: None,
         imatrix: None,
+        guided: None,
         name,
         data,
         rows: shape[0],

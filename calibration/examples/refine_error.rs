@@ -131,6 +131,7 @@ fn main() -> Result<()> {
                     kron: None,
                     fisher: None,
                     imatrix: None,
+                    guided: None,
                     name: &name,
                     data: &wf,
                     rows,

@@ -211,6 +211,7 @@ fn main() -> Result<()> {
                     kron: None,
                     fisher: None,
                     imatrix: None,
+                    guided: None,
                 })
                 .collect();
             let (xh, rows) = &heldx[&key];

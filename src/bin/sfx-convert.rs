@@ -92,6 +92,10 @@ struct ConvertArgs {
     /// Or sqllm2, sqllm3, sqllm4 (SqueezeLLM, dense part: per output row a table of 2^N
     /// levels from a k-means weighted by the Fisher diagonal, the squared gradients of the
     /// loss on the calibration text's own next tokens; see --yaqa-seqs).
+    /// Or lnq2, lnq3, lnq4 (GuidedQuant's layer-wise non-uniform quantization: the same
+    /// tables, started from sqllmN and refined by alternating code and table updates on each
+    /// layer's output error, weighted per group of output channels by the loss gradients
+    /// there, mixed with the unweighted output error; see --yaqa-seqs).
     /// Or a llama.cpp block type for every projection: q2_k, q3_k, q4_k, q5_k, q6_k (k-quants:
     /// 256-weight super-blocks; projections whose rows are not whole super-blocks take
     /// llama.cpp's fallback, q2_k/q3_k → Q4_0, q4_k → Q5_0, q5_k → Q5_1, q6_k → Q8_0), q4_0,
@@ -184,9 +188,9 @@ struct ConvertArgs {
     /// Held-out sequences (of --calib-len tokens).
     #[arg(long, default_value_t = 4)]
     heldout_seqs: usize,
-    /// yaqaN and sqllmN only: calibration sequences whose gradients build YAQA's Kronecker
-    /// Hessian factors (sampled labels) or SqueezeLLM's Fisher diagonal (the text's next
-    /// tokens): the first N of --calib-seqs; 0 = all. Cost is linear in N (one forward and
+    /// yaqaN, sqllmN and lnqN only: calibration sequences whose gradients build YAQA's
+    /// Kronecker Hessian factors (sampled labels), SqueezeLLM's Fisher diagonal or LNQ's
+    /// guided Hessians (the text's next tokens): the first N of --calib-seqs; 0 = all. Cost is linear in N (one forward and
     /// backward pass of the float model a sequence; docs/decisions.md, "YAQA Hessians").
     #[arg(long, default_value_t = 0)]
     yaqa_seqs: usize,
@@ -734,10 +738,10 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             None => eprintln!("{line}"),
         }
     };
-    let gradient_pass = if options.quant.method == QuantMethod::SqueezeLlm {
-        "SqueezeLLM Fisher diagonal"
-    } else {
-        "YAQA Hessian sketch"
+    let gradient_pass = match options.quant.method {
+        QuantMethod::SqueezeLlm => "SqueezeLLM Fisher diagonal",
+        QuantMethod::Lnq => "Fisher diagonal and GuidedQuant saliencies",
+        _ => "YAQA Hessian sketch",
     };
     let mut on_sketch = |done: usize, total: usize| {
         let line = format!("{gradient_pass}: {done}/{total} sequences");

@@ -7,6 +7,7 @@ use crate::quant::{InputStats, Kron, ResidentQuantizer, ResidentWeight, SetConte
 use crate::refine::bundles::build_bundles;
 use crate::refine::{fit_refinement, quantize_columns_4bit, RefinementColumns};
 use crate::stats::{mask_top_k, RefinementStats};
+use crate::yaqa::{GuidedHessian, GuidedSaliency};
 use faer::{Accum, MatMut, MatRef, Par};
 use sfx_formats::sfx::Layout;
 use sfx_formats::{FormatError, TensorSource};
@@ -51,6 +52,8 @@ pub(super) struct LayerContext<'a> {
     pub kron: Option<&'a std::collections::BTreeMap<String, crate::yaqa::KroneckerFactors>>,
     /// SqueezeLLM's Fisher diagonal keyed by weight name (`rows, cols, values`).
     pub fisher: Option<&'a crate::yaqa::Gradients>,
+    /// LNQ's GuidedQuant saliencies keyed by weight name.
+    pub guided: Option<&'a BTreeMap<String, GuidedSaliency>>,
 }
 
 /// One float projection on its way to the file.
@@ -235,10 +238,11 @@ impl LayerContext<'_> {
         let block = self.runner.load_layer(t, &factory, l)?;
 
         // 1. Input statistics (activation-aware quantizers only).
-        let input_stats = if self.quantizer.needs_calibration() {
-            Some(self.input_stats(&block, l, calib_h)?)
+        let (input_stats, guided) = if self.quantizer.needs_calibration() {
+            let (stats, guided) = self.input_stats(&block, l, calib_h)?;
+            (Some(stats), guided)
         } else {
-            None
+            (None, BTreeMap::new())
         };
 
         // 2. Resident quantization, o and down first (their scales fold into v and up).
@@ -272,6 +276,7 @@ impl LayerContext<'_> {
                             .imatrix
                             .as_deref()
                             .and_then(|m| m.get(&format!("{}.weight", p.prefix))),
+                        guided: guided.get(&format!("{}.weight", p.prefix)),
                     })
                     .collect();
                 let context = SetContext {
@@ -556,13 +561,31 @@ impl LayerContext<'_> {
     }
 
     /// `E[x xᵀ]` and `E|x|` per projection set over the calibration sequences (the streams
-    /// are not advanced: this pass runs on copies).
+    /// are not advanced: this pass runs on copies) and, with GuidedQuant saliencies, each
+    /// projection's guided Hessians over the sequences they were measured on, keyed by weight
+    /// name: formed here, one layer at a time, from the inputs the quantized model's stream
+    /// gives the layer (see `GuidedSaliency`).
     fn input_stats(
         &self,
         block: &DecoderLayer<CpuBackend>,
         l: usize,
         calib_h: &[Vec<f32>],
-    ) -> Result<[InputStats; 4], ConvertError> {
+    ) -> Result<([InputStats; 4], BTreeMap<String, GuidedHessian>), ConvertError> {
+        // Weight name → (its saliencies, the Hessians being summed), per set.
+        let mut guided: Vec<Vec<(String, &GuidedSaliency, GuidedHessian)>> = ProjectionSet::ALL
+            .iter()
+            .map(|&set| {
+                set.projections()
+                    .iter()
+                    .filter_map(|n| {
+                        let name = format!("model.layers.{l}.{n}.weight");
+                        let s = self.guided?.get(&name)?;
+                        let h = GuidedHessian::zeros(self.set_in_dim(set), s.groups);
+                        Some((name, s, h))
+                    })
+                    .collect()
+            })
+            .collect();
         let mut acc: Vec<(Vec<f32>, Vec<f64>, u64)> = ProjectionSet::ALL
             .iter()
             .map(|&s| {
@@ -570,9 +593,22 @@ impl LayerContext<'_> {
                 (vec![0.0f32; d * d], vec![0.0f64; d], 0)
             })
             .collect();
-        for h in calib_h {
+        let mut failure = None;
+        for (b, h) in calib_h.iter().enumerate() {
             let mut h = h.clone();
             let mut obs = |_l: usize, set: ProjectionSet, x: &[f32], rows: usize| {
+                for (name, saliency, hessian) in &mut guided[set.index()] {
+                    // Sequence b's saliencies cover its predicted positions (all but the last
+                    // token); sequences past the gradient pass have none.
+                    let Some(s) = saliency.sequences.get(b) else {
+                        continue;
+                    };
+                    let t = (s.len() / saliency.groups).min(rows);
+                    let d = x.len() / rows.max(1);
+                    if let Err(e) = hessian.accumulate(&x[..t * d], &s[..t * saliency.groups], t) {
+                        failure.get_or_insert((name.clone(), e));
+                    }
+                }
                 let (gram, abs, n) = &mut acc[set.index()];
                 let d = abs.len();
                 faer::linalg::matmul::matmul(
@@ -593,6 +629,11 @@ impl LayerContext<'_> {
             self.runner
                 .forward_layer(block, l, &mut h, Some(&mut obs))?;
         }
+        if let Some((name, e)) = failure {
+            return Err(ConvertError::Options(format!(
+                "{name}: guided Hessian of layer {l}: {e}"
+            )));
+        }
         let stats: Vec<InputStats> = acc
             .into_iter()
             .map(|(gram, abs, n)| {
@@ -605,8 +646,14 @@ impl LayerContext<'_> {
                 }
             })
             .collect();
-        stats
+        let stats: [InputStats; 4] = stats
             .try_into()
-            .map_err(|_| ConvertError::Options("internal: four projection sets".into()))
+            .map_err(|_| ConvertError::Options("internal: four projection sets".into()))?;
+        let hessians = guided
+            .into_iter()
+            .flatten()
+            .map(|(name, _, h)| (name, h))
+            .collect();
+        Ok((stats, hessians))
     }
 }

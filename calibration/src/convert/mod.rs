@@ -69,7 +69,12 @@ pub enum QuantMethod {
     Ggml(crate::quant::GgmlQuant),
     /// SqueezeLLM: per-row look-up tables from a Fisher-weighted k-means.
     SqueezeLlm,
+    /// LNQ: SqueezeLLM's tables refined on GuidedQuant's gradient-weighted layer objective.
+    Lnq,
 }
+
+/// Output-channel groups of LNQ's GuidedQuant Hessians (the paper's default).
+pub const LNQ_GROUPS: usize = 4;
 
 /// `rtn{2,3,4}` or `awq{2,3,4}` at a group size, or `qtip{2,3,4}` (trellis; no groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +98,7 @@ impl QuantSpec {
     pub fn parse(s: &str) -> Result<Self, ConvertError> {
         let bad = || {
             ConvertError::Options(format!(
-                "--quant {s:?}: expected rtnN, awqN, qtipN, yaqaN or sqllmN with N = 2, 3 or 4, a \
+                "--quant {s:?}: expected rtnN, awqN, qtipN, yaqaN, sqllmN or lnqN with N = 2, 3 or 4, a \
                  llama.cpp type (q2_k, q3_k, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q8_0), \
                  or gguf"
             ))
@@ -123,6 +128,8 @@ impl QuantSpec {
             (QuantMethod::Yaqa, b)
         } else if let Some(b) = s.strip_prefix("sqllm") {
             (QuantMethod::SqueezeLlm, b)
+        } else if let Some(b) = s.strip_prefix("lnq") {
+            (QuantMethod::Lnq, b)
         } else {
             return Err(bad());
         };
@@ -166,6 +173,7 @@ impl QuantSpec {
             }
             QuantMethod::Ggml(q) => Box::new(q),
             QuantMethod::SqueezeLlm => Box::new(crate::quant::SqueezeLlm { bits: self.bits }),
+            QuantMethod::Lnq => Box::new(crate::quant::Lnq::new(self.bits)),
             QuantMethod::Gguf => {
                 return Err(ConvertError::Options(
                     "--quant gguf keeps the blocks of a GGUF base: give the GGUF as the model \
@@ -191,6 +199,7 @@ impl QuantSpec {
             QuantMethod::Qtip => "qtip",
             QuantMethod::Yaqa => "yaqa",
             QuantMethod::SqueezeLlm => "sqllm",
+            QuantMethod::Lnq => "lnq",
             QuantMethod::Gguf => "gguf",
             QuantMethod::Ggml(q) => q.quant_name(),
         }
@@ -201,7 +210,7 @@ impl QuantSpec {
         match self.method {
             QuantMethod::Rtn | QuantMethod::Awq => "group-asym-v1",
             QuantMethod::Qtip | QuantMethod::Yaqa => "trellis-v1",
-            QuantMethod::SqueezeLlm => sfx_runtime::sfx_model::PACKING_LUT_V1,
+            QuantMethod::SqueezeLlm | QuantMethod::Lnq => sfx_runtime::sfx_model::PACKING_LUT_V1,
             QuantMethod::Gguf | QuantMethod::Ggml(_) => {
                 sfx_runtime::sfx_model::PACKING_GGUF_BLOCKS_V1
             }
@@ -699,7 +708,7 @@ pub fn convert(
     // whole float model, so they are computed before the block-by-block pass (crate::yaqa).
     let gradient_method = matches!(
         options.quant.method,
-        QuantMethod::Yaqa | QuantMethod::SqueezeLlm
+        QuantMethod::Yaqa | QuantMethod::SqueezeLlm | QuantMethod::Lnq
     );
     let yaqa_sequences =
         (gradient_method && base.is_none()).then(|| match options.yaqa_sequences {
@@ -707,16 +716,27 @@ pub fn convert(
             n => n.min(calib.len()),
         });
     let opts = crate::yaqa::SketchOptions::default();
-    let (kron, fisher) = match (yaqa_sequences, options.quant.method) {
-        (None, _) => (None, None),
+    let (kron, fisher, guided) = match (yaqa_sequences, options.quant.method) {
+        (None, _) => (None, None, None),
         (Some(n), QuantMethod::SqueezeLlm) => {
             let f =
                 crate::yaqa::fisher_diagonal(config, tensors, &calib[..n], &opts, hooks.on_sketch)?;
-            (None, Some(f))
+            (None, Some(f), None)
+        }
+        (Some(n), QuantMethod::Lnq) => {
+            let g = crate::yaqa::guided_statistics(
+                config,
+                tensors,
+                &calib[..n],
+                LNQ_GROUPS,
+                &opts,
+                hooks.on_sketch,
+            )?;
+            (None, Some(g.fisher), Some(g.saliency))
         }
         (Some(n), _) => {
             let k = crate::yaqa::sketch_b(config, tensors, &calib[..n], &opts, hooks.on_sketch)?;
-            (Some(k), None)
+            (Some(k), None, None)
         }
     };
     let ctx = layer::LayerContext {
@@ -726,6 +746,7 @@ pub fn convert(
         options,
         kron: kron.as_ref(),
         fisher: fisher.as_ref(),
+        guided: guided.as_ref(),
     };
     if let Some(st) = resume {
         let t = std::time::Instant::now();
@@ -934,6 +955,24 @@ fn params(
                     "kmeans": "weighted-exact-1d-dp",
                     "levels": "int8-row-scale",
                     "outliers": null,
+                }),
+            );
+        }
+        Some(n) if o.quant.method == QuantMethod::Lnq => {
+            let lnq = crate::quant::Lnq::new(o.quant.bits);
+            p.insert(
+                "lnq".into(),
+                json!({
+                    "start": "sqllm (fisher-diagonal, next-token labels, weighted-exact-1d-dp)",
+                    "objective": "guidedquant-output-groups",
+                    "groups": LNQ_GROUPS,
+                    "labels": "next-token",
+                    "sequences": n,
+                    "rounds": lnq.rounds,
+                    "sweeps": lnq.sweeps,
+                    "plain_weight": lnq.plain_weight,
+                    "damping": lnq.damping,
+                    "levels": "int8-row-scale",
                 }),
             );
         }

@@ -230,6 +230,7 @@ mod tests {
             kron: None,
             fisher: None,
             imatrix: None,
+            guided: None,
         };
         let e = GgmlQuant::parse("q4_k")
             .unwrap()

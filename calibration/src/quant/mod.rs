@@ -12,6 +12,8 @@
 //!   rounds them ([`ggml_rounding`]).
 //! - [`sqllm`]: SqueezeLLM's sensitivity-weighted k-means per row into look-up-table codes
 //!   (`LutQuantized`), weighted by the Fisher diagonal.
+//! - [`lnq`]: GuidedQuant's layer-wise non-uniform quantization, SqueezeLLM's tables refined
+//!   against each output group's gradient-weighted layer error.
 //! - [`qtip`]: random-Hadamard incoherence + LDLQ with the input Hessian + bitshift-trellis
 //!   Viterbi per 16×16 tile (`TrellisQuantized`).
 
@@ -22,6 +24,7 @@ pub mod ggml_rounding;
 pub mod gguf_base;
 pub mod head;
 pub mod kept_base;
+pub mod lnq;
 pub mod qtip;
 pub mod rtn;
 pub mod sqllm;
@@ -33,6 +36,7 @@ pub use ggml_quant::GgmlQuant;
 pub use gguf_base::GgufBase;
 pub use head::TableQuant;
 pub use kept_base::KeptBase;
+pub use lnq::Lnq;
 pub use qtip::Qtip;
 pub use rtn::Rtn;
 use sfx_formats::gguf::BlockTensor;
@@ -61,6 +65,8 @@ pub struct WeightView<'a> {
     /// A user's importance of each input column (`cols` values, llama.cpp's importance matrix
     /// read from a file), if given: the weighting of llama.cpp's block rounding.
     pub imatrix: Option<&'a [f32]>,
+    /// GuidedQuant's Hessians of this weight's output groups, if computed: LNQ's objective.
+    pub guided: Option<&'a crate::yaqa::GuidedHessian>,
 }
 
 /// Kronecker factors `H_in` (`cols²`) and `H_out` (`rows²`), row-major, of one weight's

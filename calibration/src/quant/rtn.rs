@@ -81,6 +81,7 @@ mod tests {
             kron: None,
             fisher: None,
             imatrix: None,
+            guided: None,
             name: "w",
             data,
             rows,

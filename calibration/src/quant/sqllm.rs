@@ -63,7 +63,11 @@ fn layout_err(name: &str, e: sfx_formats::resident::ResidentError) -> QuantError
 }
 
 /// Every row of `w` through [`fit_row`] and the snap to its 8-bit grid.
-fn quantize_rows(w: &WeightView<'_>, fisher: &[f32], bits: u8) -> Result<LutQuantized, QuantError> {
+pub(super) fn quantize_rows(
+    w: &WeightView<'_>,
+    fisher: &[f32],
+    bits: u8,
+) -> Result<LutQuantized, QuantError> {
     let (rows, cols) = (w.rows, w.cols);
     let (code_bytes, _) =
         LutQuantized::sizes(bits, rows, cols).map_err(|e| layout_err(w.name, e))?;
@@ -115,7 +119,7 @@ fn quantize_rows(w: &WeightView<'_>, fisher: &[f32], bits: u8) -> Result<LutQuan
 }
 
 /// Index of the value in `levels` nearest to `v` (the lower index on a tie).
-fn nearest(levels: &[f32], v: f32) -> usize {
+pub(super) fn nearest(levels: &[f32], v: f32) -> usize {
     let mut best = (0, f32::INFINITY);
     for (j, &l) in levels.iter().enumerate() {
         let d = (l - v).abs();
@@ -128,7 +132,7 @@ fn nearest(levels: &[f32], v: f32) -> usize {
 
 /// Centroids snapped to one row's grid: `scale = max|c| / 127` rounded up to an f16 (so no
 /// level leaves −127..=127), levels `round(c / scale)`.
-fn snap(centroids: &[f64]) -> (f16, Vec<i8>) {
+pub(super) fn snap(centroids: &[f64]) -> (f16, Vec<i8>) {
     let max = centroids.iter().fold(0.0f64, |m, c| m.max(c.abs()));
     if max == 0.0 {
         return (f16::ZERO, vec![0; centroids.len()]);
@@ -385,6 +389,7 @@ mod tests {
             kron: None,
             fisher: Some(&fisher),
             imatrix: None,
+            guided: None,
         };
         for bits in sfx_formats::resident::LUT_BITS {
             let q = quantize_rows(&w, &fisher, bits).unwrap();

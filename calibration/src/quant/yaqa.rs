@@ -287,6 +287,7 @@ mod tests {
             kron: Some(super::super::Kron { h_in: &h_in, h_out }),
             fisher: None,
             imatrix: None,
+            guided: None,
         };
         let y = Yaqa::new(2);
         let book = CodeBook::new(y.qtip.code);

@@ -18,7 +18,7 @@
 //! same three products on faer without those buffers: 2.1 GB lower peak memory at T = 512 and
 //! ~5 % less time per sequence.
 
-use super::YaqaError;
+use super::{GuidedSaliency, YaqaError};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, Var, D};
 use faer::{Accum, MatMut, MatRef, Par};
 use sfx_formats::{ModelConfig, TensorSource};
@@ -49,12 +49,22 @@ struct Weight {
 /// Where the backward pass of one linear leaves its G_b.
 type Capture = Arc<Mutex<Option<Vec<f32>>>>;
 
+/// Where the backward pass of one linear appends its GuidedQuant saliencies, when asked for.
+type SaliencySlot = Arc<Mutex<GuidedSaliency>>;
+
+/// Locks a slot; a poisoned lock only means another thread panicked mid-write, and every
+/// writer replaces or adds whole values, so the content is still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One decoder projection: checkpoint name, weight, optional bias and G_b capture slot.
 pub(super) struct Projection {
     pub name: String,
     weight: Weight,
     bias: Option<Tensor>,
     capture: Capture,
+    saliency: Option<SaliencySlot>,
 }
 
 impl Projection {
@@ -72,6 +82,7 @@ impl Projection {
         let op = LinearOp {
             w: self.weight.clone(),
             capture: Some(self.capture.clone()),
+            saliency: self.saliency.clone(),
         };
         let y = x.apply_op1(op).ctx(&self.name)?;
         match &self.bias {
@@ -82,12 +93,15 @@ impl Projection {
 
     /// The G_b left by the last backward pass through this projection, if any.
     pub fn take_gradient(&self) -> Option<Vec<f32>> {
-        // A poisoned lock only means another thread panicked mid-write; the slot is
-        // overwritten whole, so its content is still either absent or complete.
-        self.capture
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        lock(&self.capture).take()
+    }
+
+    /// The GuidedQuant saliencies of every backward pass since [`Graph::collect_saliency`],
+    /// if collecting; the slot is left empty.
+    pub fn take_saliency(&self) -> Option<GuidedSaliency> {
+        self.saliency
+            .as_ref()
+            .map(|g| std::mem::take(&mut *lock(g)))
     }
 }
 
@@ -95,6 +109,7 @@ impl Projection {
 struct LinearOp {
     w: Weight,
     capture: Option<Capture>,
+    saliency: Option<SaliencySlot>,
 }
 
 /// The f32 values of a CPU tensor's storage, which must be contiguous.
@@ -164,7 +179,12 @@ impl CustomOp1 for LinearOp {
                 1.0f32,
                 Par::rayon(0),
             );
-            *capture.lock().unwrap_or_else(|e| e.into_inner()) = Some(gb);
+            *lock(capture) = Some(gb);
+        }
+        if let Some(saliency) = &self.saliency {
+            lock(saliency)
+                .push(&g, t)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         }
         let mut dx = vec![0.0f32; t * inp];
         faer::linalg::matmul::matmul(
@@ -261,6 +281,26 @@ impl Graph {
         })
     }
 
+    /// From now on every backward pass also appends each projection's GuidedQuant saliencies
+    /// over `groups` groups of output channels ([`GuidedSaliency`]), starting from none.
+    pub fn collect_saliency(&mut self, groups: usize) -> Result<(), YaqaError> {
+        for l in &mut self.layers {
+            for p in [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.o,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                let s = GuidedSaliency::new(p.rows(), groups)?;
+                p.saliency = Some(Arc::new(Mutex::new(s)));
+            }
+        }
+        Ok(())
+    }
+
     /// Every decoder projection, layer by layer in q, k, v, o, gate, up, down order.
     pub fn projections(&self) -> impl Iterator<Item = &Projection> {
         self.layers
@@ -334,6 +374,7 @@ impl Graph {
         let head = LinearOp {
             w: self.lm_head.as_ref().unwrap_or(&self.embed).clone(),
             capture: None,
+            saliency: None,
         };
         let logits = xn.apply_op1(head).ctx("output head")?;
         Ok(Forward { logits })
@@ -470,6 +511,7 @@ fn projection(
         weight,
         bias,
         capture: Capture::default(),
+        saliency: None,
     })
 }
 

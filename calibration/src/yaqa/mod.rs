@@ -199,6 +199,152 @@ impl KroneckerFactors {
     }
 }
 
+/// The output channels of group `g` of `groups` over `rows`: `[g·rows/groups, (g+1)·rows/groups)`.
+pub fn group_rows(rows: usize, groups: usize, g: usize) -> std::ops::Range<usize> {
+    g * rows / groups..(g + 1) * rows / groups
+}
+
+fn check_groups(rows: usize, groups: usize) -> Result<(), YaqaError> {
+    if groups == 0 || groups > rows {
+        return Err(YaqaError::InvalidOption {
+            option: "guided groups",
+            msg: format!("{groups} groups of {rows} output channels: expected 1..={rows}"),
+        });
+    }
+    Ok(())
+}
+
+/// GuidedQuant's saliency of one linear's outputs (Kim et al. 2025): the `rows` output
+/// channels split into `groups` contiguous groups ([`group_rows`]), and for every token t of
+/// every sequence `s_{t,g}` = the mean over group g's channels c of `(∂loss/∂z_{t,c})²`.
+///
+/// A row of group g is then quantized against `(ŵ − w)ᵀ H_g (ŵ − w)` with
+/// `H_g = Σ_t s_{t,g} x_t x_tᵀ` ([`GuidedHessian`], x_t the linear's input at t): a
+/// block-diagonal Fisher approximation in which each token counts as much as the loss cares
+/// about the group's outputs there. Only the saliencies are kept — a few floats a token —
+/// so the Hessians can be formed one layer at a time from the inputs the converter's
+/// calibration stream holds, instead of `groups` input-sized matrices per linear for the
+/// whole model at once (150 GB for an 8B model at four groups).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GuidedSaliency {
+    pub rows: usize,
+    pub groups: usize,
+    /// Per sequence, `tokens × groups` row-major.
+    pub sequences: Vec<Vec<f32>>,
+}
+
+impl GuidedSaliency {
+    /// `groups` must be between 1 and `rows` (every group holds at least one channel).
+    pub fn new(rows: usize, groups: usize) -> Result<Self, YaqaError> {
+        check_groups(rows, groups)?;
+        Ok(Self {
+            rows,
+            groups,
+            sequences: Vec::new(),
+        })
+    }
+
+    /// Appends one sequence from the loss gradients at the outputs, `g` (`t × rows`).
+    pub fn push(&mut self, g: &[f32], t: usize) -> Result<(), YaqaError> {
+        let rows = self.rows;
+        if g.len() != t * rows {
+            return Err(YaqaError::GradientSize {
+                rows: t,
+                cols: rows,
+                actual: g.len(),
+            });
+        }
+        let mut s = vec![0.0f32; t * self.groups];
+        for (tok, out) in s.chunks_exact_mut(self.groups).enumerate() {
+            let row = &g[tok * rows..(tok + 1) * rows];
+            for (group, v) in out.iter_mut().enumerate() {
+                let range = group_rows(rows, self.groups, group);
+                let width = range.len() as f32;
+                *v = row[range].iter().map(|x| x * x).sum::<f32>() / width;
+            }
+        }
+        self.sequences.push(s);
+        Ok(())
+    }
+}
+
+/// GuidedQuant's Hessians of one linear with `cols` inputs: `groups` blocks
+/// `H_g = Σ_t s_{t,g} x_t x_tᵀ` ([`GuidedSaliency`]). Plain sums over tokens, like
+/// [`KroneckerFactors`]; the objectives that use them are invariant to their scale.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GuidedHessian {
+    pub cols: usize,
+    pub groups: usize,
+    /// `groups` symmetric `cols × cols` blocks, row-major, one after another.
+    pub sums: Vec<f32>,
+    /// Token positions accumulated.
+    pub tokens: u64,
+}
+
+impl GuidedHessian {
+    pub fn zeros(cols: usize, groups: usize) -> Self {
+        Self {
+            cols,
+            groups,
+            sums: vec![0.0; groups * cols * cols],
+            tokens: 0,
+        }
+    }
+
+    /// Group `g`'s `cols × cols` block.
+    pub fn block(&self, g: usize) -> &[f32] {
+        let n = self.cols * self.cols;
+        &self.sums[g * n..(g + 1) * n]
+    }
+
+    /// Adds `t` tokens: inputs `x` (`t × cols`) and their saliencies `s` (`t × groups`), both
+    /// row-major. Lower triangles by product, then mirrored.
+    pub fn accumulate(&mut self, x: &[f32], s: &[f32], t: usize) -> Result<(), YaqaError> {
+        let (cols, groups) = (self.cols, self.groups);
+        if x.len() != t * cols || s.len() != t * groups {
+            return Err(YaqaError::GradientSize {
+                rows: t,
+                cols,
+                actual: x.len().min(s.len()),
+            });
+        }
+        let n = cols * cols;
+        let mut scaled = vec![0.0f32; t * cols];
+        for group in 0..groups {
+            for (tok, dst) in scaled.chunks_exact_mut(cols).enumerate() {
+                let root = s[tok * groups + group].max(0.0).sqrt();
+                for (d, &xv) in dst.iter_mut().zip(&x[tok * cols..(tok + 1) * cols]) {
+                    *d = xv * root;
+                }
+            }
+            let xs = MatRef::from_row_major_slice(&scaled, t, cols);
+            let block = &mut self.sums[group * n..(group + 1) * n];
+            tri_matmul(
+                MatMut::from_row_major_slice_mut(block, cols, cols),
+                BlockStructure::TriangularLower,
+                Accum::Add,
+                xs.transpose(),
+                BlockStructure::Rectangular,
+                xs,
+                BlockStructure::Rectangular,
+                1.0f32,
+                Par::rayon(0),
+            );
+            mirror_lower(block, cols);
+        }
+        self.tokens += t as u64;
+        Ok(())
+    }
+}
+
+/// The gradient statistics LNQ starts from and refines with: SqueezeLLM's Fisher diagonal
+/// (its initialisation) and GuidedQuant's saliencies, from one pass over the same sequences.
+#[derive(Debug, Clone, Default)]
+pub struct GuidedStats {
+    pub fisher: Gradients,
+    pub saliency: BTreeMap<String, GuidedSaliency>,
+}
+
 /// Copies the lower triangle of the row-major `n × n` matrix `m` over its upper triangle.
 fn mirror_lower(m: &mut [f32], n: usize) {
     for i in 0..n {
@@ -318,6 +464,33 @@ pub fn fisher_diagonal(
     opts: &SketchOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Gradients, YaqaError> {
+    Ok(next_token_pass(config, tensors, seqs, opts, None, progress)?.fisher)
+}
+
+/// [`fisher_diagonal`] and, from the same backward passes, every decoder linear's
+/// [`GuidedSaliency`] over `groups` output-channel groups (GuidedQuant's default: 4), one
+/// entry per sequence with one row per predicted position (`len − 1` of them).
+pub fn guided_statistics(
+    config: &ModelConfig,
+    tensors: &dyn TensorSource,
+    seqs: &[Vec<u32>],
+    groups: usize,
+    opts: &SketchOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<GuidedStats, YaqaError> {
+    next_token_pass(config, tensors, seqs, opts, Some(groups), progress)
+}
+
+/// Backward passes with the text's own next tokens as labels, summing the Fisher diagonal and,
+/// with `guided_groups`, the GuidedQuant saliencies.
+fn next_token_pass(
+    config: &ModelConfig,
+    tensors: &dyn TensorSource,
+    seqs: &[Vec<u32>],
+    opts: &SketchOptions,
+    guided_groups: Option<usize>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<GuidedStats, YaqaError> {
     if seqs.is_empty() {
         return Err(YaqaError::NoSequences);
     }
@@ -331,7 +504,10 @@ pub fn fisher_diagonal(
         check_tokens(config, &s[..s.len() - 1], i, opts.max_len)?;
         check_tokens(config, &s[1..], i, opts.max_len)?;
     }
-    let graph = Graph::load(config, tensors)?;
+    let mut graph = Graph::load(config, tensors)?;
+    if let Some(groups) = guided_groups {
+        graph.collect_saliency(groups)?;
+    }
     let mut fisher: Gradients = graph
         .projections()
         .map(|p| {
@@ -362,7 +538,11 @@ pub fn fisher_diagonal(
         }
         progress(i + 1, seqs.len());
     }
-    Ok(fisher)
+    let saliency = graph
+        .projections()
+        .filter_map(|p| Some((p.name.clone(), p.take_saliency()?)))
+        .collect();
+    Ok(GuidedStats { fisher, saliency })
 }
 
 /// The per-sequence G_b of every decoder linear for given `labels` (one per token; label t is

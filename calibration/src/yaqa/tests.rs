@@ -528,3 +528,87 @@ fn bad_inputs_are_named_errors() {
         Err(YaqaError::MergeShape { .. })
     ));
 }
+
+#[test]
+fn guided_saliencies_and_hessians_are_the_defined_sums() {
+    // Saliencies: two groups of a 5-row output ([0, 2) and [2, 5)), 3 tokens.
+    let (rows, cols, t) = (5usize, 4usize, 3usize);
+    let g = lcg_vec(t * rows, 4);
+    let mut sal = GuidedSaliency::new(rows, 2).unwrap();
+    sal.push(&g, t).unwrap();
+    assert_eq!(
+        (group_rows(rows, 2, 0), group_rows(rows, 2, 1)),
+        (0..2, 2..5)
+    );
+    let s = &sal.sequences[0];
+    for tok in 0..t {
+        let sq = |c: usize| f64::from(g[tok * rows + c]).powi(2);
+        let want = [(sq(0) + sq(1)) / 2.0, (sq(2) + sq(3) + sq(4)) / 3.0];
+        for (group, w) in want.iter().enumerate() {
+            assert!((f64::from(s[tok * 2 + group]) - w).abs() <= 1e-6 * w.max(1e-6));
+        }
+    }
+    assert!(GuidedSaliency::new(3, 4).is_err() && GuidedSaliency::new(3, 0).is_err());
+    assert!(GuidedSaliency::new(rows, 2)
+        .unwrap()
+        .push(&g[1..], t)
+        .is_err());
+
+    // Hessians against explicit f64 sums, accumulated twice.
+    let x = lcg_vec(t * cols, 3);
+    let mut h = GuidedHessian::zeros(cols, 2);
+    h.accumulate(&x, s, t).unwrap();
+    h.accumulate(&x, s, t).unwrap();
+    for group in 0..2 {
+        for i in 0..cols {
+            for j in 0..cols {
+                let want: f64 = 2.0
+                    * (0..t)
+                        .map(|tok| {
+                            f64::from(s[tok * 2 + group])
+                                * f64::from(x[tok * cols + i])
+                                * f64::from(x[tok * cols + j])
+                        })
+                        .sum::<f64>();
+                let got = f64::from(h.block(group)[i * cols + j]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                    "{group} {i} {j}"
+                );
+            }
+        }
+    }
+    assert_eq!(h.tokens, 6);
+    assert!(h.accumulate(&x[1..], s, t).is_err());
+
+    // Through the model: with one predicted position, G_b = g xᵀ, so the Fisher diagonal
+    // (G_b ⊙ G_b, whose G_b the finite-difference tests check) is g_c² x_j², and with one
+    // group per output channel the saliency is g_c²: entry [c][j] of the Fisher divided by
+    // channel c's saliency is x_j² whatever c is.
+    let c = tiny_config(false);
+    let w = tiny_weights(&c, 5);
+    let name = "model.layers.1.self_attn.v_proj.weight";
+    let kv = c.kv_dim();
+    let seqs = [tokens(2, 9)];
+    let opts = SketchOptions::default();
+    let stats = guided_statistics(&c, &w, &seqs, kv, &opts, &mut |_, _| {}).unwrap();
+    let fisher = fisher_diagonal(&c, &w, &seqs, &opts, &mut |_, _| {}).unwrap();
+    assert_eq!(stats.fisher, fisher);
+    let sal = &stats.saliency[name];
+    assert_eq!((sal.rows, sal.groups, sal.sequences.len()), (kv, kv, 1));
+    assert_eq!(sal.sequences[0].len(), kv);
+    let (_, hidden, f) = &fisher[name];
+    let s = &sal.sequences[0];
+    let reference = (0..kv).max_by(|&a, &b| s[a].total_cmp(&s[b])).unwrap();
+    assert!(s[reference] > 0.0);
+    for ch in (0..kv).filter(|&ch| s[ch] > 1e-6 * s[reference]) {
+        for j in 0..*hidden {
+            let x2 = f[reference * hidden + j] / s[reference];
+            let got = f[ch * hidden + j] / s[ch];
+            assert!(
+                (got - x2).abs() <= 1e-3 * x2.max(1e-6),
+                "channel {ch} input {j}: {got} vs {x2}"
+            );
+        }
+    }
+}
