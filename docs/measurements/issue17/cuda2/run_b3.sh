@@ -9,6 +9,13 @@ R=$PWD; cd /tmp/b || exit 3
 xz -dc $R/.gpu/sfx-run.xz > sfx-run; chmod +x sfx-run
 cat lnq3.p0 lnq3.p1 $R/.gpu/lnq3.p2 > lnq3.sfx && sha256sum -c $R/.gpu/lnq3.sha || exit 3
 tar xJf $R/.gpu/wiki.txz
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $O/b3/gpu.txt
+# The coded kernels against the CPU reference on this card first (the binary of call A).
+if [ -f $R/.gpu/sfx.xz ]; then
+  xz -dc $R/.gpu/sfx.xz > sfx; chmod +x sfx
+  timeout 100 ./sfx test-backend --device cuda --op coded_ --op lut_linear --op gguf_linear --op model_decode --seed 10 > $O/b3/conf.md 2>&1
+  echo "[$(el)s] coded ops + models rc=$?: $(grep 'cases on cuda' $O/b3/conf.md)"
+fi
 export SFX_ASSETS=/tmp/b/assets SFX_CPU_ACTIVATIONS=f32
 timeout 300 ./sfx-run lnq3.sfx --ppl wiki:2 --kl-ref lnq3.sfx --kl-ref-device cpu --json > $O/b3/ppl_kl.json 2> $O/b3/ppl_kl.err
 echo "[$(el)s] ppl rc=$?"; python3 -c "
