@@ -604,8 +604,8 @@ impl LayerContext<'_> {
                         continue;
                     };
                     let t = (s.len() / saliency.groups).min(rows);
-                    let d = x.len() / rows.max(1);
-                    if let Err(e) = hessian.accumulate(&x[..t * d], &s[..t * saliency.groups], t) {
+                    let (d, g) = (hessian.cols, saliency.groups);
+                    if let Err(e) = hessian.accumulate(&x[..t * d], &s[..t * g], t) {
                         failure.get_or_insert((name.clone(), e));
                     }
                 }

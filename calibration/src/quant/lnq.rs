@@ -256,8 +256,7 @@ impl Lnq {
 /// matrix's mean diagonal. A matrix that is all zero drops out of the mix (the identity is
 /// left when both are: every column then counts alike, as SqueezeLLM's rows without gradient).
 fn objective_hessian(h: &[f32], plain: &[f32], cols: usize, lnq: &Lnq) -> Vec<f32> {
-    let mean_diag =
-        |m: &[f32]| (0..cols).map(|j| f64::from(m[j * cols + j])).sum::<f64>() / cols as f64;
+    let mean_diag = |m: &[f32]| super::mean_diagonal(m, cols);
     let inverse = |m: f64| if m > 0.0 { 1.0 / m } else { 0.0 };
     let a = inverse(mean_diag(h));
     let b = f64::from(lnq.plain_weight) * inverse(mean_diag(plain));

@@ -69,6 +69,12 @@ pub struct WeightView<'a> {
     pub guided: Option<&'a crate::yaqa::GuidedHessian>,
 }
 
+/// The mean of the diagonal of the row-major `n × n` matrix `m`: the scale relative damping
+/// and normalisation of a Hessian are measured in.
+pub(crate) fn mean_diagonal(m: &[f32], n: usize) -> f64 {
+    (0..n).map(|i| f64::from(m[i * n + i])).sum::<f64>() / n as f64
+}
+
 /// Kronecker factors `H_in` (`cols²`) and `H_out` (`rows²`), row-major, of one weight's
 /// Hessian (`tr(E H_in Eᵀ H_out)`), as accumulated by [`crate::yaqa`].
 #[derive(Debug, Clone, Copy)]

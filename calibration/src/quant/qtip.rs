@@ -154,7 +154,7 @@ pub(crate) fn block_udu(
     b: usize,
     damp: f64,
 ) -> Result<(Vec<f64>, f64), String> {
-    let mean_diag = (0..n).map(|i| f64::from(h[i * n + i])).sum::<f64>() / n as f64;
+    let mean_diag = super::mean_diagonal(h, n);
     let mean_diag = if mean_diag > 0.0 { mean_diag } else { 1.0 };
     let mut delta = damp;
     for _ in 0..20 {

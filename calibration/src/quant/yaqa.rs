@@ -50,7 +50,7 @@ fn err(name: &str, msg: impl std::fmt::Display) -> QuantError {
 /// Normalises a Hessian factor by its mean diagonal (YAQA: each factor's scale is arbitrary,
 /// only the product matters), so the relative damping means the same for both.
 fn normalise(h: &mut [f32], n: usize) {
-    let mean = (0..n).map(|i| f64::from(h[i * n + i])).sum::<f64>() / n as f64;
+    let mean = super::mean_diagonal(h, n);
     if mean > 0.0 {
         let inv = (1.0 / mean) as f32;
         h.iter_mut().for_each(|v| *v *= inv);

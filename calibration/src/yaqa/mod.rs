@@ -204,16 +204,6 @@ pub fn group_rows(rows: usize, groups: usize, g: usize) -> std::ops::Range<usize
     g * rows / groups..(g + 1) * rows / groups
 }
 
-fn check_groups(rows: usize, groups: usize) -> Result<(), YaqaError> {
-    if groups == 0 || groups > rows {
-        return Err(YaqaError::InvalidOption {
-            option: "guided groups",
-            msg: format!("{groups} groups of {rows} output channels: expected 1..={rows}"),
-        });
-    }
-    Ok(())
-}
-
 /// GuidedQuant's saliency of one linear's outputs (Kim et al. 2025): the `rows` output
 /// channels split into `groups` contiguous groups ([`group_rows`]), and for every token t of
 /// every sequence `s_{t,g}` = the mean over group g's channels c of `(∂loss/∂z_{t,c})²`.
@@ -236,7 +226,12 @@ pub struct GuidedSaliency {
 impl GuidedSaliency {
     /// `groups` must be between 1 and `rows` (every group holds at least one channel).
     pub fn new(rows: usize, groups: usize) -> Result<Self, YaqaError> {
-        check_groups(rows, groups)?;
+        if groups == 0 || groups > rows {
+            return Err(YaqaError::InvalidOption {
+                option: "guided groups",
+                msg: format!("{groups} groups of {rows} output channels: expected 1..={rows}"),
+            });
+        }
         Ok(Self {
             rows,
             groups,
