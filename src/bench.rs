@@ -5,7 +5,7 @@ use crate::device::{with_backend, DeviceChoice, OnBackend};
 use crate::model_open::load_checkpoint_model;
 use anyhow::{bail, Context, Result};
 use sfx_calibration::quant::ggml_quant::GGML_QUANTS;
-use sfx_formats::resident::TrellisCode;
+use sfx_formats::resident::{Rotation, TrellisCode};
 use sfx_formats::sfx::SfxFile;
 use sfx_formats::DType;
 use sfx_runtime::backend::KvDtype;
@@ -176,7 +176,7 @@ pub fn parse_head(s: &str, weights: SyntheticWeights) -> Result<SyntheticWeights
 /// `code` (`--trellis-code`: hyb, 1mad, 3inst), look-up-table codes sqllmN (N = 2, 3, 4), or
 /// a llama.cpp block type for every projection (q2_k … q6_k, q4_0 … q8_0: GGUF blocks as a
 /// GGUF-resident file keeps them).
-pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
+pub fn parse_quant(s: &str, code: &str, rotation: &str) -> Result<SyntheticWeights> {
     if s == "float" {
         return Ok(SyntheticWeights::Float);
     }
@@ -199,7 +199,10 @@ pub fn parse_quant(s: &str, code: &str) -> Result<SyntheticWeights> {
     if let Some(k) = bits(&["qtip", "yaqa"]) {
         let code = TrellisCode::parse(code)
             .with_context(|| format!("--trellis-code {code:?}: expected hyb, 1mad or 3inst"))?;
-        return Ok(SyntheticWeights::Trellis { code, k });
+        let rotation = Rotation::parse(rotation).with_context(|| {
+            format!("--rotation {rotation:?}: expected full or bN (N a power of two, 16 … 4096)")
+        })?;
+        return Ok(SyntheticWeights::Trellis { code, k, rotation });
     }
     let ggml: Vec<&str> = GGML_QUANTS.iter().map(|(name, _)| *name).collect();
     bail!(
@@ -280,8 +283,13 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
                 SyntheticWeights::Float if a.head == SyntheticWeights::Float => dt.to_string(),
                 SyntheticWeights::Float => format!("{dt}, {head} head"),
                 SyntheticWeights::Group { .. } => format!("{} g128, {head} head", a.quant),
-                SyntheticWeights::Trellis { code, .. } => {
-                    format!("{} {}, {head} head", a.quant, code.name())
+                SyntheticWeights::Trellis { code, rotation, .. } => {
+                    format!(
+                        "{} {} {}, {head} head",
+                        a.quant,
+                        code.name(),
+                        rotation.name()
+                    )
                 }
                 SyntheticWeights::Lut { .. } | SyntheticWeights::Gguf { .. } => {
                     format!("{}, {head} head", a.quant)
@@ -585,7 +593,7 @@ mod tests {
     #[test]
     fn quant_names_pick_their_synthetic_formats() {
         use sfx_formats::gguf::GgmlType;
-        let q = |s: &str| parse_quant(s, "hyb");
+        let q = |s: &str| parse_quant(s, "hyb", "full");
         assert_eq!(q("sqllm3").unwrap(), SyntheticWeights::Lut { bits: 3 });
         assert_eq!(
             q("q2_k").unwrap(),
@@ -605,6 +613,15 @@ mod tests {
         for bad in ["sqllm1", "sqllm5", "q7_k", "Q2_K", "sqllm"] {
             assert!(q(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_quant("qtip2", "1mad", "b128").unwrap(),
+            SyntheticWeights::Trellis {
+                code: TrellisCode::OneMad,
+                k: 2,
+                rotation: Rotation::Blocks { max_log2: 7 }
+            }
+        );
+        assert!(parse_quant("qtip2", "hyb", "b100").is_err());
     }
 
     #[test]

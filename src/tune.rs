@@ -497,7 +497,13 @@ fn speed_model<B: ResidentKernels>(
     let format = |w: SyntheticWeights| match w {
         SyntheticWeights::Float => format!("{dtype:?}").to_lowercase(),
         SyntheticWeights::Group { bits, group } => format!("{bits}-bit g{group}"),
-        SyntheticWeights::Trellis { code, k } => format!("{k}-bit trellis {}", code.name()),
+        SyntheticWeights::Trellis { code, k, rotation } => {
+            format!(
+                "{k}-bit trellis {} ({} rotation)",
+                code.name(),
+                rotation.name()
+            )
+        }
         SyntheticWeights::Lut { bits } => format!("{bits}-bit look-up-table"),
         SyntheticWeights::Gguf { ty } => format!("GGUF {ty}"),
     };

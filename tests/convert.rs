@@ -974,7 +974,7 @@ fn bad_options_are_named() {
     let folder = out_dir().join("never-folder");
     let folder = folder.to_str().unwrap();
     let not_gguf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 25] = [
+    let cases: [(&[&str], &str); 26] = [
         (
             &["--quant", "rtn3", "--imatrix", g, "-o", o],
             "--imatrix goes with a llama.cpp type from a float model",
@@ -992,6 +992,10 @@ fn bad_options_are_named() {
         (
             &["--quant", "lnq1", g, "-o", o],
             "--quant \"lnq1\": expected rtnN",
+        ),
+        (
+            &["--quant", "qtip2", "--rotation", "b100", g, "-o", o],
+            "--rotation \"b100\": expected full or bN",
         ),
         (
             &["--quant", "rtn3", "--imatrix-file", not_gguf, g, "-o", o],

@@ -263,6 +263,7 @@ impl QuipParams {
             l: self.l,
             k: self.k,
             order: TileOrder::Mma,
+            rotation: crate::resident::Rotation::Full,
         }
     }
 }
@@ -1264,7 +1265,8 @@ mod tests {
                 code: TrellisCode::Hyb { q: 9 },
                 l: 16,
                 k: 2,
-                order: TileOrder::Mma
+                order: TileOrder::Mma,
+                rotation: crate::resident::Rotation::Full,
             }
         );
         let e = QuipParams::from_config_json(&json!({"model_type": "llama"}), Path::new("c.json"))

@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         l: 16,
         k: k as u8,
         order: TileOrder::RowMajor,
+        rotation: sfx_formats::resident::Rotation::Full,
     };
     let n = TrellisQuantized::tile_stream_len(&scheme, rows, cols).ok_or("overflow")?;
     let mut s = 1u64;

@@ -24,8 +24,8 @@ use crate::synthetic::SyntheticWeights;
 use half::{bf16, f16};
 use sfx_formats::gguf::{BlockTensor, GgmlType};
 use sfx_formats::resident::{
-    GroupQuantized, LutQuantized, TileOrder, TrellisCode, TrellisQuantized, TrellisScheme,
-    SUPPORTED_BITS,
+    GroupQuantized, LutQuantized, Rotation, TileOrder, TrellisCode, TrellisQuantized,
+    TrellisScheme, SUPPORTED_BITS,
 };
 use sfx_formats::{DType, TensorView};
 
@@ -277,11 +277,12 @@ pub struct DecodeRefine {
 pub enum Coded {
     /// Group codes (RTN / AWQ): `bits` per weight, scale and zero point per `group` columns.
     Group { bits: u8, group: usize },
-    /// Trellis tiles (QTIP / YAQA) of `k` bits per weight.
+    /// Trellis tiles (QTIP / YAQA) of `k` bits per weight, under `rotation`.
     Trellis {
         code: TrellisCode,
         k: u8,
         order: TileOrder,
+        rotation: Rotation,
     },
     /// A llama.cpp GGUF weight in its own blocks (legacy 32-weight blocks or K-quants).
     Gguf { ty: GgmlType },
@@ -294,7 +295,23 @@ impl Coded {
     fn tag(&self) -> String {
         match *self {
             Coded::Group { bits, group } => format!("q{bits}g{group}"),
-            Coded::Trellis { code, k, order } => format!("{} K{k} {}", code.name(), order.name()),
+            Coded::Trellis {
+                code,
+                k,
+                order,
+                rotation: Rotation::Full,
+            } => format!("{} K{k} {}", code.name(), order.name()),
+            Coded::Trellis {
+                code,
+                k,
+                order,
+                rotation,
+            } => format!(
+                "{} K{k} {} rotation {}",
+                code.name(),
+                order.name(),
+                rotation.name()
+            ),
             Coded::Gguf { ty } => format!("gguf {ty}"),
             Coded::Lut { bits } => format!("lut{bits}"),
         }
@@ -1079,6 +1096,7 @@ pub fn cases() -> Vec<Case> {
         code: TrellisCode::Hyb { q: 9 },
         k: 2,
         order: TileOrder::RowMajor,
+        rotation: Rotation::Full,
     };
     let formats = [2u8, 3, 4]
         .map(|bits| Coded::Group { bits, group: 128 })
@@ -1224,21 +1242,27 @@ pub fn cases() -> Vec<Case> {
             1e-5,
         );
     }
-    // A whole trellis-coded model through the graph's fused paths (HYB K2, and 1MAD K3);
-    // its prefill multiplies TF32 panels on CUDA, hence the looser bound.
-    for (code, k) in [(TrellisCode::Hyb { q: 9 }, 2), (TrellisCode::OneMad, 3)] {
+    // A whole trellis-coded model through the graph's fused paths (HYB K2, 1MAD K3, and HYB
+    // K2 under a block rotation); its prefill multiplies TF32 panels on CUDA, hence the looser
+    // bound.
+    let b64 = Rotation::Blocks { max_log2: 6 };
+    for (code, k, rotation) in [
+        (TrellisCode::Hyb { q: 9 }, 2, Rotation::Full),
+        (TrellisCode::OneMad, 3, Rotation::Full),
+        (TrellisCode::Hyb { q: 9 }, 2, b64),
+    ] {
         add(
             "model_decode",
             format!(
-                "tiny-qwen3 qtip{k} {} prefill 7 + 12 steps, graphs on",
-                code.name()
+                "tiny-qwen3 {} prefill 7 + 12 steps, graphs on",
+                weights_tag(SyntheticWeights::Trellis { code, k, rotation })
             ),
             Op::Decode {
                 preset: "tiny-qwen3",
                 prompt: 7,
                 steps: 12,
                 graphs: true,
-                weights: SyntheticWeights::Trellis { code, k },
+                weights: SyntheticWeights::Trellis { code, k, rotation },
                 refine: None,
             },
             3e-3,
@@ -1295,14 +1319,30 @@ pub fn cases() -> Vec<Case> {
             16,
             [0.5, 1.0, 1.0, 0.5],
         ),
-        (SyntheticWeights::Trellis { code: hyb, k: 2 }, 64, [0.0; 4]),
         (
-            SyntheticWeights::Trellis { code: hyb, k: 2 },
+            SyntheticWeights::Trellis {
+                code: hyb,
+                k: 2,
+                rotation: Rotation::Full,
+            },
+            64,
+            [0.0; 4],
+        ),
+        (
+            SyntheticWeights::Trellis {
+                code: hyb,
+                k: 2,
+                rotation: Rotation::Full,
+            },
             64,
             [0.5, 1.0, 1.0, 0.5],
         ),
         (
-            SyntheticWeights::Trellis { code: hyb, k: 2 },
+            SyntheticWeights::Trellis {
+                code: hyb,
+                k: 2,
+                rotation: Rotation::Full,
+            },
             16,
             [0.5, 1.0, 1.0, 0.5],
         ),
@@ -1506,7 +1546,17 @@ fn trellis_weight(
         op: "trellis codes",
         msg,
     };
-    let Some((Coded::Trellis { code, k, order }, cols, _)) = coded_shape(spec) else {
+    let Some((
+        Coded::Trellis {
+            code,
+            k,
+            order,
+            rotation,
+        },
+        cols,
+        _,
+    )) = coded_shape(spec)
+    else {
         return Err(err("not a trellis-coded case".into()));
     };
     let scheme = TrellisScheme {
@@ -1514,6 +1564,7 @@ fn trellis_weight(
         l: 16,
         k,
         order,
+        rotation,
     };
     let row_bytes = cols / 16 * scheme.tile_bytes();
     let tiles = x.bytes[first / 16 * row_bytes..(first + rows) / 16 * row_bytes].to_vec();
@@ -1724,7 +1775,12 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
     for code in [HYB, TrellisCode::OneMad, TrellisCode::ThreeInst] {
         for k in 2..=4u8 {
             for order in [TileOrder::RowMajor, TileOrder::Mma] {
-                let format = Coded::Trellis { code, k, order };
+                let format = Coded::Trellis {
+                    code,
+                    k,
+                    order,
+                    rotation: Rotation::Full,
+                };
                 let full = code == HYB && k == 2;
                 let shapes: Vec<_> = if full {
                     shapes_all.to_vec()
@@ -1743,21 +1799,25 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
             code: HYB,
             k: 2,
             order: TileOrder::RowMajor,
+            rotation: Rotation::Full,
         },
         Coded::Trellis {
             code: HYB,
             k: 2,
             order: TileOrder::Mma,
+            rotation: Rotation::Full,
         },
         Coded::Trellis {
             code: TrellisCode::OneMad,
             k: 2,
             order: TileOrder::RowMajor,
+            rotation: Rotation::Full,
         },
         Coded::Trellis {
             code: TrellisCode::ThreeInst,
             k: 3,
             order: TileOrder::RowMajor,
+            rotation: Rotation::Full,
         },
     ];
     // The Llama-3.1-8B shapes (4096 → 4096/1024/1024, 4096 → 14336) for the default format only:
@@ -1781,6 +1841,42 @@ fn trellis_cases(add: &mut impl FnMut(&'static str, String, Op, f64, f64)) {
                 }
                 add_swiglu(add, "trellis_swiglu", format, norm, shape);
             }
+        }
+    }
+    // Block rotations (sfx-convert --rotation bN): the matvec's prologue transforms every input
+    // width in registers (14336 included, which a full rotation sends through tr_prepare; 576
+    // in blocks of 64) and the output transforms mix nothing across rows. Every dimension here
+    // has blocks of at least 32 (the CUDA kernels' smallest).
+    let blocks = |code, k, order, max_log2| Coded::Trellis {
+        code,
+        k,
+        order,
+        rotation: Rotation::Blocks { max_log2 },
+    };
+    let b128 = blocks(HYB, 2, TileOrder::RowMajor, 7);
+    for shape in [
+        (1, 4096, 4096, false, false),
+        (1, 1536, 576, true, false),
+        (1, 320, 14336, false, true),
+        (2, 1024, 1536, true, true),
+        (70, 160, 1536, false, true),
+        (260, 64, 576, true, false),
+    ] {
+        add_coded_linear(add, "trellis_linear", b128, shape);
+    }
+    let b256 = blocks(TrellisCode::OneMad, 3, TileOrder::Mma, 8);
+    for shape in [(1, 4096, 4096, true, true), (3, 1024, 1536, false, false)] {
+        add_coded_linear(add, "trellis_linear", b256, shape);
+    }
+    for norm in [false, true] {
+        for shape in [
+            (1, 4096, [4096, 1024, 1024], true),
+            (1, 576, [576, 192, 192], false),
+        ] {
+            add_projections(add, "trellis_projections", b128, norm, shape);
+        }
+        for shape in [(1, 14336, 4096), (1, 1536, 576)] {
+            add_swiglu(add, "trellis_swiglu", b128, norm, shape);
         }
     }
 }
@@ -2135,7 +2231,14 @@ fn coded_inputs(i: &mut Inputs, spec: &Op, rng: &mut Rng) {
 fn weights_tag(weights: SyntheticWeights) -> String {
     match weights {
         SyntheticWeights::Group { bits, group } => format!("q{bits}g{group}"),
-        SyntheticWeights::Trellis { code, k } => format!("qtip{k} {}", code.name()),
+        SyntheticWeights::Trellis {
+            code,
+            k,
+            rotation: Rotation::Full,
+        } => format!("qtip{k} {}", code.name()),
+        SyntheticWeights::Trellis { code, k, rotation } => {
+            format!("qtip{k} {} rotation {}", code.name(), rotation.name())
+        }
         SyntheticWeights::Lut { bits } => format!("lut{bits}"),
         SyntheticWeights::Gguf { ty } => format!("gguf {ty}"),
         SyntheticWeights::Float => "f32".into(),

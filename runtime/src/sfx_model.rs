@@ -587,7 +587,8 @@ impl<'f> SfxLinearFactory<'f> {
         };
         let factor = |n: usize| -> Result<SmallHadamard> {
             let m = n >> n.trailing_zeros();
-            if m == 1 {
+            // A block rotation takes no dense factor.
+            if m == 1 || scheme.rotation != sfx_formats::resident::Rotation::Full {
                 return Ok(SmallHadamard::unit());
             }
             // The dense factor's order is the odd part times the smallest power of two with a

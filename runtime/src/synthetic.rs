@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use sfx_formats::config::{Arch, RopeScaling};
 use sfx_formats::gguf::{BlockTensor, GgmlType};
 use sfx_formats::resident::{
-    GroupQuantized, LutQuantized, TrellisCode, TrellisQuantized, TrellisScheme,
+    GroupQuantized, LutQuantized, Rotation, TrellisCode, TrellisQuantized, TrellisScheme,
 };
 use sfx_formats::{DType, ModelConfig};
 use std::sync::Arc;
@@ -262,20 +262,18 @@ fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
 /// a `rows × cols` projection: random streams (every bit string is a valid tail-biting
 /// stream), random input signs, output signs with the scale that gives the weights variance ≈
 /// 1/cols (the codes' values are ≈ N(0, 1) and the transforms are orthonormal), the Gaussian
-/// HYB table, and our Hadamard factors of both sizes. The kernels do exactly the work of a
-/// converted model.
+/// HYB table, and our Hadamard factors of both sizes (none under a block rotation). The
+/// kernels do exactly the work of a converted model.
 pub fn trellis_codes(
     seed: u64,
     rows: usize,
     cols: usize,
-    code: TrellisCode,
-    k: u8,
+    scheme: TrellisScheme,
 ) -> Result<TrellisQuantized> {
     let err = |msg: String| RuntimeError::Shape {
         op: "synthetic trellis codes",
         msg,
     };
-    let scheme = TrellisScheme::qtip(code, k);
     let len = TrellisQuantized::tile_stream_len(&scheme, rows, cols)
         .ok_or_else(|| err(format!("[{rows}, {cols}] overflows")))?;
     let tiles = random_bytes(seed, len);
@@ -303,8 +301,12 @@ pub enum SyntheticWeights {
     Float,
     /// Group-quantized codes of `bits` bits in groups of `group` columns (RTN / AWQ layout).
     Group { bits: u8, group: usize },
-    /// Trellis tiles of `k` bits per weight with `code` (QTIP / YAQA layout).
-    Trellis { code: TrellisCode, k: u8 },
+    /// Trellis tiles of `k` bits per weight with `code` (QTIP / YAQA layout) and `rotation`.
+    Trellis {
+        code: TrellisCode,
+        k: u8,
+        rotation: Rotation,
+    },
     /// Look-up-table codes of `bits` bits (SqueezeLLM layout).
     Lut { bits: u8 },
     /// llama.cpp GGUF blocks of type `ty`, as a GGUF-resident file keeps them.
@@ -364,6 +366,7 @@ pub fn formats_of(
                 SyntheticWeights::Trellis {
                     code: s.code,
                     k: s.k,
+                    rotation: s.rotation,
                 },
             )
         }
@@ -468,8 +471,12 @@ impl<B: ResidentKernels> Model<B> {
                     let q = group_codes(tensor_seed(seed, &name), rows, cols, bits, group)?;
                     b.group_linear(q, bias, &name)
                 }
-                SyntheticWeights::Trellis { code, k } => {
-                    let q = trellis_codes(tensor_seed(seed, &name), rows, cols, code, k)?;
+                SyntheticWeights::Trellis { code, k, rotation } => {
+                    let scheme = TrellisScheme {
+                        rotation,
+                        ..TrellisScheme::qtip(code, k)
+                    };
+                    let q = trellis_codes(tensor_seed(seed, &name), rows, cols, scheme)?;
                     b.trellis_linear(q, bias, &name)
                 }
                 SyntheticWeights::Lut { bits } => {
@@ -659,16 +666,33 @@ mod tests {
 
     #[test]
     fn synthetic_trellis_codes_are_valid_and_scaled() {
-        let a = trellis_codes(3, 32, 576, TrellisCode::Hyb { q: 9 }, 2).unwrap();
+        let a = trellis_codes(
+            3,
+            32,
+            576,
+            TrellisScheme::qtip(TrellisCode::Hyb { q: 9 }, 2),
+        )
+        .unwrap();
         assert_eq!(
             a,
-            trellis_codes(3, 32, 576, TrellisCode::Hyb { q: 9 }, 2).unwrap()
+            trellis_codes(
+                3,
+                32,
+                576,
+                TrellisScheme::qtip(TrellisCode::Hyb { q: 9 }, 2)
+            )
+            .unwrap()
         );
         assert_ne!(
             a.tiles(),
-            trellis_codes(4, 32, 576, TrellisCode::Hyb { q: 9 }, 2)
-                .unwrap()
-                .tiles()
+            trellis_codes(
+                4,
+                32,
+                576,
+                TrellisScheme::qtip(TrellisCode::Hyb { q: 9 }, 2)
+            )
+            .unwrap()
+            .tiles()
         );
         // Weights of variance ≈ 1/cols, as the float synthetic weights, for every code.
         for code in [
@@ -676,7 +700,7 @@ mod tests {
             TrellisCode::OneMad,
             TrellisCode::ThreeInst,
         ] {
-            let q = trellis_codes(5, 32, 576, code, 3).unwrap();
+            let q = trellis_codes(5, 32, 576, TrellisScheme::qtip(code, 3)).unwrap();
             let w = crate::resident::dequantize_trellis(&q).unwrap();
             let var = w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64;
             assert!((0.5..2.0).contains(&(var * 576.0)), "{code:?}: {var}");

@@ -12,7 +12,7 @@ use sfx_calibration::refine::{FitPrior, FitSpec, Lambda};
 use sfx_formats::checkpoint::Checkpoint;
 use sfx_formats::gguf::Imatrix;
 use sfx_formats::package;
-use sfx_formats::resident::TrellisCode;
+use sfx_formats::resident::{Rotation, TrellisCode};
 use sfx_formats::sfx::{Provenance, SfxMetadata, SfxWriter, Tier};
 use sfx_runtime::ProjectionSet;
 use sha2::{Digest, Sha256};
@@ -131,6 +131,14 @@ struct ConvertArgs {
     /// CPUs, docs/results.md), or 3inst.
     #[arg(long, default_value = "hyb")]
     trellis_code: String,
+    /// qtipN / yaqaN only: the span of the random Hadamard rotation around each trellis
+    /// weight. full (QTIP's: one transform over each whole dimension) or bN (N = 16 … 4096, a
+    /// power of two): a transform of each block of N values, or of the largest power of two
+    /// dividing the dimension if smaller (576 → 64). Blocks let the GPU transform inputs and
+    /// outputs inside the matvec launches instead of in passes over whole vectors
+    /// (docs/results.md has speed and quality of both).
+    #[arg(long, default_value = "full")]
+    rotation: String,
     /// With a llama.cpp type (--quant q2_k … q6_k, q4_0 … q5_1): round with llama.cpp's
     /// importance-matrix weighting, an input column's importance being its mean square E[x²]
     /// over the calibration text (--calib; what llama-imatrix accumulates). The same bytes
@@ -512,6 +520,13 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
             anyhow!(
                 "--trellis-code {:?}: expected hyb, hyb-qN (N = 1..15), 1mad or 3inst",
                 a.trellis_code
+            )
+        })?;
+        quant.rotation = Rotation::parse(&a.rotation).ok_or_else(|| {
+            anyhow!(
+                "--rotation {:?}: expected full or bN with N a power of two from 16 to 4096 \
+                 (b128)",
+                a.rotation
             )
         })?;
     }
@@ -909,6 +924,7 @@ fn fingerprint(
         format!("{},{}", o.quant.awq_alpha_steps, o.quant.awq_clip_steps),
     );
     put("--trellis-code", format!("{:?}", o.quant.trellis_code));
+    put("--rotation", o.quant.rotation.name());
     put(
         "--base",
         match &o.base {

@@ -195,6 +195,10 @@ enum Command {
         /// or 3inst.
         #[arg(long, default_value = "hyb", requires = "synthetic")]
         trellis_code: String,
+        /// Hadamard rotation of qtipN / yaqaN synthetic models: full (sfx-convert's default)
+        /// or bN, blocks of N values (sfx-convert --rotation).
+        #[arg(long, default_value = "full", requires = "synthetic")]
+        rotation: String,
         /// Format of a synthetic model's head: auto (what sfx-convert writes: q8 beside coded
         /// projections, --dtype beside float ones), bf16 (its --dtype) or group codes q2, q3,
         /// q4, q6, q8 (group 128; the final norm stays fused into it). A tied embedding
@@ -359,6 +363,7 @@ fn main() -> Result<()> {
             dtype,
             quant,
             trellis_code,
+            rotation,
             head,
             kv_type,
             kv,
@@ -372,7 +377,7 @@ fn main() -> Result<()> {
             json,
         } => {
             use strataflux::bench::parse_list;
-            let weights = strataflux::bench::parse_quant(&quant, &trellis_code)?;
+            let weights = strataflux::bench::parse_quant(&quant, &trellis_code, &rotation)?;
             let nonzero = |v: Vec<usize>| v.into_iter().filter(|&n| n > 0).collect::<Vec<_>>();
             strataflux::bench::run(strataflux::bench::BenchArgs {
                 model,

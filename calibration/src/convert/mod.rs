@@ -89,6 +89,9 @@ pub struct QuantSpec {
     /// Trellis code of qtipN / yaqaN (QTIP's default: HYB with a 2^9-entry table). Ignored by
     /// the group quantizers.
     pub trellis_code: TrellisCode,
+    /// The trellis weights' Hadamard rotation (whole dimensions, or blocks). Ignored by the
+    /// other quantizers.
+    pub rotation: sfx_formats::resident::Rotation,
 }
 
 impl QuantSpec {
@@ -146,6 +149,7 @@ impl QuantSpec {
             awq_alpha_steps: 20,
             awq_clip_steps: 20,
             trellis_code: TrellisCode::Hyb { q: 9 },
+            rotation: sfx_formats::resident::Rotation::Full,
         })
     }
 
@@ -164,11 +168,13 @@ impl QuantSpec {
             }),
             QuantMethod::Qtip => Box::new(crate::quant::Qtip {
                 code: self.trellis_code,
+                rotation: self.rotation,
                 ..crate::quant::Qtip::new(self.bits)
             }),
             QuantMethod::Yaqa => {
                 let mut yaqa = crate::quant::Yaqa::new(self.bits);
                 yaqa.qtip.code = self.trellis_code;
+                yaqa.qtip.rotation = self.rotation;
                 Box::new(yaqa)
             }
             QuantMethod::Ggml(q) => Box::new(q),
@@ -928,6 +934,7 @@ fn params(
             "bits": o.quant.bits,
             "group": if o.quant.packing() == "group-asym-v1" { json!(o.quant.group) } else { json!(null) },
             "packing": o.quant.packing(),
+            "rotation": if o.quant.packing() == "trellis-v1" { json!(o.quant.rotation.name()) } else { json!(null) },
             "bits_per_weight": report.linear_bits_per_weight,
         }),
     );

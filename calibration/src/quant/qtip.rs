@@ -26,7 +26,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use sfx_formats::resident::{
-    SmallHadamard, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE,
+    Rotation, SmallHadamard, TrellisCode, TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE,
     TILE_WEIGHTS,
 };
 use sfx_runtime::resident::hadamard::Hadamard;
@@ -48,6 +48,9 @@ pub struct Qtip {
     pub tail_biting: TailBiting,
     /// Seed of the sign vectors (mixed with the tensor name, so every projection differs).
     pub seed: u64,
+    /// The Hadamard rotation's span: the whole dimension, or blocks a GPU block transforms
+    /// on its own.
+    pub rotation: Rotation,
 }
 
 impl Qtip {
@@ -59,6 +62,7 @@ impl Qtip {
             scale_override: 0.9,
             tail_biting: TailBiting::TwoPass,
             seed: 0x5154_4950, // "QTIP"
+            rotation: Rotation::Full,
         }
     }
 }
@@ -228,7 +232,27 @@ pub(crate) struct Rounded {
 
 impl Qtip {
     fn scheme(&self) -> TrellisScheme {
-        TrellisScheme::qtip(self.code, self.bits)
+        TrellisScheme {
+            rotation: self.rotation,
+            ..TrellisScheme::qtip(self.code, self.bits)
+        }
+    }
+
+    /// `-b128` after a quantizer's name under a block rotation, nothing for the full one.
+    pub(crate) fn rotation_suffix(&self) -> String {
+        match self.rotation {
+            Rotation::Full => String::new(),
+            r => format!("-{}", r.name()),
+        }
+    }
+
+    /// The rotation of a dimension of `n` values.
+    pub(crate) fn hadamard(&self, n: usize, name: &str) -> Result<Hadamard, QuantError> {
+        match self.rotation {
+            Rotation::Full => Hadamard::new(n),
+            r => Hadamard::blocks(n, r.block_len(n)),
+        }
+        .map_err(|e| err(name, e))
     }
 
     /// Signs, rotation and scale of one projection: returns (σ_in, σ_out, W̃ / scale, scale).
@@ -357,8 +381,8 @@ impl Qtip {
                 format!("Hessian of {} values, expected {cols}²", gram.len()),
             ));
         }
-        let had_in = Hadamard::new(cols).map_err(|e| err(w.name, e))?;
-        let had_out = Hadamard::new(rows).map_err(|e| err(w.name, e))?;
+        let had_in = self.hadamard(cols, w.name)?;
+        let had_out = self.hadamard(rows, w.name)?;
         let Rotated { su, sv, wt, scale } = self.rotate_weight(w, &had_in, &had_out, book)?;
         let h = rotate_symmetric(gram, cols, &su, &had_in).map_err(|e| err(w.name, e))?;
         let (u, _delta) = block_udu(&h, cols, TILE_SIDE, self.damp).map_err(|e| err(w.name, e))?;
@@ -448,7 +472,12 @@ pub(crate) fn proxy_error(
 
 impl ResidentQuantizer for Qtip {
     fn name(&self) -> String {
-        format!("qtip{}-{}", self.bits, self.code.name())
+        format!(
+            "qtip{}-{}{}",
+            self.bits,
+            self.code.name(),
+            self.rotation_suffix()
+        )
     }
 
     fn needs_calibration(&self) -> bool {

@@ -22,7 +22,6 @@ use super::{
 };
 use rayon::prelude::*;
 use sfx_formats::resident::{ResidentError, TrellisQuantized, TILE_SIDE, TILE_WEIGHTS};
-use sfx_runtime::resident::hadamard::Hadamard;
 use sfx_runtime::resident::trellis::{decode_tile, TrellisQuantizer, TrellisSpec};
 use std::collections::BTreeMap;
 
@@ -174,8 +173,8 @@ impl Yaqa {
                 ),
             ));
         }
-        let had_in = Hadamard::new(cols).map_err(|e| err(w.name, e))?;
-        let had_out = Hadamard::new(rows).map_err(|e| err(w.name, e))?;
+        let had_in = q.hadamard(cols, w.name)?;
+        let had_out = q.hadamard(rows, w.name)?;
         let Rotated { su, sv, wt, scale } = q.rotate_weight(w, &had_in, &had_out, book)?;
         let mut h_in =
             rotate_symmetric(kron.h_in, cols, &su, &had_in).map_err(|e| err(w.name, e))?;
@@ -207,7 +206,12 @@ impl Yaqa {
 
 impl ResidentQuantizer for Yaqa {
     fn name(&self) -> String {
-        format!("yaqa{}-{}", self.qtip.bits, self.qtip.code.name())
+        format!(
+            "yaqa{}-{}{}",
+            self.qtip.bits,
+            self.qtip.code.name(),
+            self.qtip.rotation_suffix()
+        )
     }
 
     fn needs_calibration(&self) -> bool {

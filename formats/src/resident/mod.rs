@@ -25,8 +25,8 @@ pub mod lut;
 pub mod trellis;
 pub use lut::{LutQuantized, LUT_BITS};
 pub use trellis::{
-    hadamard_section, trellis_sections, SmallHadamard, TileOrder, TrellisCode, TrellisParts,
-    TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS, TLUT_SECTION,
+    hadamard_section, trellis_sections, Rotation, SmallHadamard, TileOrder, TrellisCode,
+    TrellisParts, TrellisQuantized, TrellisScheme, TILE_SIDE, TILE_WEIGHTS, TLUT_SECTION,
 };
 
 /// Default quantization group (AWQ, RTN): 128 input channels.

@@ -114,7 +114,59 @@ impl TileOrder {
     }
 }
 
-/// Code, state width, bits per weight and tile order of a trellis-coded weight.
+/// How far the random Hadamard rotation of a trellis weight mixes each dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Rotation {
+    /// One transform over the whole dimension, `(H_m ⊗ H_{2^k}) / √n` (QTIP's).
+    #[default]
+    Full,
+    /// A Walsh–Hadamard transform of each contiguous block of `b` values, `(I_{n/b} ⊗ H_b) /
+    /// √b`, with `b` the largest power of two that divides `n` up to `2^max_log2` (576 → 64
+    /// at 128). No value mixes with another block's, so a GPU block that owns whole blocks of
+    /// outputs or inputs transforms them without a pass over the whole vector.
+    Blocks { max_log2: u8 },
+}
+
+/// Block lengths a [`Rotation::Blocks`] may name: 16 … 4096.
+pub const ROTATION_BLOCK_LOG2: std::ops::RangeInclusive<u8> = 4..=12;
+
+impl Rotation {
+    /// Blocks of at most `max` values (a power of two in 16 … 4096).
+    pub fn blocks(max: usize) -> Option<Self> {
+        let log2 = u8::try_from(max.trailing_zeros()).ok()?;
+        (max.is_power_of_two() && ROTATION_BLOCK_LOG2.contains(&log2))
+            .then_some(Rotation::Blocks { max_log2: log2 })
+    }
+
+    /// The block length over a dimension of `n` values (`n` itself for a full rotation).
+    pub fn block_len(self, n: usize) -> usize {
+        match self {
+            Rotation::Full => n,
+            Rotation::Blocks { max_log2 } => {
+                let pow2 = 1usize << n.trailing_zeros().min(usize::BITS - 1);
+                pow2.min(1usize << max_log2).min(n.max(1))
+            }
+        }
+    }
+
+    /// `full` or `b128` (what `--rotation` takes and `sfx inspect` shows).
+    pub fn name(self) -> String {
+        match self {
+            Rotation::Full => "full".into(),
+            Rotation::Blocks { max_log2 } => format!("b{}", 1usize << max_log2),
+        }
+    }
+
+    /// Parses `full` or `bN` (N a power of two in 16 … 4096).
+    pub fn parse(s: &str) -> Option<Self> {
+        if s == "full" {
+            return Some(Rotation::Full);
+        }
+        Self::blocks(s.strip_prefix('b')?.parse().ok()?)
+    }
+}
+
+/// Code, state width, bits per weight, tile order and rotation of a trellis-coded weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TrellisScheme {
     pub code: TrellisCode,
@@ -123,6 +175,7 @@ pub struct TrellisScheme {
     /// Bits per weight.
     pub k: u8,
     pub order: TileOrder,
+    pub rotation: Rotation,
 }
 
 impl TrellisScheme {
@@ -133,6 +186,7 @@ impl TrellisScheme {
             l: 16,
             k,
             order: TileOrder::RowMajor,
+            rotation: Rotation::Full,
         }
     }
 
@@ -158,12 +212,21 @@ impl TrellisScheme {
                 return invalid(format!("HYB table of 2^{q} rows (q must be 1–15)"));
             }
         }
+        if let Rotation::Blocks { max_log2 } = self.rotation {
+            if !ROTATION_BLOCK_LOG2.contains(&max_log2) {
+                return invalid(format!(
+                    "rotation blocks of 2^{max_log2} values (2^4 … 2^12 supported)"
+                ));
+            }
+        }
         Ok(())
     }
 
     /// Packs the scheme into one u64 for the container's layout dims: byte 0 code
     /// (0 HYB, 1 1MAD, 2 3INST), byte 1 HYB table bits, byte 2 L, byte 3 order (0 row-major,
-    /// 1 mma). K is its own dimension.
+    /// 1 mma), byte 4 the rotation (0 full, else log2 of the largest block). K is its own
+    /// dimension. Readers before block rotations refuse a non-zero byte 4 ("unknown high
+    /// bits"), so such a file never decodes with the wrong transform.
     pub fn encode(&self) -> u64 {
         let (code, q) = match self.code {
             TrellisCode::Hyb { q } => (0u64, u64::from(q)),
@@ -174,12 +237,16 @@ impl TrellisScheme {
             TileOrder::RowMajor => 0u64,
             TileOrder::Mma => 1,
         };
-        code | q << 8 | u64::from(self.l) << 16 | order << 24
+        let rotation = match self.rotation {
+            Rotation::Full => 0u64,
+            Rotation::Blocks { max_log2 } => u64::from(max_log2),
+        };
+        code | q << 8 | u64::from(self.l) << 16 | order << 24 | rotation << 32
     }
 
     /// Inverse of [`TrellisScheme::encode`]; the message names the bad field.
     pub fn decode(packed: u64, k: u64) -> Result<Self, ResidentError> {
-        if packed >> 32 != 0 {
+        if packed >> 40 != 0 {
             return invalid(format!("scheme word {packed:#x} has unknown high bits"));
         }
         let byte = |i: u32| ((packed >> (8 * i)) & 0xff) as u8;
@@ -201,19 +268,33 @@ impl TrellisScheme {
                 || invalid(format!("{k} bits per weight (1–4 supported)")),
                 Ok,
             )?;
+        let rotation = match byte(4) {
+            0 => Rotation::Full,
+            b if ROTATION_BLOCK_LOG2.contains(&b) => Rotation::Blocks { max_log2: b },
+            b => {
+                return invalid(format!(
+                    "rotation byte {b} (0 full, 4–12 blocks of up to 2^b values)"
+                ))
+            }
+        };
         let s = Self {
             code,
             l: byte(2),
             k,
             order,
+            rotation,
         };
         s.validate()?;
         Ok(s)
     }
 
     pub fn name(&self) -> String {
+        let rotation = match self.rotation {
+            Rotation::Full => String::new(),
+            r => format!(" rotation {}", r.name()),
+        };
         format!(
-            "trellis {} L{} K{} {}",
+            "trellis {} L{} K{} {}{rotation}",
             self.code.name(),
             self.l,
             self.k,
@@ -363,7 +444,15 @@ impl TrellisQuantized {
         if let Some(i) = p.tlut.iter().position(|v| !v.is_finite()) {
             return invalid(format!("lookup table value {i} is not finite"));
         }
-        if !p.had_in.fits(cols) || !p.had_out.fits(rows) {
+        if p.scheme.rotation != Rotation::Full && (p.had_in.order() != 1 || p.had_out.order() != 1)
+        {
+            return invalid(format!(
+                "block rotation with dense Hadamard factors of orders {} and {} (blocks take none)",
+                p.had_in.order(),
+                p.had_out.order()
+            ));
+        }
+        if p.scheme.rotation == Rotation::Full && (!p.had_in.fits(cols) || !p.had_out.fits(rows)) {
             return invalid(format!(
                 "Hadamard factors of orders {} (input) and {} (output) do not divide {cols} and \
                  {rows} into powers of two",
@@ -602,6 +691,15 @@ mod tests {
         let e = TrellisQuantized::from_parts(p).unwrap_err().to_string();
         assert!(e.contains("lookup table"), "{e}");
 
+        let mut p = parts();
+        p.scheme.rotation = Rotation::Blocks { max_log2: 7 };
+        let e = TrellisQuantized::from_parts(p).unwrap_err().to_string();
+        assert!(e.contains("block rotation"), "{e}");
+        let mut p = parts();
+        p.scheme.rotation = Rotation::Blocks { max_log2: 7 };
+        p.had_in = SmallHadamard::unit();
+        assert!(TrellisQuantized::from_parts(p).is_ok());
+
         assert!(SmallHadamard::new(2, vec![1, 1, 1, 1]).is_err());
         assert!(SmallHadamard::new(2, vec![1, 1, 1, -1]).is_ok());
         assert!(SmallHadamard::new(3, vec![1; 4]).is_err());
@@ -615,22 +713,45 @@ mod tests {
             TrellisCode::ThreeInst,
         ] {
             for order in [TileOrder::RowMajor, TileOrder::Mma] {
-                for k in 1..=4u8 {
-                    let s = TrellisScheme {
-                        code,
-                        l: 16,
-                        k,
-                        order,
-                    };
-                    assert_eq!(TrellisScheme::decode(s.encode(), u64::from(k)).unwrap(), s);
+                for rotation in [Rotation::Full, Rotation::Blocks { max_log2: 7 }] {
+                    for k in 1..=4u8 {
+                        let s = TrellisScheme {
+                            code,
+                            l: 16,
+                            k,
+                            order,
+                            rotation,
+                        };
+                        assert_eq!(TrellisScheme::decode(s.encode(), u64::from(k)).unwrap(), s);
+                    }
                 }
             }
         }
+        // Byte 4: 0 or 4..=12; the byte after it is unknown.
+        assert!(TrellisScheme::decode(0x0010_0900 | 3 << 32, 2).is_err());
+        assert!(TrellisScheme::decode(0x0010_0900 | 13 << 32, 2).is_err());
+        assert!(TrellisScheme::decode(0x0010_0900 | 12 << 32, 2).is_ok());
         assert!(TrellisScheme::decode(3, 2).is_err());
         assert!(TrellisScheme::decode(0x0001_0009 | 7 << 24, 2).is_err());
         assert!(TrellisScheme::decode(0x0010_0009, 5).is_err());
         assert!(TrellisScheme::decode(0x0008_0009, 2).is_err()); // L = 8
         assert!(TrellisScheme::decode(1 << 40, 2).is_err());
+    }
+
+    #[test]
+    fn block_rotations_take_the_largest_power_of_two_that_divides() {
+        let b128 = Rotation::parse("b128").unwrap();
+        assert_eq!(b128, Rotation::Blocks { max_log2: 7 });
+        assert_eq!(b128.name(), "b128");
+        // 576 = 9·64, 1536 = 12·128, 14336 = 112·128, 48 = 3·16.
+        for (n, b) in [(576, 64), (1536, 128), (14336, 128), (4096, 128), (48, 16)] {
+            assert_eq!(b128.block_len(n), b, "n = {n}");
+        }
+        assert_eq!(Rotation::Full.block_len(576), 576);
+        assert_eq!(Rotation::parse("full"), Some(Rotation::Full));
+        for bad in ["b100", "b8", "b8192", "blocks", "b"] {
+            assert_eq!(Rotation::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub enum HadamardError {
          Paley II or Kronecker products of those); tried m = {tried}"
     )]
     NoConstruction { n: usize, tried: String },
+    #[error(
+        "no block rotation of {n} values in blocks of {b} (b must be a power of two dividing n)"
+    )]
+    BadBlock { n: usize, b: usize },
     #[error("vector of length {got} does not match Hadamard transform order {expected}")]
     LengthMismatch { expected: usize, got: usize },
     #[error("buffer of {got} floats is not {rows} rows of Hadamard order {n}")]
@@ -105,11 +109,14 @@ impl fmt::Display for Construction {
     }
 }
 
-/// The normalised transform `(H_m ⊗ H_{2^k}) / √n` of one order `n`.
+/// The normalised transform `(H_m ⊗ H_{2^k}) / √n` of one order `n`, or the block-diagonal
+/// `(I_{n/b} ⊗ H_b) / √b` of a block rotation.
 #[derive(Debug, Clone)]
 pub struct Hadamard {
     n: usize,
     m: usize,
+    /// Length of the independently transformed blocks (`n` unless a block rotation).
+    block: usize,
     /// `H_m / √n`, row-major. Folding the normalisation into the dense factor lets the mixing
     /// pass write final values, so no separate scaling sweep over `x` is needed.
     small_scaled: Vec<f32>,
@@ -178,6 +185,41 @@ impl Hadamard {
         ))
     }
 
+    /// The block-diagonal transform `(I_{n/b} ⊗ H_b) / √b`: a Walsh–Hadamard transform of
+    /// each contiguous block of `b` values (`b` a power of two dividing `n`). Symmetric, so
+    /// [`Hadamard::apply_transpose`] is the same map.
+    pub fn blocks(n: usize, b: usize) -> Result<Hadamard, HadamardError> {
+        if n == 0 {
+            return Err(HadamardError::Empty);
+        }
+        if b == 0 || !b.is_power_of_two() || !n.is_multiple_of(b) {
+            return Err(HadamardError::BadBlock { n, b });
+        }
+        let mut h = Self::from_construction(b, Construction::Sylvester { order: 1 });
+        h.n = n;
+        Ok(h)
+    }
+
+    /// The transform a trellis weight's rotation names over a dimension of `n` values: blocks,
+    /// or the full transform with the stored dense factor `factor`.
+    pub fn for_rotation(
+        n: usize,
+        rotation: sfx_formats::resident::Rotation,
+        factor: &sfx_formats::resident::SmallHadamard,
+    ) -> Result<Hadamard, HadamardError> {
+        match rotation {
+            sfx_formats::resident::Rotation::Full => {
+                Self::with_factor(n, factor.order(), factor.entries())
+            }
+            r => Self::blocks(n, r.block_len(n)),
+        }
+    }
+
+    /// Length of the blocks transformed independently (`n` for a full transform).
+    pub fn block_len(&self) -> usize {
+        self.block
+    }
+
     /// The dense ±1 factor `H_m`, row-major (what a container stores).
     pub fn small_factor(&self) -> Vec<i8> {
         let scale = self.scale;
@@ -202,6 +244,7 @@ impl Hadamard {
         Hadamard {
             n,
             m,
+            block: n,
             small_scaled,
             small_scaled_t,
             scale,
@@ -283,6 +326,12 @@ impl Hadamard {
 
     /// `x.len() == self.n` is checked by every caller.
     fn transform(&self, x: &mut [f32], transpose: bool, scratch: &mut Vec<f32>) {
+        if self.block < self.n {
+            for chunk in x.chunks_exact_mut(self.block) {
+                fwht_scaled(self.simd, chunk, self.scale);
+            }
+            return;
+        }
         if self.m == 1 {
             fwht_scaled(self.simd, x, self.scale);
             return;
@@ -787,6 +836,50 @@ mod tests {
         ];
         for (m, c) in expected {
             assert_eq!(plan(m), Some(c), "order {m}");
+        }
+    }
+
+    /// A block rotation against the explicit matrix `(I ⊗ H_b) / √b` (Sylvester's `H_b` from
+    /// its definition, `(−1)^popcount(i & j)`): every block mixes only its own values, the map
+    /// is its own transpose and inverse, and bad block lengths are refused.
+    #[test]
+    fn block_rotations_are_block_diagonal_sylvester() {
+        let mut rng = Rng(0x5eed_b10c);
+        for (n, b) in [(576, 64), (384, 128), (96, 32), (64, 64)] {
+            let h = Hadamard::blocks(n, b).unwrap();
+            assert_eq!(h.block_len(), b);
+            let x = rng.vec(n);
+            let mut got = x.clone();
+            h.apply(&mut got).unwrap();
+            let norm = 1.0 / (b as f64).sqrt();
+            for (i, &g) in got.iter().enumerate() {
+                let (blk, r) = (i / b, i % b);
+                let want: f64 = (0..b)
+                    .map(|c| {
+                        let sign = if (r & c).count_ones() % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        };
+                        sign * f64::from(x[blk * b + c])
+                    })
+                    .sum::<f64>()
+                    * norm;
+                assert!(
+                    (f64::from(g) - want).abs() < 1e-5,
+                    "n {n} b {b} [{i}]: {g} vs {want}"
+                );
+            }
+            let mut t = x.clone();
+            h.apply_transpose(&mut t).unwrap();
+            assert_eq!(t, got, "n {n} b {b}: symmetric");
+            h.apply(&mut t).unwrap();
+            for (a, b) in t.iter().zip(&x) {
+                assert!((a - b).abs() < 1e-5);
+            }
+        }
+        for (n, b) in [(576, 128), (96, 48), (0, 32), (64, 0)] {
+            assert!(Hadamard::blocks(n, b).is_err(), "n {n} b {b}");
         }
     }
 

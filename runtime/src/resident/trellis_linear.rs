@@ -140,8 +140,9 @@ pub struct TrellisLinear {
 
 /// The transforms of a trellis weight, from its stored factors.
 pub fn trellis_hadamards(w: &TrellisQuantized) -> Result<(Hadamard, Hadamard)> {
+    let rotation = w.scheme().rotation;
     let build = |n: usize, f: &sfx_formats::resident::SmallHadamard, side: &str| {
-        Hadamard::with_factor(n, f.order(), f.entries())
+        Hadamard::for_rotation(n, rotation, f)
             .map_err(|e| shape_err("TrellisLinear::new", format!("{side} transform: {e}")))
     };
     Ok((
@@ -300,8 +301,9 @@ impl TrellisLinear {
 }
 
 /// A trellis weight from its streams and signs, with the tables every file of ours carries:
-/// the code's lookup table and our Hadamard factors of both sizes (synthetic models and
-/// tests build weights so; the message names what did not fit).
+/// the code's lookup table and our Hadamard factors of both sizes (none under a block
+/// rotation; synthetic models and tests build weights so; the message names what did not
+/// fit).
 pub fn with_our_tables(
     scheme: TrellisScheme,
     rows: usize,
@@ -310,6 +312,10 @@ pub fn with_our_tables(
     su: Vec<half::f16>,
     sv: Vec<f32>,
 ) -> std::result::Result<TrellisQuantized, String> {
+    let factor = |n: usize| match scheme.rotation {
+        sfx_formats::resident::Rotation::Full => stored_factor(n),
+        _ => Ok(sfx_formats::resident::SmallHadamard::unit()),
+    };
     TrellisQuantized::from_parts(TrellisParts {
         scheme,
         rows,
@@ -318,8 +324,8 @@ pub fn with_our_tables(
         su,
         sv,
         tlut: code_table(scheme.code),
-        had_in: stored_factor(cols)?,
-        had_out: stored_factor(rows)?,
+        had_in: factor(cols)?,
+        had_out: factor(rows)?,
     })
     .map_err(|e| e.to_string())
 }
@@ -461,6 +467,7 @@ pub(crate) mod test_weights {
             l: 16,
             k,
             order,
+            rotation: sfx_formats::resident::Rotation::Full,
         };
         let tiles = bytes(
             TrellisQuantized::tile_stream_len(&scheme, rows, cols).unwrap(),

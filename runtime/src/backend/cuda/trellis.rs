@@ -20,7 +20,7 @@ use super::{
 use crate::backend::Backend;
 use crate::error::{check_len, Result, RuntimeError};
 use crate::resident::trellis::ONE_MAD_SCALE;
-use sfx_formats::resident::{SmallHadamard, TileOrder, TrellisCode, TrellisQuantized};
+use sfx_formats::resident::{Rotation, SmallHadamard, TileOrder, TrellisCode, TrellisQuantized};
 use sfx_formats::DType;
 use std::sync::Arc;
 
@@ -60,14 +60,31 @@ fn gemm_smem(tokens: usize) -> usize {
 /// transform).
 struct DeviceFactor {
     entries: Option<DeviceMem>,
+    /// The order of the dense factor, or under a block rotation the number of blocks (the
+    /// kernels read `m > 1` without entries as the identity: no mix across rows).
     m: usize,
+    /// Length of the transformed blocks under a block rotation, 0 for a full transform.
+    block: usize,
+    /// The transform's normalisation, `1/√n` (full) or `1/√b` (blocks).
+    inv_sqrt: f32,
 }
 
 impl DeviceFactor {
     fn ptr(&self) -> u64 {
         self.entries.as_ref().map_or(0, |e| e.ptr)
     }
+
+    /// Same transform of the same order (items of one launch share its normalisation).
+    fn same_as(&self, other: &DeviceFactor) -> bool {
+        self.m == other.m
+            && self.block == other.block
+            && self.entries.is_some() == other.entries.is_some()
+    }
 }
+
+/// Block lengths the CUDA kernels transform under a block rotation (a warp holds a block in
+/// its registers, 1–8 values a lane).
+const ROTATION_BLOCKS: [usize; 4] = [32, 64, 128, 256];
 
 /// What a trellis-coded [`CudaMatrix`] holds beside its packed tiles.
 pub(super) struct TrellisCodes {
@@ -353,7 +370,22 @@ impl CudaBackend {
         }
         let upload = |bytes: &[u8]| self.dev().upload_new(bytes);
         let upload_f32 = |v: &[f32]| upload(bytemuck::cast_slice(v));
-        let factor = |f: &SmallHadamard| -> Result<DeviceFactor> {
+        let factor = |f: &SmallHadamard, n: usize| -> Result<DeviceFactor> {
+            if s.rotation != Rotation::Full {
+                let block = s.rotation.block_len(n);
+                if !ROTATION_BLOCKS.contains(&block) {
+                    return Err(refuse(format!(
+                        "a block rotation of {n} values in blocks of {block} (the CUDA kernels \
+                         take blocks of {ROTATION_BLOCKS:?})"
+                    )));
+                }
+                return Ok(DeviceFactor {
+                    entries: None,
+                    m: n / block,
+                    block,
+                    inv_sqrt: inv_sqrt(block),
+                });
+            }
             let m = f.order();
             let entries = if m > 1 {
                 let e: Vec<f32> = f.entries().iter().map(|&v| f32::from(v)).collect();
@@ -361,7 +393,12 @@ impl CudaBackend {
             } else {
                 None
             };
-            Ok(DeviceFactor { entries, m })
+            Ok(DeviceFactor {
+                entries,
+                m,
+                block: 0,
+                inv_sqrt: inv_sqrt(n),
+            })
         };
         let packed = pack_units(q);
         let mem = upload(bytemuck::cast_slice(&packed))?;
@@ -391,8 +428,8 @@ impl CudaBackend {
             lut,
             su: upload_f32(&su)?,
             sv: upload_f32(&sv)?,
-            had_in: factor(q.had_in())?,
-            had_out: factor(q.had_out())?,
+            had_in: factor(q.had_in(), cols)?,
+            had_out: factor(q.had_out(), rows)?,
             planes: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 2 * pcols * 2)?,
             sigma: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 4)?,
             rotated: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * rows * 4)?,
@@ -432,6 +469,12 @@ impl CudaBackend {
         let mut views = Vec::with_capacity(items.len());
         for (slot, (w, out)) in p.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis prepare")?;
+            if !c.had_in.same_as(&c0.had_in) {
+                return Err(RuntimeError::Unsupported(format!(
+                    "trellis prepare: projections of {n} inputs with different input transforms \
+                     in one launch"
+                )));
+            }
             views.push((n, c.had_in.m));
             *slot = TrPrepItem {
                 su: c.su.ptr,
@@ -447,7 +490,7 @@ impl CudaBackend {
         let tail = [
             Arg::I32(i32_of("trellis prepare", n)?),
             Arg::I32(i32_of("trellis prepare", c0.pcols())?),
-            Arg::F32(inv_sqrt(n)),
+            Arg::F32(c0.had_in.inv_sqrt),
         ];
         if norm.is_none() {
             if let Some(((grid, block), smem)) = self.token_transform_dims(&views, m)? {
@@ -500,7 +543,7 @@ impl CudaBackend {
                 y: *y,
                 m: i32_of("trellis finish", c.had_out.m)?,
                 n: i32_of("trellis finish", w.rows)?,
-                inv_sqrt_n: inv_sqrt(w.rows),
+                inv_sqrt_n: c.had_out.inv_sqrt,
                 ..TrFinishItem::default()
             };
             if let Some(r) = refine.as_ref().filter(|_| m == 1) {
@@ -621,7 +664,14 @@ impl CudaBackend {
         let mut dense_input = false;
         for (slot, w) in g.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis matvec")?;
-            dense_input |= c.had_in.m > 1;
+            if !c.had_in.same_as(&c0.had_in) {
+                return Err(RuntimeError::Unsupported(format!(
+                    "trellis matvec: projections of {} inputs with different input transforms \
+                     in one launch",
+                    w0.cols
+                )));
+            }
+            dense_input |= c.had_in.entries.is_some();
             end += (w.rows / 16).div_ceil(r);
             *slot = TrItem {
                 codes: w.mem.ptr,
@@ -646,7 +696,8 @@ impl CudaBackend {
         let pcols = c0.pcols();
         let optin = self.dev().smem_optin;
         let threads = mv_threads(c0.k, r);
-        let prologue_cols = prologue.map(|_| w0.cols);
+        // A block rotation's prologue transforms in registers: only the reduction slots.
+        let prologue_cols = prologue.map(|_| if c0.had_in.block > 0 { 0 } else { w0.cols });
         let smem_for =
             |gpb: usize| matvec_smem(hyb, items.len(), pcols, gpb, r, threads, prologue_cols);
         // Enough row groups per block that the grid fills the GPU once (a block's table copies
@@ -693,7 +744,8 @@ impl CudaBackend {
                 Arg::Ptr(nw),
                 Arg::F32(eps),
                 Arg::I32(i32_of("trellis matvec", w0.cols)?),
-                Arg::F32(inv_sqrt(w0.cols)),
+                Arg::F32(c0.had_in.inv_sqrt),
+                Arg::I32(i32_of("trellis matvec", c0.had_in.block)?),
             ],
         )?;
         Ok(true)
@@ -772,11 +824,11 @@ impl CudaBackend {
             trellis_of(g, "trellis swiglu")?,
             trellis_of(u, "trellis swiglu")?,
         );
-        if gc.had_out.m != uc.had_out.m {
+        if !gc.had_out.same_as(&uc.had_out) {
             return Err(RuntimeError::Unsupported(format!(
                 "trellis swiglu: gate and up of {} rows with different output transforms \
-                 (dense factors of order {} and {})",
-                g.rows, gc.had_out.m, uc.had_out.m
+                 (orders {} and {}, blocks {} and {})",
+                g.rows, gc.had_out.m, uc.had_out.m, gc.had_out.block, uc.had_out.block
             )));
         }
         self.trellis_transform_matvec(x, m, &[g, u], norm)?;
@@ -879,8 +931,9 @@ mod tests {
     use crate::backend::cpu::SimdLevel;
     use crate::resident::hadamard::{fwht_scaled, Hadamard};
 
-    /// The kernels' transform of `x` (transposed for tr_finish), ÷ √n: every output written by
-    /// exactly one thread of the launch.
+    /// The kernels' transform of `x` (transposed for tr_finish), ÷ √n (÷ √b under a block
+    /// rotation: m > 1 blocks and no factor entries): every output written by exactly one
+    /// thread of the launch.
     fn row_block_model(x: &[f32], m: usize, hm: &[f32], transpose: bool) -> Vec<f32> {
         let n = x.len();
         let (blocks, threads) = row_blocks(n, m);
@@ -889,7 +942,12 @@ mod tests {
         let lq = (p / row).trailing_zeros();
         let rows = n / row;
         let per_block = (ROW_MAX / row).min(rows);
+        let identity = m > 1 && hm.is_empty();
+        let norm = if identity { inv_sqrt(p) } else { inv_sqrt(n) };
         let coeff = |r: usize, k: usize| {
+            if identity {
+                return if r == k { 1.0 } else { 0.0 };
+            }
             let (i, ik) = (r >> lq, k >> lq);
             let h = if m == 1 {
                 1.0
@@ -938,7 +996,7 @@ mod tests {
                         "output {} written twice",
                         r * row + c
                     );
-                    out[r * row + c] = val * inv_sqrt(n);
+                    out[r * row + c] = val * norm;
                 }
             }
         }
@@ -969,6 +1027,30 @@ mod tests {
                     assert!(
                         (g - w).abs() <= 1e-5 * scale,
                         "n {n} (m {m}) transpose {transpose}: [{i}] {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_blocks_match_the_cpu_block_rotation() {
+        // 576 in blocks of 64 (SmolLM2), 4096 and 14336 in blocks of 128 (Llama-3.1-8B), 11008
+        // in 256s: the kernels' view of m = n/b rows of b values with no mix across them.
+        for (n, b) in [(576, 64), (4096, 128), (14336, 128), (11008, 256), (96, 32)] {
+            let had = Hadamard::blocks(n, b).expect("a block rotation");
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
+                .collect();
+            for transpose in [false, true] {
+                let got = row_block_model(&x, n / b, &[], transpose);
+                let mut want = x.clone();
+                had.apply(&mut want).expect("length");
+                let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * scale,
+                        "n {n} b {b} transpose {transpose}: [{i}] {g} vs {w}"
                     );
                 }
             }

@@ -202,9 +202,17 @@ __device__ __forceinline__ RowView row_view(int n, int m) {
     return v;
 }
 
-// C[r][k] (transposed: C[k][r]) of the row mix: hm (m × m, null for m = 1) ⊗ Sylvester's H_q.
+// A block rotation (I_m ⊗ H_b)/√b: m > 1 blocks and no dense factor. Its row view has rows
+// of P = b (≤ 512) values and no mix across them (C = I).
+__device__ __forceinline__ bool row_identity(const float* hm, int m) {
+    return hm == nullptr && m > 1;
+}
+
+// C[r][k] (transposed: C[k][r]) of the row mix: hm (m × m, null for m = 1) ⊗ Sylvester's H_q;
+// the identity under a block rotation.
 __device__ __forceinline__ float row_coeff(const float* __restrict__ hm, int m, int lq,
                                            bool transpose, int r, int k) {
+    if (row_identity(hm, m)) return r == k ? 1.0f : 0.0f;
     const int qm = (1 << lq) - 1;
     const int i = r >> lq, ik = k >> lq;
     const float h = hm == nullptr ? 1.0f : __ldg(hm + (transpose ? ik * m + i : i * m + ik));
@@ -292,6 +300,7 @@ __device__ __forceinline__ float staged_coeff(const RowCoeffs& rc, const float* 
 __device__ __forceinline__ float row_mix(const float* __restrict__ in, const RowCoeffs& rc,
                                          const float* __restrict__ hm, int m, const RowView& v,
                                          bool transpose, int r, int c) {
+    if (row_identity(hm, m)) return in[r * v.P + c];
     float acc = 0.0f;
     if (!rc.staged) {
 #pragma unroll 8
@@ -636,7 +645,10 @@ __device__ __forceinline__ void tr_finish_swiglu_body(const TrFinish& f) {
     SFX_PDL_WAIT();
     if (gc.staged || uc.staged) __syncthreads();
     float val[2] = {0.0f, 0.0f};
-    if (s.valid) {
+    if (s.valid && row_identity(g.hm, g.m)) {
+        val[0] = g.rot[(size_t)t * g.n + o];
+        val[1] = u.rot[(size_t)t * u.n + o];
+    } else if (s.valid) {
         // Both vectors' loads of a batch go out together.
         constexpr int B = TR_MIX_BATCH;
         const float* gr = g.rot + (size_t)t * g.n + s.c;
@@ -703,6 +715,12 @@ __device__ __forceinline__ int token_coeff_offset(int n) { return 2 * n; }
 __device__ void token_mix_fwht(const float* buf, float* out, float* coeff,
                                const float* __restrict__ hm, int m, const RowView& v,
                                bool transpose) {
+    if (row_identity(hm, m)) {
+        for (int i = threadIdx.x; i < v.M * v.P; i += blockDim.x) out[i] = buf[i];
+        __syncthreads();
+        block_fwht_rows(out, v.M, v.P);
+        return;
+    }
     const int M4 = (v.M + 3) & ~3;
     for (int i = threadIdx.x; i < v.M * M4; i += blockDim.x) {
         const int k = i / M4, r = i - k * M4;
@@ -1000,6 +1018,70 @@ __device__ __forceinline__ void prologue_planes(const TrGroup& g, int k0, int k1
     }
 }
 
+// The factor a prologue multiplies its transformed values by before the planes, from one pass
+// over x: the transform's normalisation × the norm's 1/rms (x RMS-normalised with nw; none
+// without) × the planes' σ, which it also returns. Every thread of the block calls it.
+__device__ __forceinline__ float prologue_scale(const float* __restrict__ xt,
+                                                const float* __restrict__ nw, float eps, int n,
+                                                float inv_sqrt, float* sums, float& sigma) {
+    float ss = 0.0f, ss_hat = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xt[i];
+        if (nw != nullptr) {
+            ss = fmaf(v, v, ss);
+            v *= nw[i];
+        }
+        ss_hat = fmaf(v, v, ss_hat);
+    }
+    float inv_rms = 1.0f;
+    if (nw != nullptr) inv_rms = 1.0f / sqrtf(block_sum(ss, sums) / (float)n + eps);
+    sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
+    return inv_sqrt * inv_rms * sigma;
+}
+
+// The matvec prologue under a block rotation of 32·E-value blocks: x (RMS-normalised with nw)
+// ⊙ su, each block's Walsh–Hadamard transform in one warp's registers (lane c holds values
+// c + 32i, the order of warp_fwht_regs), straight to the planes — no shared buffer and no
+// pass across blocks, for any n (14336 included, which the full transform sends through
+// tr_prepare). The norm and σ need the whole vector first: one pass of sums, then the
+// transform pass reads x again (from L1/L2).
+template <int E, bool MMA, int THREADS>
+__device__ __forceinline__ void prologue_blocks(const TrGroup& g, int k0, int k1, int l0,
+                                                const float* __restrict__ x,
+                                                const float* __restrict__ nw, float eps, int n,
+                                                int pcols, float inv_sqrt_b, uint32_t* planes,
+                                                int plane_words, float* sums) {
+    constexpr int W = THREADS / 32, B = 32 * E;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    const float* xt = x + (size_t)t * n;
+    float sigma;
+    const float f = prologue_scale(xt, nw, eps, n, inv_sqrt_b, sums, sigma);
+    const int blocks = n / B;
+    for (int k = k0; k <= k1; ++k) {
+        const TrItem it = item_at(g.item, k);
+        __half* hi = reinterpret_cast<__half*>(planes + k * 2 * plane_words);
+        __half* lo = reinterpret_cast<__half*>(planes + (k * 2 + 1) * plane_words);
+        for (int b = warp; b < blocks; b += W) {
+            const int base = b * B + lane;
+            float v[E];
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                float xv = xt[base + 32 * i];
+                if (nw != nullptr) xv *= nw[base + 32 * i];
+                v[i] = xv * it.su[base + 32 * i];
+            }
+            warp_fwht_regs<E>(v);
+#pragma unroll
+            for (int i = 0; i < E; ++i) store_plane_value<MMA>(hi, lo, base + 32 * i, v[i] * f);
+        }
+        for (int c = n + (int)threadIdx.x; c < pcols; c += THREADS)
+            store_plane_value<MMA>(hi, lo, c, 0.0f);
+        // The block holding the item's first row group publishes σ for tr_finish.
+        if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
+    }
+    __syncthreads();
+}
+
 // A block takes `gpb` consecutive row groups (R tile rows of one item each) and flattens their
 // (group, unit) pairs over its warps: warp w takes the w-th contiguous run of them, holding the
 // next pair's codes in registers while it decodes the current one (the decode is
@@ -1014,12 +1096,14 @@ __device__ __forceinline__ void prologue_planes(const TrGroup& g, int k0, int k1
 // instead of reading tr_prepare's planes: x (RMS-normalised with nw), ⊙ su of each item it
 // touches, the Walsh–Hadamard transform in the partial sums' region (free until the loop),
 // then the planes — the same values tr_prepare writes, one launch fewer per projection set.
+// Under a block rotation (blk > 0: blocks of blk values, normalised by inv_sqrt_n = 1/√blk)
+// it runs prologue_blocks instead, whatever n.
 template <int CODE, int K, bool MMA, int R>
 __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t* __restrict__ lut,
                                                int n_units, int gpb, int total_groups,
                                                const float* __restrict__ x,
                                                const float* __restrict__ nw, float eps, int n,
-                                               float inv_sqrt_n) {
+                                               float inv_sqrt_n, int blk) {
     constexpr int THREADS = TrMvShape<K, R>::THREADS, WARPS = TrMvShape<K, R>::WARPS;
     SFX_PDL_TRIGGER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -1093,7 +1177,14 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     SFX_PDL_WAIT();
     int l0, l1;
     const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
-    if (x != nullptr) {
+    if (x != nullptr && blk > 0) {
+        switch (blk) {
+            case 32: prologue_blocks<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 64: prologue_blocks<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 128: prologue_blocks<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            default: prologue_blocks<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+        }
+    } else if (x != nullptr) {
         const int e = n / THREADS;
         bool done = true;
         switch (n >= THREADS ? e : 0) {
@@ -1107,19 +1198,8 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             float* buf = red;         // [n]
             float* sums = red + n;    // [32] block reductions
             const float* xt = x + (size_t)t * n;
-            float ss = 0.0f, ss_hat = 0.0f;
-            for (int i = threadIdx.x; i < n; i += THREADS) {
-                float v = xt[i];
-                if (nw != nullptr) {
-                    ss = fmaf(v, v, ss);
-                    v *= nw[i];
-                }
-                ss_hat = fmaf(v, v, ss_hat);
-            }
-            float inv_rms = 1.0f;
-            if (nw != nullptr) inv_rms = 1.0f / sqrtf(block_sum(ss, sums) / (float)n + eps);
-            const float sigma = plane_sigma(sqrtf(block_sum(ss_hat, sums)) * inv_rms);
-            const float f = inv_sqrt_n * inv_rms * sigma;
+            float sigma;
+            const float f = prologue_scale(xt, nw, eps, n, inv_sqrt_n, sums, sigma);
             for (int k = k0; k <= k1; ++k) {
                 const TrItem it = item_at(g.item, k);
                 for (int i = threadIdx.x; i < n; i += THREADS) {
@@ -1297,9 +1377,9 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     extern "C" __global__ void __launch_bounds__(TrMvShape<K, R>::THREADS, 1)                 \
         tr_matvec_##NAME##_k##K##_##ORD##_r##R(                                                \
             const TrGroup g, const uint32_t* lut, int n_units, int gpb, int total_groups,       \
-            const float* x, const float* nw, float eps, int n, float inv_sqrt_n) {              \
+            const float* x, const float* nw, float eps, int n, float inv_sqrt_n, int blk) {     \
         SFX_TR_MV_BODY(tr_matvec_body<CODE, K, ORD##_ORDER, R>(                                 \
-            g, lut, n_units, gpb, total_groups, x, nw, eps, n, inv_sqrt_n);)                    \
+            g, lut, n_units, gpb, total_groups, x, nw, eps, n, inv_sqrt_n, blk);)               \
     }
 
 // Every entry point of a family: both tile orders × two variants (V1, V2) × K × code.
