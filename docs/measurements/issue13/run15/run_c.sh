@@ -3,10 +3,6 @@
 # (the block-rotation prologue batches its loads). While llama.cpp builds: trellis and
 # model-decode conformance. Then issue 13's side-by-side in one command: llama.cpp (0c1e570,
 # Q2_K / Q4_K_M / Q4_0) and the trellis formats under both rotations, tg128 and pp512.
-# the device. While llama.cpp builds: trellis and model-decode conformance (the block-rotation
-# cases are new). Then issue 13's side-by-side in one command: llama.cpp (0c1e570, Q2_K /
-# Q4_K_M / Q4_0) and every trellis format with the full and the b128 rotation on the 8B shape,
-# tg128 and pp512, back to back; last, per-kernel decode times of qtip2 HYB under each rotation.
 O=$OUT; t0=$(date +%s); mkdir -p /tmp/c $O/c
 el() { echo $(( $(date +%s) - t0 )); }
 xz -dc .gpu/sfx.xz > /tmp/c/sfx; chmod +x /tmp/c/sfx; S=/tmp/c/sfx
