@@ -97,5 +97,29 @@ if [[ "$(brown_sha)" != "$BROWN_SHA" ]]; then
   if [[ "$(brown_sha)" != "$BROWN_SHA" ]]; then log "sha256 mismatch for brown corpus members"; exit 1; fi
 fi
 
+# --- vocab: Llama-2's SentencePiece vocabulary as a vocab-only GGUF, inside a PyPI sdist --------
+# llama.cpp's `models/ggml-vocab-llama-spm.gguf` (no tensors), as llama-cpp-python vendors it:
+# the reference vocabulary of the SentencePiece tokenizer tests.
+SPM_VOCAB="$ASSETS/vocab/ggml-vocab-llama-spm.gguf"
+SPM_VOCAB_SHA=16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69
+if ! have "$SPM_VOCAB" "$SPM_VOCAB_SHA"; then
+  log "fetching llama-cpp-python==0.3.36 sdist (PyPI)"
+  mkdir -p "$ASSETS/vocab"
+  # --no-binary for this package only: pip would otherwise prefer a wheel, which has no models/.
+  python3 -m pip download -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    llama-cpp-python==0.3.36 -d "$WORK"
+  check_sha "$WORK/llama_cpp_python-0.3.36.tar.gz" 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+  python3 - "$WORK/llama_cpp_python-0.3.36.tar.gz" "$SPM_VOCAB" <<'PY'
+import os, shutil, sys, tarfile
+src, dest = sys.argv[1:3]
+member = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
+with tarfile.open(src) as t, t.extractfile(member) as f, open(dest + ".part", "wb") as out:
+    shutil.copyfileobj(f, out, 1 << 20)
+    out.flush(); os.fsync(out.fileno())
+os.replace(dest + ".part", dest)
+PY
+  check_sha "$SPM_VOCAB" "$SPM_VOCAB_SHA"
+fi
+
 log "assets ready in $ASSETS"
 echo "$ASSETS"

@@ -17,7 +17,7 @@
 mod assets;
 
 use serde_json::Value;
-use sfx_formats::gguf::{import_gguf, GgufFile};
+use sfx_formats::gguf::{import_gguf, import_gguf_to_folder, GgufFile};
 use sfx_formats::TensorSource;
 use std::path::Path;
 use std::time::Instant;
@@ -252,16 +252,18 @@ fn import_and_write_hf_folder() {
     let out = dir.path().join("smollm2-hf");
     let t1 = Instant::now();
     let calls = std::cell::Cell::new(0usize);
-    m.write_hf_folder(&out, |done, total| {
+    let written = import_gguf_to_folder(&path, &out, |done, total| {
         assert_eq!(done, calls.get() + 1);
         assert_eq!(total, m.tensors.len());
         calls.set(done);
     })
     .unwrap();
     let write_s = t1.elapsed().as_secs_f64();
-    eprintln!("import (open, dequantize, un-permute, tokenizer, sha256): {import_s:.2} s; write HF folder: {write_s:.2} s");
+    eprintln!("import in memory (open, dequantize, un-permute, tokenizer, sha256): {import_s:.2} s; streamed HF folder: {write_s:.2} s");
     assert_eq!(calls.get(), m.tensors.len());
     assert_eq!(m.source_sha256.as_deref(), Some(MODEL_SHA256));
+    assert_eq!(written.source_sha256, MODEL_SHA256);
+    assert_eq!(written.hf_config, m.hf_config);
 
     // config.json: SmolLM2-135M's published configuration, and accepted by the crate's own
     // config parser.

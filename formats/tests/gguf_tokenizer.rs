@@ -224,9 +224,9 @@ fn tokenizer_errors_name_the_problem() {
     );
     let mut g = tiny_tokenizer(Some("gpt2"), &[]);
     g.kvs.retain(|(k, _)| k != "tokenizer.ggml.model");
-    let err = build(g.kv("tokenizer.ggml.model", s("llama"))).unwrap_err();
+    let err = build(g.kv("tokenizer.ggml.model", s("bert"))).unwrap_err();
     assert!(
-        err.contains("'llama' (SentencePiece) is not supported"),
+        err.contains("tokenizer.ggml.model 'bert' (WordPiece) is not supported"),
         "{err}"
     );
     let err = build(

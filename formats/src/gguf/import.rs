@@ -1,5 +1,7 @@
-//! GGUF → Hugging Face checkpoint folder (`config.json`, `model.safetensors`, tokenizer
-//! files) for the llama, mistral, qwen2 and qwen3 architectures.
+//! GGUF → a model in Hugging Face conventions (configuration, tensor names and layouts,
+//! tokenizer) for the llama, mistral, qwen2 and qwen3 architectures: the plan decided from the
+//! header, and the tensors materialized in memory for a runtime (the checkpoint-folder writer,
+//! `hf_folder`, streams from the same plan).
 //!
 //! Tensors are dequantized to f32 and renamed to the Hugging Face names; GGUF dims are
 //! innermost-first, so the HF shape is the dims reversed and the bytes need no transpose.
@@ -8,17 +10,15 @@
 //! undoes it. qwen2/qwen3 are stored unpermuted.
 
 use super::reader::GgufTensorInfo;
-use super::tokenizer::tokenizer_from_gguf;
+use super::tokenizer::{tokenizer_from_gguf, GgufTokenizer};
 use super::{dequantize, GgmlType, GgufError, GgufFile};
-use crate::atomic::{write_atomic, AtomicFile};
-use crate::tensor::{OwnedTensors, TensorSource};
-use rayon::prelude::*;
+use crate::tensor::OwnedTensors;
 use serde_json::{json, Map, Value};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// A GGUF model converted to Hugging Face conventions, ready to write as a checkpoint folder.
+/// A GGUF model converted to Hugging Face conventions and held in memory (a checkpoint folder
+/// is written by [`super::import_gguf_to_folder`], which streams instead).
 #[derive(Debug)]
 pub struct ImportedModel {
     pub hf_config: Value,
@@ -366,6 +366,69 @@ fn import_from_gguf_keeping(
     gguf: &GgufFile,
     keep: &(dyn Fn(GgmlType) -> bool + Sync),
 ) -> Result<ImportedModel, GgufError> {
+    let plan = plan_import(gguf)?;
+    let mut tensors = OwnedTensors::new();
+    let mut blocks = BTreeMap::new();
+    for (hf, planned) in &plan.tensors {
+        let info = planned.info;
+        let shape = info.shape();
+        let keep_blocks = shape.len() == 2 && hf.ends_with(".weight") && keep(info.ggml_type);
+        let mut bytes = if keep_blocks {
+            gguf.tensor_bytes(info)?.to_vec()
+        } else {
+            dequantize_le_bytes(gguf, info)?
+        };
+        if let Some(n_head) = planned.qk_heads {
+            // Whole rows move, so block bytes un-permute like f32 ones.
+            let rows = shape[0];
+            bytes = unpermute_rows(&bytes, rows, bytes.len() / rows, n_head)
+                .map_err(|m| GgufError::tensor(&info.name, m))?;
+        }
+        if keep_blocks {
+            let (rows, cols) = (shape[0], shape[1]);
+            blocks.insert(
+                hf.clone(),
+                BlockTensor {
+                    ty: info.ggml_type,
+                    rows,
+                    cols,
+                    bytes,
+                },
+            );
+            continue;
+        }
+        tensors
+            .insert_raw(hf.clone(), crate::DType::F32, info.shape(), bytes)
+            .map_err(|e| GgufError::tensor(&info.name, e.to_string()))?;
+    }
+    Ok(ImportedModel {
+        hf_config: plan.hf_config,
+        blocks,
+        tensors,
+        tokenizer_json: plan.tokenizer.tokenizer_json,
+        tokenizer_config: plan.tokenizer.tokenizer_config,
+        generation_config: plan.tokenizer.generation_config,
+        source_sha256: None,
+    })
+}
+
+/// Everything an import decides from the GGUF header alone: the Hugging Face configuration,
+/// the tokenizer, and for every tensor its Hugging Face name and whether its rows need
+/// llama.cpp's Q/K permutation undone. No tensor data is read.
+pub(super) struct ImportPlan<'g> {
+    pub hf_config: Value,
+    pub tokenizer: GgufTokenizer,
+    /// By Hugging Face name (sorted: the order of the safetensors header).
+    pub tensors: BTreeMap<String, PlannedTensor<'g>>,
+}
+
+pub(super) struct PlannedTensor<'g> {
+    pub info: &'g GgufTensorInfo,
+    /// Heads of a Q/K projection (weight or bias) stored with llama.cpp's row permutation.
+    pub qk_heads: Option<usize>,
+}
+
+pub(super) fn plan_import(gguf: &GgufFile) -> Result<ImportPlan<'_>, GgufError> {
     let arch_name = gguf.get_str("general.architecture")?;
     let arch = GgufArch::from_name(arch_name)?;
     let dims = read_dims(gguf, arch, arch_name)?;
@@ -427,45 +490,6 @@ fn import_from_gguf_keeping(
     }
     let rope_scaling = rope_scaling(gguf, arch_name, &dims, rope_freqs)?;
 
-    let mut tensors = OwnedTensors::new();
-    let mut blocks = BTreeMap::new();
-    for (hf, info) in &plan {
-        let shape = info.shape();
-        let keep_blocks = shape.len() == 2 && hf.ends_with(".weight") && keep(info.ggml_type);
-        let mut bytes = if keep_blocks {
-            gguf.tensor_bytes(info)?.to_vec()
-        } else {
-            dequantize_le_bytes(gguf, info)?
-        };
-        let heads = match hf.rsplit('.').nth(1) {
-            Some("q_proj") => Some(dims.heads),
-            Some("k_proj") => Some(dims.kv_heads),
-            _ => None,
-        };
-        if let (true, Some(n_head)) = (arch.qk_permuted(), heads) {
-            // Whole rows move, so block bytes un-permute like f32 ones.
-            let rows = shape[0];
-            bytes = unpermute_rows(&bytes, rows, bytes.len() / rows, n_head)
-                .map_err(|m| GgufError::tensor(&info.name, m))?;
-        }
-        if keep_blocks {
-            let (rows, cols) = (shape[0], shape[1]);
-            blocks.insert(
-                hf.clone(),
-                BlockTensor {
-                    ty: info.ggml_type,
-                    rows,
-                    cols,
-                    bytes,
-                },
-            );
-            continue;
-        }
-        tensors
-            .insert_raw(hf.clone(), crate::DType::F32, info.shape(), bytes)
-            .map_err(|e| GgufError::tensor(&info.name, e.to_string()))?;
-    }
-
     let mut cfg = Map::new();
     cfg.insert("architectures".into(), json!([arch.hf_architecture()]));
     cfg.insert("model_type".into(), json!(arch.model_type()));
@@ -507,14 +531,22 @@ fn import_from_gguf_keeping(
         }
     }
 
-    Ok(ImportedModel {
+    let tensors = plan
+        .into_iter()
+        .map(|(hf, info)| {
+            let heads = match hf.rsplit('.').nth(1) {
+                Some("q_proj") => Some(dims.heads),
+                Some("k_proj") => Some(dims.kv_heads),
+                _ => None,
+            };
+            let qk_heads = heads.filter(|_| arch.qk_permuted());
+            (hf, PlannedTensor { info, qk_heads })
+        })
+        .collect();
+    Ok(ImportPlan {
         hf_config: Value::Object(cfg),
-        blocks,
+        tokenizer: tok,
         tensors,
-        tokenizer_json: tok.tokenizer_json,
-        tokenizer_config: tok.tokenizer_config,
-        generation_config: tok.generation_config,
-        source_sha256: None,
     })
 }
 
@@ -758,170 +790,6 @@ pub fn llama3_rope_scaling_from_factors(
         "high_freq_factor": hf,
         "original_max_position_embeddings": l as u64,
     })))
-}
-
-/// Metadata-only safetensors view: the header is computed from shape and byte length, and
-/// the data is streamed separately.
-struct HeaderOnly {
-    shape: Vec<usize>,
-    len: usize,
-}
-
-impl safetensors::View for &HeaderOnly {
-    fn dtype(&self) -> safetensors::Dtype {
-        safetensors::Dtype::BF16
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&[])
-    }
-    fn data_len(&self) -> usize {
-        self.len
-    }
-}
-
-impl ImportedModel {
-    /// Writes `config.json`, `model.safetensors` (BF16, tensors in sorted name order),
-    /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` into `dir`
-    /// (created if needed). Every file is written atomically; `config.json` goes last, so a
-    /// folder with a config is complete. `progress(done, total)` is called after each tensor.
-    pub fn write_hf_folder(
-        &self,
-        dir: impl AsRef<Path>,
-        progress: impl Fn(usize, usize),
-    ) -> Result<(), GgufError> {
-        let dir = dir.as_ref();
-        if let Some(name) = self.blocks.keys().next() {
-            return Err(GgufError::Import(format!(
-                "{name} was kept in GGUF blocks; a checkpoint folder needs a plain import"
-            )));
-        }
-        std::fs::create_dir_all(dir).map_err(|e| GgufError::Io {
-            path: dir.to_path_buf(),
-            source: e,
-        })?;
-        let pretty = |v: &Value| {
-            let mut s = serde_json::to_string_pretty(v).expect("JSON values serialize");
-            s.push('\n');
-            s
-        };
-        write_atomic(dir.join("tokenizer.json"), self.tokenizer_json.as_bytes())?;
-        write_atomic(
-            dir.join("tokenizer_config.json"),
-            pretty(&self.tokenizer_config).as_bytes(),
-        )?;
-        write_atomic(
-            dir.join("generation_config.json"),
-            pretty(&self.generation_config).as_bytes(),
-        )?;
-        self.write_safetensors(&dir.join("model.safetensors"), &progress)?;
-        write_atomic(dir.join("config.json"), pretty(&self.hf_config).as_bytes())?;
-        Ok(())
-    }
-
-    fn write_safetensors(
-        &self,
-        dest: &Path,
-        progress: &dyn Fn(usize, usize),
-    ) -> Result<(), GgufError> {
-        let names = self.tensors.tensor_names();
-        let mut views = Vec::with_capacity(names.len());
-        for name in &names {
-            let t = self.tensors.tensor(name)?;
-            views.push(HeaderOnly {
-                shape: t.shape.to_vec(),
-                len: t.element_count() * 2,
-            });
-        }
-        let mut metadata = std::collections::HashMap::new();
-        metadata.insert("format".to_string(), "pt".to_string());
-        // With empty data the serializer emits exactly the 8-byte length and the header; the
-        // header's offsets then say in which order to stream the tensors.
-        let header = safetensors::serialize(names.iter().zip(views.iter()), Some(metadata))
-            .map_err(|e| GgufError::Import(format!("safetensors header: {e}")))?;
-        let order = data_order(&header)?;
-        let mut file = AtomicFile::create(dest)?;
-        file.write_all(&header)?;
-        let total = order.len();
-        let mut buf: Vec<u8> = Vec::new();
-        for (done, name) in order.iter().enumerate() {
-            let view = self.tensors.tensor(name)?;
-            to_bf16_le(&view.to_f32_slice_or_vec(), &mut buf);
-            file.write_all(&buf)?;
-            progress(done + 1, total);
-        }
-        file.commit()?;
-        Ok(())
-    }
-}
-
-/// Tensor names in data order, from a serialized safetensors header, checking that the
-/// data regions are contiguous from 0.
-fn data_order(header: &[u8]) -> Result<Vec<String>, GgufError> {
-    let bad = |m: &str| GgufError::Import(format!("safetensors header: {m}"));
-    let len_bytes: [u8; 8] = header
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| bad("short"))?;
-    let n = u64::from_le_bytes(len_bytes) as usize;
-    if header.len() != 8 + n {
-        return Err(bad("unexpected length"));
-    }
-    let json: Map<String, Value> =
-        serde_json::from_slice(&header[8..]).map_err(|e| bad(&e.to_string()))?;
-    let mut entries = Vec::new();
-    for (name, v) in json {
-        if name == "__metadata__" {
-            continue;
-        }
-        let off = v["data_offsets"]
-            .as_array()
-            .and_then(|a| Some((a.first()?.as_u64()?, a.get(1)?.as_u64()?)))
-            .ok_or_else(|| bad("missing data_offsets"))?;
-        entries.push((off, name));
-    }
-    entries.sort();
-    let mut pos = 0;
-    for ((start, end), name) in &entries {
-        if *start != pos {
-            return Err(bad(&format!(
-                "{name} does not start where the previous ends"
-            )));
-        }
-        pos = *end;
-    }
-    Ok(entries.into_iter().map(|(_, n)| n).collect())
-}
-
-/// f32 → bf16 little-endian bytes, round to nearest even (as PyTorch's `.to(bfloat16)`).
-fn to_bf16_le(values: &[f32], out: &mut Vec<u8>) {
-    out.clear();
-    out.resize(values.len() * 2, 0);
-    out.par_chunks_mut(1 << 16)
-        .zip(values.par_chunks(1 << 15))
-        .for_each(|(dst, src)| {
-            for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
-            }
-        });
-}
-
-/// f32 values of a view without copying when the bytes are suitably aligned.
-trait F32Values {
-    fn to_f32_slice_or_vec(&self) -> Cow<'_, [f32]>;
-}
-
-impl F32Values for crate::TensorView<'_> {
-    fn to_f32_slice_or_vec(&self) -> Cow<'_, [f32]> {
-        if self.dtype == crate::DType::F32 && cfg!(target_endian = "little") {
-            if let Ok(s) = bytemuck::try_cast_slice::<u8, f32>(self.data) {
-                return Cow::Borrowed(s);
-            }
-        }
-        Cow::Owned(self.to_f32_vec())
-    }
 }
 
 #[cfg(test)]

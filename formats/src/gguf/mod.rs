@@ -4,13 +4,18 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), sfx_formats::gguf::GgufError> {
+//! // A Hugging Face folder, streamed a chunk of one tensor at a time:
+//! sfx_formats::gguf::import_gguf_to_folder("model.Q4_K_M.gguf", "model-hf", |done, total| {
+//!     eprintln!("{done}/{total}")
+//! })?;
+//! // Or every tensor dequantized in memory, for a runtime:
 //! let model = sfx_formats::gguf::import_gguf("model.Q4_K_M.gguf")?;
-//! model.write_hf_folder("model-hf", |done, total| eprintln!("{done}/{total}"))?;
 //! # Ok(()) }
 //! ```
 
 mod dequant;
 mod error;
+mod hf_folder;
 mod imatrix;
 mod import;
 mod iq;
@@ -22,6 +27,7 @@ pub use dequant::{
     dequantize, dequantize_to_vec, k_scale_min, q3k_scales, GgmlType, DEQUANTIZABLE, QK_K,
 };
 pub use error::GgufError;
+pub use hf_folder::{import_gguf_to_folder, import_gguf_to_folder_in_chunks, FolderImport};
 pub use imatrix::{Imatrix, ImatrixError};
 pub use import::{
     hf_tensor_name, import_from_gguf, import_gguf, import_gguf_keeping,
