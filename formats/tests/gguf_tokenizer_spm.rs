@@ -4,6 +4,9 @@
 //! `tests/fixtures/spm_llama_reference.json` (scripts/golden/make_spm_fixtures.py); and the
 //! metadata switches on a hand-made vocabulary.
 
+#[path = "common/assets.rs"]
+mod assets;
+
 #[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
@@ -28,16 +31,7 @@ fn reference() -> Value {
 
 /// The vocabulary GGUF, fetched with the other assets (a third party's file: not committed).
 fn llama_spm_gguf() -> PathBuf {
-    let dir = std::env::var_os("SFX_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
-    let p = dir.join("vocab/ggml-vocab-llama-spm.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch_assets.sh (make test does)",
-        p.display()
-    );
-    p
+    assets::asset("vocab/ggml-vocab-llama-spm.gguf")
 }
 
 fn llama_spm() -> GgufTokenizer {
