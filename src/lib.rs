@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod device;
 pub mod heldout;
+pub mod mapped;
 pub mod model_open;
 pub mod publish;
 pub mod quality;

@@ -10,6 +10,7 @@ mod common;
 mod cli_errors;
 mod convert;
 mod eval_vs_transformers;
+mod faults;
 mod ggml_quant;
 mod gguf_base;
 mod kv;

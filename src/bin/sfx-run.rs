@@ -504,6 +504,17 @@ struct Loaded<B: Backend> {
     load_seconds: f64,
 }
 
+/// Refuses to report results computed from a `.sfx` that changed on disk during the run: after
+/// a truncation or an in-place rewrite, bytes read through its map (the ram tier's refinement)
+/// may not be the verified ones. A file replaced by a rename is another inode and passes.
+fn ensure_model_unchanged<B: Backend>(loaded: &Loaded<B>) -> Result<()> {
+    if let Some((_, file)) = &loaded.sfx {
+        file.check_unchanged()
+            .context("refusing to report this run's results")?;
+    }
+    Ok(())
+}
+
 /// Load-time options from the command line.
 fn model_options(cli: &Cli) -> Result<ModelOptions> {
     Ok(ModelOptions {
@@ -578,6 +589,8 @@ fn load_sfx<B: ResidentKernels>(backend: B, spec: &str, cli: &Cli) -> Result<Loa
 fn main() -> Result<()> {
     let mut cli = Cli::parse();
     cli.model = sfx_formats::package::container_spec(&cli.model);
+    // Before any file is mapped: a model truncated under the run ends it with a message.
+    strataflux::mapped::exit_clearly_on_sigbus(std::path::Path::new(&cli.model));
     if let Some(n) = cli.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -786,6 +799,7 @@ fn generate<B: Backend>(
         next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
     }
     let gen_s = t1.elapsed().as_secs_f64();
+    ensure_model_unchanged(loaded)?;
     let refine = refiner
         .as_deref()
         .map(|r| refine_report(r, &cli.refine_tier));
@@ -1116,6 +1130,7 @@ fn eval_k_sweep<B: Backend, R: Backend>(
             },
         ));
     }
+    ensure_model_unchanged(loaded)?;
     if cli.json {
         let v = serde_json::json!({
             "model": loaded.info.origin,
@@ -1168,6 +1183,7 @@ fn report_eval<B: Backend>(
     let Some(main) = runs.last() else {
         bail!("no evaluation pass ran");
     };
+    ensure_model_unchanged(loaded)?;
     let r = &main.result;
     let scored = r.ppl.tokens;
     if cli.json {
@@ -1465,6 +1481,7 @@ fn run_kv_eval<B: ResidentKernels>(
         v["bytes_per_1k_tokens"] = kv_bytes_per_1k(c, shape)?;
         rows.push(v);
     }
+    ensure_model_unchanged(loaded)?;
     if json {
         let v = serde_json::json!({
             "model": loaded.info.origin,

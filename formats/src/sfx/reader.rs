@@ -35,9 +35,32 @@ impl Storage {
 pub struct SfxFile {
     path: PathBuf,
     storage: Storage,
+    /// The open file the map was made from, and its size and mtime then (`None` for
+    /// [`SfxFile::from_bytes`]): readers of the same bytes open this inode, not the path, and
+    /// [`SfxFile::check_unchanged`] compares against the stamp.
+    opened: Option<(std::fs::File, FileStamp)>,
     entries: Vec<Entry>,
     index: HashMap<String, usize>,
     metadata: SfxMetadata,
+}
+
+/// What `fstat` says of a file's contents: a write or a truncation moves its size or mtime.
+/// Not the ctime: unlinking the file (a new one renamed over its path, which leaves the open
+/// inode intact) moves it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
 }
 
 /// A section's table entry and its stored bytes (borrowed from the map).
@@ -81,10 +104,8 @@ impl SfxFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
         let file = std::fs::File::open(&path).map_err(|e| FormatError::io(&path, e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| FormatError::io(&path, e))?
-            .len();
+        let stamp = FileStamp::of(&file.metadata().map_err(|e| FormatError::io(&path, e))?);
+        let len = stamp.len;
         if len < ALIGN + FOOTER_LEN as u64 {
             return Err(FormatError::invalid(
                 &path,
@@ -96,16 +117,23 @@ impl SfxFile {
         }
         // SAFETY: the map is read-only; a file modified underneath us while mapped can give
         // garbage bytes (caught by checksums) but not memory unsafety in safe code here.
+        // A file truncated under the map raises SIGBUS on the next touch of a lost page; the
+        // CLIs turn that into a clear error (strataflux::mapped) and check the stamp before
+        // reporting (`check_unchanged`).
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
-        Self::from_storage(path, Storage::Mmap(mmap))
+        Self::from_storage(path, Storage::Mmap(mmap), Some((file, stamp)))
     }
 
     /// Validates a file held in memory; `path` is only used in messages.
     pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, FormatError> {
-        Self::from_storage(path.into(), Storage::Owned(bytes))
+        Self::from_storage(path.into(), Storage::Owned(bytes), None)
     }
 
-    fn from_storage(path: PathBuf, storage: Storage) -> Result<Self, FormatError> {
+    fn from_storage(
+        path: PathBuf,
+        storage: Storage,
+        opened: Option<(std::fs::File, FileStamp)>,
+    ) -> Result<Self, FormatError> {
         let (entries, metadata) =
             parse(storage.bytes()).map_err(|m| FormatError::invalid(&path, m))?;
         let index = entries
@@ -116,6 +144,7 @@ impl SfxFile {
         Ok(Self {
             path,
             storage,
+            opened,
             entries,
             index,
             metadata,
@@ -128,6 +157,49 @@ impl SfxFile {
 
     pub fn metadata(&self) -> &SfxMetadata {
         &self.metadata
+    }
+
+    /// The open file this container was mapped from (`None` for [`SfxFile::from_bytes`]).
+    /// Whoever reads its bytes again (a refinement tier) should clone this handle rather than
+    /// open the path: a file renamed over the path since is another inode, whose bytes were
+    /// never validated against this table.
+    pub fn file(&self) -> Option<&std::fs::File> {
+        self.opened.as_ref().map(|(f, _)| f)
+    }
+
+    /// Errors when the mapped file has changed since [`SfxFile::open`] (size or mtime of the
+    /// open inode): a truncation or an in-place rewrite, after which bytes read through
+    /// the map may be other than those validated, so results computed from them must not be
+    /// reported. A file replaced by a rename is another inode and leaves this one unchanged.
+    /// Always `Ok` for [`SfxFile::from_bytes`].
+    pub fn check_unchanged(&self) -> Result<(), FormatError> {
+        let Some((file, then)) = &self.opened else {
+            return Ok(());
+        };
+        let now = FileStamp::of(
+            &file
+                .metadata()
+                .map_err(|e| FormatError::io(&self.path, e))?,
+        );
+        if now == *then {
+            return Ok(());
+        }
+        let what = if now.len != then.len {
+            format!(
+                "its size went from {} to {} bytes (truncated or rewritten)",
+                then.len, now.len
+            )
+        } else {
+            "it was written to in place (its modification time moved)".to_string()
+        };
+        Err(FormatError::invalid(
+            &self.path,
+            format!(
+                "the file changed on disk while it was in use: {what}; results read from it \
+                 cannot be trusted (replace a model by renaming a new file over it, never by \
+                 writing into it)"
+            ),
+        ))
     }
 
     /// A digest naming this container's contents: SHA-256 over every section's name and

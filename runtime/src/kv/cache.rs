@@ -278,6 +278,18 @@ impl<B: Backend> QuantKvCache<B> {
         }
     }
 
+    /// Replaces the refinement tier's read path and warning sink ([`KvTier::set_io_hooks`]);
+    /// nothing without refinement.
+    pub fn set_tier_io_hooks(
+        &mut self,
+        wrap: Option<super::tier::ReaderWrap>,
+        warn: Option<crate::refine::store::WarnSink>,
+    ) {
+        if let Some(r) = self.refine.as_mut() {
+            r.tier.set_io_hooks(wrap, warn);
+        }
+    }
+
     /// Refinement tier statistics (SSD tier: hits, misses, cache occupancy).
     pub fn tier_stats(&self) -> Option<crate::refine::store::StoreStats> {
         self.refine.as_ref().and_then(|r| r.tier.store_stats())

@@ -7,19 +7,71 @@
 //!   with the process) and read back through [`SsdStore`]'s bounded LRU cache with its skip /
 //!   wait miss policy. Units just written enter the cache directly (docs/method.md §4: newly
 //!   produced refinement bits serve later selections without read-back); the cache budget is
-//!   shared by all layers and heads.
+//!   shared by all layers and heads. Every unit read back is checked against the CRC-32 taken
+//!   when it was written ([`SpillSums`], 4 bytes of RAM per unit), so a device that returns
+//!   other bytes than were written fails the tier instead of corrupting attention.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use super::spec::KvTierConfig;
 use crate::refine::store::{
-    stderr_warn_sink, Fetched, RefinementStore, SsdOptions, SsdStore, StoreStats, UnitKey, UnitRef,
-    WarnSink,
+    stderr_warn_sink, unit_checksum, Fetched, RefinementStore, SsdOptions, SsdStore, StoreStats,
+    UnitCheck, UnitKey, UnitReader, UnitRef, WarnSink,
 };
+
+/// Wraps the spill file's reader: fault injection in tests, or instrumented I/O.
+pub type ReaderWrap = Arc<dyn Fn(Arc<dyn UnitReader>) -> Arc<dyn UnitReader> + Send + Sync>;
+
+/// The CRC-32 of every unit written to a spill file, by unit index (units are appended back to
+/// back, all `unit_bytes` long, so unit `i` is at byte `i · unit_bytes`).
+struct SpillSums {
+    unit_bytes: usize,
+    sums: RwLock<Vec<u32>>,
+}
+
+impl SpillSums {
+    fn new(unit_bytes: usize) -> Arc<Self> {
+        Arc::new(SpillSums {
+            unit_bytes,
+            sums: RwLock::new(Vec::new()),
+        })
+    }
+
+    /// Records the units of a tile just written at byte `offset`.
+    fn record(&self, offset: u64, units: &[u8]) {
+        let mut sums = self.sums.write().unwrap_or_else(PoisonError::into_inner);
+        let first = offset / self.unit_bytes.max(1) as u64;
+        // push_tile appends back to back, so `first` is the next index. Were it past the end
+        // (a gap), nothing is recorded: units never recorded fail their check, never pass it.
+        if first > sums.len() as u64 {
+            return;
+        }
+        sums.truncate(first as usize);
+        sums.extend(units.chunks_exact(self.unit_bytes).map(unit_checksum));
+    }
+}
+
+impl UnitCheck for SpillSums {
+    fn check(&self, at: UnitRef, data: &[u8]) -> Result<(), String> {
+        let ub = self.unit_bytes as u64;
+        let sums = self.sums.read().unwrap_or_else(PoisonError::into_inner);
+        let want = (at.len as usize == self.unit_bytes && ub > 0 && at.offset.is_multiple_of(ub))
+            .then(|| usize::try_from(at.offset / ub).ok())
+            .flatten()
+            .and_then(|i| sums.get(i).copied());
+        match want {
+            Some(w) if unit_checksum(data) == w => Ok(()),
+            Some(_) => {
+                Err("checksum mismatch: the bytes read back differ from those written".into())
+            }
+            None => Err("no unit was written at this offset and length".into()),
+        }
+    }
+}
 
 /// Byte counts of a tier.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -39,6 +91,7 @@ enum Kind {
     },
     Ssd {
         file: Arc<File>,
+        sums: Arc<SpillSums>,
         store: SsdStore,
         /// Per (layer, head): file offset of each stored tile's first unit.
         offsets: Vec<Vec<u64>>,
@@ -56,6 +109,7 @@ pub struct KvTier {
     per_tile: usize,
     max_tiles: usize,
     warn: WarnSink,
+    wrap: Option<ReaderWrap>,
 }
 
 static SPILL_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -75,18 +129,25 @@ fn spill_file(dir: &Path) -> io::Result<File> {
 
 fn ssd_store(
     file: &Arc<File>,
+    sums: &Arc<SpillSums>,
     budget: u64,
     policy: crate::refine::MissPolicy,
     warn: &WarnSink,
+    wrap: Option<&ReaderWrap>,
 ) -> SsdStore {
+    let reader = Arc::clone(file) as Arc<dyn UnitReader>;
     SsdStore::with_options(
-        Arc::clone(file) as Arc<dyn crate::refine::store::UnitReader>,
+        match wrap {
+            Some(w) => w(reader),
+            None => reader,
+        },
         SsdOptions {
             cache_budget_bytes: budget,
             policy,
             loader_threads: 1,
             source: "KV spill file".into(),
             warn: Arc::clone(warn),
+            check: Some(Arc::clone(sums) as Arc<dyn UnitCheck>),
             ..SsdOptions::default()
         },
     )
@@ -119,9 +180,11 @@ impl KvTier {
                         format!("creating the KV spill file in {}: {e}", dir.display()),
                     )
                 })?);
-                let store = ssd_store(&file, *cache_budget, *policy, &warn);
+                let sums = SpillSums::new(unit_bytes);
+                let store = ssd_store(&file, &sums, *cache_budget, *policy, &warn, None);
                 Kind::Ssd {
                     file,
+                    sums,
                     store,
                     offsets: (0..heads).map(|_| Vec::new()).collect(),
                     next: 0,
@@ -138,7 +201,30 @@ impl KvTier {
             per_tile,
             max_tiles,
             warn,
+            wrap: None,
         })
+    }
+
+    /// Replaces the SSD tier's read path (`wrap` around the spill file's reader, e.g. a
+    /// [`crate::refine::fault::FaultReader`]) and warning sink (default: stderr). The store
+    /// is rebuilt with an empty cache, so later fetches of units already stored are read back
+    /// through `wrap`; the RAM tier ignores the reader.
+    pub fn set_io_hooks(&mut self, wrap: Option<ReaderWrap>, warn: Option<WarnSink>) {
+        if let Some(w) = warn {
+            self.warn = w;
+        }
+        self.wrap = wrap;
+        if let Kind::Ssd {
+            file,
+            sums,
+            store,
+            budget,
+            policy,
+            ..
+        } = &mut self.kind
+        {
+            *store = ssd_store(file, sums, *budget, *policy, &self.warn, self.wrap.as_ref());
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -168,6 +254,7 @@ impl KvTier {
             Kind::Ram { units: all } => all[head].extend_from_slice(units),
             Kind::Ssd {
                 file,
+                sums,
                 store,
                 offsets,
                 next,
@@ -186,6 +273,7 @@ impl KvTier {
                     ));
                     return;
                 }
+                sums.record(*next, units);
                 for (g, unit) in units.chunks_exact(unit_bytes).enumerate() {
                     let at = UnitRef {
                         offset: *next + (g * unit_bytes) as u64,
@@ -241,10 +329,12 @@ impl KvTier {
     /// Forgets every unit (a cleared cache reuses the tier).
     pub fn clear(&mut self) {
         let warn = Arc::clone(&self.warn);
+        let unit_bytes = self.unit_bytes;
         match &mut self.kind {
             Kind::Ram { units } => units.iter_mut().for_each(Vec::clear),
             Kind::Ssd {
                 file,
+                sums,
                 store,
                 offsets,
                 next,
@@ -267,7 +357,8 @@ impl KvTier {
                         ));
                     }
                 }
-                *store = ssd_store(file, *budget, *policy, &warn);
+                *sums = SpillSums::new(unit_bytes);
+                *store = ssd_store(file, sums, *budget, *policy, &warn, self.wrap.as_ref());
                 offsets.iter_mut().for_each(Vec::clear);
                 *next = 0;
             }

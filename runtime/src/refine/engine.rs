@@ -64,7 +64,7 @@ impl BundleSource {
     fn part_bytes(&self) -> usize {
         self.hidden.div_ceil(2)
     }
-    fn unit_bytes(&self) -> usize {
+    pub(crate) fn unit_bytes(&self) -> usize {
         4 * self.part_bytes()
     }
 }

@@ -3,6 +3,7 @@
 //! engine that adds the fetched refinement to the resident projections.
 
 pub mod engine;
+pub mod fault;
 pub mod open;
 mod placed;
 pub mod plan;

@@ -3,13 +3,69 @@
 
 use super::engine::{RefineSettings, RefinementPlan, Refiner};
 use super::plan::file_settings;
-use super::store::{MissPolicy, RamStore, RefinementStore, SsdStore};
+use super::store::{
+    MissPolicy, RamStore, RefinementStore, SsdOptions, SsdStore, UnitChecksums, UnitReader,
+};
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use sfx_formats::sfx::{SfxFile, Tier};
 use std::borrow::Cow;
+use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
+
+/// A handle on the inode `file` was mapped from (a path renamed over since would be another
+/// file, whose bytes were never verified), or the path opened for a file read from memory.
+fn backing_file(file: &SfxFile, path: &Path) -> std::io::Result<File> {
+    match file.file() {
+        Some(f) => f.try_clone(),
+        None => File::open(path),
+    }
+}
+
+/// The CRC-32 of every unit the plan can fetch (columns and neuron bundles), taken from the
+/// mapped file's bytes: the ssd tier checks each unit it reads back against them.
+/// [`open_refinement`] computes them right after the sections' SHA-256 was verified (when
+/// `verify` is on), from the same map.
+pub fn unit_checksums(file: &SfxFile, plan: &RefinementPlan) -> Result<UnitChecksums> {
+    let mut sections: Vec<(u64, &[u8])> = file
+        .sections()
+        .filter(|s| s.tier != Tier::Resident)
+        .map(|s| (s.offset, s.bytes))
+        .collect();
+    sections.sort_by_key(|&(o, _)| o);
+    let bytes_at = |offset: u64, len: usize| -> Option<&[u8]> {
+        let i = sections
+            .partition_point(|&(o, _)| o <= offset)
+            .checked_sub(1)?;
+        let (o, b) = sections[i];
+        let start = usize::try_from(offset - o).ok()?;
+        b.get(start..start.checked_add(len)?)
+    };
+    let region = |offset: u64, unit: usize, units: usize| -> Result<(u64, u32, &[u8])> {
+        let outside = || {
+            RuntimeError::Config(format!(
+                "{}: refinement units at byte {offset} ({units} of {unit} bytes) are not inside \
+                 a refinement section",
+                file.path().display()
+            ))
+        };
+        let len = unit.checked_mul(units).ok_or_else(outside)?;
+        let bytes = bytes_at(offset, len).ok_or_else(outside)?;
+        Ok((offset, u32::try_from(unit).map_err(|_| outside())?, bytes))
+    };
+    let mut regions = Vec::new();
+    for layer in &plan.layers {
+        for src in layer.sets.iter().flatten() {
+            regions.push(region(src.offset, src.unit_bytes, src.inp)?);
+        }
+        if let Some(b) = &layer.bundles {
+            regions.push(region(b.offset, b.unit_bytes(), b.neurons)?);
+        }
+    }
+    UnitChecksums::from_regions(regions)
+        .map_err(|m| RuntimeError::Config(format!("{}: {m}", file.path().display())))
+}
 
 /// Where refinement units are read from at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,13 +148,19 @@ pub fn open_refinement<B: Backend>(
     // The ram tier's map, kept to copy its columns from if the engine runs in the backend.
     let mut placement: Option<Arc<RamStore>> = None;
     let store: Arc<dyn RefinementStore> = if use_ssd {
-        match SsdStore::open(
-            path,
-            options.cache_bytes,
-            options.miss,
-            options.loader_threads,
-        ) {
-            Ok(s) => Arc::new(s),
+        let check = Arc::new(unit_checksums(file, &plan)?);
+        match backing_file(file, path) {
+            Ok(f) => Arc::new(SsdStore::with_options(
+                Arc::new(f) as Arc<dyn UnitReader>,
+                SsdOptions {
+                    cache_budget_bytes: options.cache_bytes,
+                    policy: options.miss,
+                    loader_threads: options.loader_threads,
+                    source: path.display().to_string(),
+                    check: Some(check),
+                    ..SsdOptions::default()
+                },
+            )),
             Err(e) => {
                 warn(&format!(
                     "warning: refinement disabled, running at resident precision: cannot open {} for the ssd tier: {e}",
@@ -108,7 +170,9 @@ pub fn open_refinement<B: Backend>(
             }
         }
     } else {
-        match RamStore::open(path) {
+        match backing_file(file, path)
+            .and_then(|f| RamStore::from_file(f, path.display().to_string()))
+        {
             Ok(mut s) => {
                 if options.mlock {
                     let ranges: Vec<(u64, u64)> = file

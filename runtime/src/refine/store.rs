@@ -15,6 +15,12 @@
 //! Faults never abort decoding: refinement only *improves* the resident weights, so when a
 //! tier cannot deliver a unit the caller keeps the resident precision ([`Fetched::Failed`]),
 //! and the store says so once on its warning sink.
+//!
+//! Units read back from the backing file are checked before they are cached or served
+//! ([`UnitCheck`], e.g. [`UnitChecksums`]: a CRC-32 per unit taken from bytes already verified
+//! against the section's SHA-256): a bad sector, a flaky device or a file rewritten in place
+//! would otherwise hand the engine bytes nobody verified. A unit that fails its check fails
+//! the tier like a read error.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -178,6 +184,113 @@ impl UnitReader for File {
         // `read_exact_at` is a positioned read (pread): no shared cursor, so loader threads
         // and the foreground can read the same `File` concurrently without a lock.
         std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+/// Checks a unit read from the backing file before the SSD tier caches or serves it; `Err`
+/// says why it was refused. Called off the decode thread under [`MissPolicy::Skip`] (loader
+/// threads) and on it under [`MissPolicy::Wait`], only for reads, never for cache hits.
+pub trait UnitCheck: Send + Sync {
+    fn check(&self, at: UnitRef, data: &[u8]) -> Result<(), String>;
+}
+
+/// The checksum of one unit: CRC-32 (IEEE), hardware-accelerated. A CRC, not a cryptographic
+/// hash: it guards against corruption between the verified section and a later read (any
+/// burst of up to 32 flipped bits, and all but 2^-32 of other damage), while the section's
+/// SHA-256 remains what vouches for the file.
+pub fn unit_checksum(data: &[u8]) -> u32 {
+    crc32fast::hash(data)
+}
+
+/// One strided run of units: `sums.len()` units of `unit_len` bytes from `offset` on.
+struct ChecksumRegion {
+    offset: u64,
+    unit_len: u32,
+    sums: Vec<u32>,
+}
+
+/// [`unit_checksum`] of every unit of some strided regions of the backing file (a refinement
+/// section's columns or neuron bundles), kept in RAM: 4 bytes per unit. A unit the regions do
+/// not describe is refused (it is not one whose bytes were verified).
+#[derive(Default)]
+pub struct UnitChecksums {
+    /// Sorted by offset, non-overlapping.
+    regions: Vec<ChecksumRegion>,
+}
+
+impl UnitChecksums {
+    /// Checksums of every unit of each region `(offset, unit_len, bytes)`, `bytes` being the
+    /// region's verified contents (a whole number of units). Regions are hashed in parallel.
+    /// Errors on an empty unit, a partial unit or overlapping regions (a malformed plan).
+    pub fn from_regions(regions: Vec<(u64, u32, &[u8])>) -> Result<Self, String> {
+        use rayon::prelude::*;
+        for &(offset, unit_len, bytes) in &regions {
+            if unit_len == 0 || !bytes.len().is_multiple_of(unit_len as usize) {
+                return Err(format!(
+                    "unit checksums: region at offset {offset} has {} bytes, not a whole \
+                     number of {unit_len}-byte units",
+                    bytes.len()
+                ));
+            }
+        }
+        let mut regions: Vec<ChecksumRegion> = regions
+            .into_par_iter()
+            .map(|(offset, unit_len, bytes)| ChecksumRegion {
+                offset,
+                unit_len,
+                sums: bytes
+                    .chunks_exact(unit_len as usize)
+                    .map(unit_checksum)
+                    .collect(),
+            })
+            .collect();
+        regions.sort_by_key(|r| r.offset);
+        for w in regions.windows(2) {
+            let end = w[0]
+                .offset
+                .saturating_add(u64::from(w[0].unit_len).saturating_mul(w[0].sums.len() as u64));
+            if end > w[1].offset {
+                return Err(format!(
+                    "unit checksums: regions at offsets {} and {} overlap",
+                    w[0].offset, w[1].offset
+                ));
+            }
+        }
+        Ok(UnitChecksums { regions })
+    }
+
+    /// Units described.
+    pub fn units(&self) -> u64 {
+        self.regions.iter().map(|r| r.sums.len() as u64).sum()
+    }
+
+    /// RAM held by the checksums.
+    pub fn heap_bytes(&self) -> u64 {
+        self.units() * 4 + (self.regions.len() * std::mem::size_of::<ChecksumRegion>()) as u64
+    }
+
+    /// The recorded checksum of the unit at `at`, `None` when no region has a unit there.
+    fn expected(&self, at: UnitRef) -> Option<u32> {
+        let i = self.regions.partition_point(|r| r.offset <= at.offset);
+        let r = &self.regions[i.checked_sub(1)?];
+        let rel = at.offset - r.offset;
+        let len = u64::from(r.unit_len);
+        if at.len != r.unit_len || !rel.is_multiple_of(len) {
+            return None;
+        }
+        r.sums.get(usize::try_from(rel / len).ok()?).copied()
+    }
+}
+
+impl UnitCheck for UnitChecksums {
+    fn check(&self, at: UnitRef, data: &[u8]) -> Result<(), String> {
+        match self.expected(at) {
+            Some(want) if unit_checksum(data) == want => Ok(()),
+            Some(_) => Err(
+                "checksum mismatch: the bytes read back differ from those verified at open".into(),
+            ),
+            None => Err("no verified unit at this offset and length".into()),
+        }
     }
 }
 
@@ -428,6 +541,9 @@ pub struct SsdOptions {
     /// Names the backing file in warnings (may be empty).
     pub source: String,
     pub warn: WarnSink,
+    /// Checks every unit read from the backing file; `None` trusts the reader (tests of the
+    /// store's mechanics only: a tier over a real file should always check).
+    pub check: Option<Arc<dyn UnitCheck>>,
 }
 
 impl Default for SsdOptions {
@@ -439,6 +555,7 @@ impl Default for SsdOptions {
             queue_capacity: 4096,
             source: String::new(),
             warn: stderr_warn_sink(),
+            check: None,
         }
     }
 }
@@ -545,6 +662,7 @@ struct Shared {
     counters: Counters,
     warn: WarnSink,
     source: String,
+    check: Option<Arc<dyn UnitCheck>>,
 }
 
 impl Shared {
@@ -562,10 +680,17 @@ impl Shared {
         buf.try_reserve_exact(len)
             .map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e))?;
         buf.resize(len, 0);
-        let res = self.reader.read_at(at.offset, buf);
-        if res.is_ok() {
+        let res = self.reader.read_at(at.offset, buf).and_then(|()| {
             Counters::add(&self.counters.bytes_read, u64::from(at.len));
-        } else {
+            match &self.check {
+                Some(check) => check
+                    .check(at, buf)
+                    .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why)),
+                None => Ok(()),
+            }
+        });
+        if res.is_err() {
+            // Nothing of a failed or refused read may reach a caller or the cache.
             buf.clear();
         }
         res
@@ -697,6 +822,7 @@ impl SsdStore {
             counters: Counters::default(),
             warn: opts.warn,
             source: opts.source,
+            check: opts.check,
         });
         let (tx, rx) = sync_channel::<Job>(opts.queue_capacity.max(1));
         let rx = Arc::new(Mutex::new(rx));
