@@ -359,6 +359,36 @@ fn weight_ssd_tier_applies_only_verified_units_under_random_faults() {
     }
 }
 
+/// Plans in which every read goes wrong in one way, with the words its warning must contain.
+fn every_read_goes_wrong() -> [(&'static str, FaultPlan, &'static str); 3] {
+    [
+        (
+            "fail",
+            FaultPlan {
+                fail: 1.0,
+                ..FaultPlan::default()
+            },
+            "injected read failure",
+        ),
+        (
+            "short",
+            FaultPlan {
+                short: 1.0,
+                ..FaultPlan::default()
+            },
+            "injected short read",
+        ),
+        (
+            "flip",
+            FaultPlan {
+                flip: 1.0,
+                ..FaultPlan::default()
+            },
+            "checksum mismatch",
+        ),
+    ]
+}
+
 /// Rows "weights × ssd × skip/wait × every read failing / short / corrupted": the logits are
 /// exactly the resident base's, with one warning naming the fault.
 #[test]
@@ -366,32 +396,7 @@ fn weight_ssd_tier_whose_every_read_goes_wrong_runs_at_the_base() {
     let w = weights();
     let base = w.run(None);
     for policy in [MissPolicy::Skip, MissPolicy::Wait] {
-        for (name, plan, says) in [
-            (
-                "fail",
-                FaultPlan {
-                    fail: 1.0,
-                    ..FaultPlan::default()
-                },
-                "injected read failure",
-            ),
-            (
-                "short",
-                FaultPlan {
-                    short: 1.0,
-                    ..FaultPlan::default()
-                },
-                "injected short read",
-            ),
-            (
-                "flip",
-                FaultPlan {
-                    flip: 1.0,
-                    ..FaultPlan::default()
-                },
-                "checksum mismatch",
-            ),
-        ] {
+        for (name, plan, says) in every_read_goes_wrong() {
             let what = format!("weights ssd {policy} every read {name}");
             let (logits, seen, corrupt, faults, log) = w.faulty_run(plan, policy);
             assert!(faults.reads > 0, "{what}");
@@ -523,32 +528,7 @@ fn kv_ssd_tier_faults_fall_back_to_the_resident_base() {
         } else {
             1 << 20
         };
-        for (name, plan, says) in [
-            (
-                "fail",
-                FaultPlan {
-                    fail: 1.0,
-                    ..FaultPlan::default()
-                },
-                "injected read failure",
-            ),
-            (
-                "short",
-                FaultPlan {
-                    short: 1.0,
-                    ..FaultPlan::default()
-                },
-                "injected short read",
-            ),
-            (
-                "flip",
-                FaultPlan {
-                    flip: 1.0,
-                    ..FaultPlan::default()
-                },
-                "checksum mismatch",
-            ),
-        ] {
+        for (name, plan, says) in every_read_goes_wrong() {
             let what = format!("kv ssd {policy} every read {name}");
             let (logits, stats, faults, log) = kv_decode(&kv_ssd(budget, policy), Some(plan));
             eprintln!("{what}: {stats:?} {faults:?} {log:?}");
