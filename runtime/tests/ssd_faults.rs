@@ -17,24 +17,9 @@ use sfx_runtime::refine::store::{
     UnitReader, UnitRef, WarnSink,
 };
 
-/// Deterministic xorshift64*, so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
-    (0..n).map(|_| rng.next() as u8).collect()
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::{random_bytes, Rng};
 
 /// A warning sink that records every message.
 fn capture() -> (WarnSink, Arc<Mutex<Vec<String>>>) {
