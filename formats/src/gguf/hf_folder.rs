@@ -5,7 +5,7 @@
 //! Memory stays near one chunk whatever the model's size (an 8B model dequantized whole is
 //! 32 GB of f32); the bytes written are the same as dequantizing everything first.
 
-use super::import::{plan_import, unpermute_rows, ImportPlan, PlannedTensor};
+use super::import::{in_file, plan_import, unpermute_rows, ImportPlan, PlannedTensor};
 use super::{dequantize, GgufError, GgufFile};
 use crate::atomic::{write_atomic, AtomicFile};
 use rayon::prelude::*;
@@ -56,13 +56,7 @@ pub fn import_gguf_to_folder_in_chunks(
 ) -> Result<FolderImport, GgufError> {
     let (path, dir) = (path.as_ref(), dir.as_ref());
     let gguf = GgufFile::open(path)?;
-    let in_file = |e| match e {
-        e @ (GgufError::Io { .. } | GgufError::InFile { .. } | GgufError::Output(_)) => e,
-        e => GgufError::InFile {
-            path: path.to_path_buf(),
-            source: Box::new(e),
-        },
-    };
+    let in_file = |e| in_file(path, e);
     let plan = plan_import(&gguf).map_err(in_file)?;
     std::fs::create_dir_all(dir).map_err(|e| GgufError::Io {
         path: dir.to_path_buf(),

@@ -340,15 +340,21 @@ pub fn import_gguf_keeping(
         || sha256_hex(gguf.bytes()),
         || import_from_gguf_keeping(&gguf, &keep),
     );
-    let mut model = model.map_err(|e| match e {
-        e @ (GgufError::Io { .. } | GgufError::InFile { .. }) => e,
+    let mut model = model.map_err(|e| in_file(path, e))?;
+    model.source_sha256 = Some(sha);
+    Ok(model)
+}
+
+/// Names `path` in an error about its contents (errors that already name a file pass as they
+/// are).
+pub(super) fn in_file(path: &Path, e: GgufError) -> GgufError {
+    match e {
+        e @ (GgufError::Io { .. } | GgufError::InFile { .. } | GgufError::Output(_)) => e,
         e => GgufError::InFile {
             path: path.to_path_buf(),
             source: Box::new(e),
         },
-    })?;
-    model.source_sha256 = Some(sha);
-    Ok(model)
+    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
