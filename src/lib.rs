@@ -10,5 +10,6 @@ pub mod model_open;
 pub mod publish;
 pub mod quality;
 pub mod resume;
+pub mod soak;
 pub mod test_backend;
 pub mod tune;

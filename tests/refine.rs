@@ -419,3 +419,78 @@ fn corrupt_refinement_is_refused_with_one_warning() {
     assert_eq!(v["refined"], false);
     std::fs::remove_file(&bad_path).unwrap();
 }
+
+/// `sfx-run --soak` (issue 20): several generations in one process on the ssd tiers of the
+/// weights and of a KVarN cache, sampled every 50 tokens: the report has every sample, both
+/// caches report their occupancy within budget, memory passes the verdict; a soak too short
+/// to have a sample past its first generation fails and says why.
+#[test]
+fn soak_samples_every_interval_and_judges_memory_and_caches() {
+    let (_, fitted) = containers();
+    let dir = out_dir().join("soak");
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("soak.csv");
+    let run = |soak: &str, n: &str, log: Option<&Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sfx-run"));
+        cmd.arg(fitted).args([
+            "-p",
+            "The history of the city begins",
+            "-n",
+            n,
+            "--soak",
+            soak,
+            "--soak-every",
+            "50",
+            "--device",
+            "cpu",
+            "--refine-tier",
+            "ssd",
+            "--weight-cache",
+            "2MiB",
+            "--kv",
+            "3/2",
+            "--kv-tier",
+            "ssd",
+            "--kv-cache",
+            "64KiB",
+            "--json",
+        ]);
+        if let Some(l) = log {
+            cmd.arg("--soak-log").arg(l);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run("600", "150", Some(&csv));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["summary"];
+    assert_eq!(s["tokens"], 600, "{s}");
+    assert_eq!(s["generations"], 4, "{s}");
+    assert_eq!(v["samples"].as_array().unwrap().len(), 12);
+    assert_eq!(s["failures"].as_array().unwrap().len(), 0, "{s}");
+    let weight = s["weight_cache_max_bytes"]
+        .as_u64()
+        .expect("ssd tier cache");
+    assert!(weight > 0 && weight <= 2 << 20, "{s}");
+    assert_eq!(s["weight_cache_budget"], 2 << 20);
+    assert_eq!(s["kv_cache_budget"], 64 << 10);
+    assert!(s["kv_cache_max_bytes"].as_u64().expect("KV spill cache") <= 64 << 10);
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(rows.lines().count(), 13, "{rows}");
+    assert!(
+        rows.lines().last().unwrap().starts_with("600,3,150,"),
+        "{rows}"
+    );
+
+    let short = run("100", "200", None);
+    assert_eq!(short.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&short.stderr);
+    assert!(
+        err.contains("no sample after the first generation"),
+        "{err}"
+    );
+}

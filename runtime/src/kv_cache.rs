@@ -88,6 +88,11 @@ pub trait KvCache<B: Backend>: Send {
     fn commit(&mut self, n_new: usize) -> Result<()>;
     /// Device bytes held (for memory accounting).
     fn resident_bytes(&self) -> usize;
+    /// A quantized cache's bytes per tier, its spill cache's occupancy and budget included
+    /// (`sfx-run --soak` watches them); `None` for a float cache, which has no tiers.
+    fn tier_bytes(&self) -> Option<crate::kv::KvBytes> {
+        None
+    }
     /// An identity that stays fixed while the cache's device storage does, when a decode
     /// step over this cache may be captured into a graph and replayed: every op of its
     /// `append_and_attend` is a device op reading positions from the device, with no host

@@ -30,6 +30,7 @@ use std::time::Instant;
 use strataflux::bench::per_set;
 use strataflux::device::{with_backend, DeviceChoice, OnBackend};
 use strataflux::model_open::load_checkpoint_model;
+use strataflux::soak::SoakSample;
 use tokenizers::Tokenizer;
 
 #[derive(Parser, Clone)]
@@ -91,6 +92,25 @@ struct Cli {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+
+    /// Soak test: generate this many tokens in this one process, as back-to-back generations
+    /// of -n tokens (each from the prompt in a fresh KV cache, sampling, end-of-sequence
+    /// ignored), sampling resident memory, decode speed and the bounded caches' occupancy
+    /// every --soak-every tokens. Exits 1 when resident memory grows by more than 16 MiB after
+    /// the first generation or a cache holds more than its budget; speed drift is reported.
+    #[arg(long, value_name = "TOKENS", help_heading = "Soak")]
+    soak: Option<usize>,
+    /// Tokens between two soak samples.
+    #[arg(
+        long,
+        default_value_t = 250,
+        value_name = "TOKENS",
+        help_heading = "Soak"
+    )]
+    soak_every: usize,
+    /// Write the soak's samples to this CSV file (scripts/soak_plot.py draws it).
+    #[arg(long, value_name = "FILE", requires = "soak", help_heading = "Soak")]
+    soak_log: Option<std::path::PathBuf>,
 
     /// Evaluate perplexity: wiki:N, austen-long:L, austen/<novel>:N, brown:N or FILE:N.
     #[arg(long, value_name = "SPEC")]
@@ -632,6 +652,9 @@ impl OnBackend for Main<'_> {
             (None, None) => bail!("nothing to do: give a prompt (-p) or an evaluation (--ppl)"),
         };
         let mut refiner = build_refiner(cli, &loaded)?;
+        if let Some(tokens) = cli.soak {
+            return soak(cli, &loaded, &prompt, refiner.as_mut(), tokens);
+        }
         generate(cli, &loaded, &prompt, refiner.as_mut())
     }
 }
@@ -682,12 +705,9 @@ fn eos_ids<B: Backend>(loaded: &Loaded<B>) -> Vec<u32> {
     ids
 }
 
-fn generate<B: Backend>(
-    cli: &Cli,
-    loaded: &Loaded<B>,
-    prompt: &str,
-    mut refiner: Option<&mut Refiner<B>>,
-) -> Result<()> {
+/// The prompt's token ids (through the chat template with --chat), checked against the
+/// model's context.
+fn prompt_token_ids<B: Backend>(cli: &Cli, loaded: &Loaded<B>, prompt: &str) -> Result<Vec<u32>> {
     let text = if cli.chat {
         let template = loaded.info.chat_template().ok_or_else(|| {
             anyhow!(
@@ -732,13 +752,21 @@ fn generate<B: Backend>(
             prompt_ids.len()
         );
     }
-    let capacity = (prompt_ids.len() + cli.max_tokens).min(max_ctx);
-    let model = &loaded.model;
+    Ok(prompt_ids)
+}
+
+/// A fresh KV cache of `capacity` positions as the options ask (--kv, else the float cache of
+/// --kv-dtype), and its label for reports.
+fn new_kv_cache<B: Backend>(
+    cli: &Cli,
+    model: &Model<B>,
+    capacity: usize,
+) -> Result<(Box<dyn KvCache<B>>, String)> {
     let kv_config = kv_configs(cli)?.pop();
     let kv_label = kv_config
         .as_ref()
         .map_or_else(|| cli.kv_dtype.clone(), KvConfig::label);
-    let mut cache: Box<dyn KvCache<B>> = match &kv_config {
+    let cache: Box<dyn KvCache<B>> = match &kv_config {
         Some(config) => new_quantized_cache(
             model.backend(),
             KvShape::of(model.config()),
@@ -747,6 +775,20 @@ fn generate<B: Backend>(
         )?,
         None => Box::new(model.new_cache(capacity)?),
     };
+    Ok((cache, kv_label))
+}
+
+fn generate<B: Backend>(
+    cli: &Cli,
+    loaded: &Loaded<B>,
+    prompt: &str,
+    mut refiner: Option<&mut Refiner<B>>,
+) -> Result<()> {
+    let prompt_ids = prompt_token_ids(cli, loaded, prompt)?;
+    let max_ctx = loaded.info.config.max_position_embeddings;
+    let capacity = (prompt_ids.len() + cli.max_tokens).min(max_ctx);
+    let model = &loaded.model;
+    let (mut cache, kv_label) = new_kv_cache(cli, model, capacity)?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: cli.temperature,
         top_p: cli.top_p,
@@ -755,12 +797,8 @@ fn generate<B: Backend>(
     });
     let eos = eos_ids(loaded);
 
-    let mut forward = |ids: &[u32], cache: &mut dyn KvCache<B>| match refiner.as_deref_mut() {
-        Some(r) => model.forward_refined(ids, cache, LogitsMode::Last, r),
-        None => model.forward(ids, cache, LogitsMode::Last),
-    };
     let t0 = Instant::now();
-    let logits = forward(&prompt_ids, cache.as_mut())?;
+    let logits = last_logits(model, refiner.as_deref_mut(), &prompt_ids, cache.as_mut())?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
 
@@ -795,7 +833,7 @@ fn generate<B: Backend>(
             stop_reason = "context";
             break;
         }
-        let logits = forward(&[next], cache.as_mut())?;
+        let logits = last_logits(model, refiner.as_deref_mut(), &[next], cache.as_mut())?;
         next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
     }
     let gen_s = t1.elapsed().as_secs_f64();
@@ -852,6 +890,144 @@ fn generate<B: Backend>(
                 r["cache_hit_rate"].as_f64().unwrap_or(0.0)
             );
         }
+    }
+    Ok(())
+}
+
+/// The last position's logits of a forward of `ids`, refined when there is a refiner.
+fn last_logits<B: Backend>(
+    model: &Model<B>,
+    refiner: Option<&mut Refiner<B>>,
+    ids: &[u32],
+    cache: &mut dyn KvCache<B>,
+) -> Result<sfx_runtime::Logits> {
+    Ok(match refiner {
+        Some(r) => model.forward_refined(ids, cache, LogitsMode::Last, r)?,
+        None => model.forward(ids, cache, LogitsMode::Last)?,
+    })
+}
+
+/// `--soak TOKENS`: generations of -n tokens back to back until TOKENS are generated, sampled
+/// every --soak-every tokens (strataflux::soak says what is judged).
+fn soak<B: Backend>(
+    cli: &Cli,
+    loaded: &Loaded<B>,
+    prompt: &str,
+    mut refiner: Option<&mut Refiner<B>>,
+    total: usize,
+) -> Result<()> {
+    if cli.soak_every == 0 || total == 0 {
+        bail!("--soak and --soak-every must be at least 1");
+    }
+    let prompt_ids = prompt_token_ids(cli, loaded, prompt)?;
+    let max_ctx = loaded.info.config.max_position_embeddings;
+    // The prompt's prefill yields the first token; -n decode steps follow within the context.
+    let per_generation = cli.max_tokens.min(max_ctx - prompt_ids.len());
+    if per_generation == 0 {
+        bail!("-n 0: a soak needs tokens per generation");
+    }
+    let model = &loaded.model;
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: cli.temperature,
+        top_p: cli.top_p,
+        top_k: cli.top_k,
+        seed: cli.seed,
+    });
+    let weight_budget = refiner.as_deref().and_then(|r| r.store_cache_budget());
+    let mut samples: Vec<SoakSample> = Vec::new();
+    let (mut done, mut generation) = (0usize, 0usize);
+    let (mut interval_s, mut interval_steps) = (0.0f64, 0usize);
+    let started = Instant::now();
+    let mut kv_label = String::new();
+    while done < total {
+        let (mut cache, label) = new_kv_cache(cli, model, prompt_ids.len() + per_generation)?;
+        kv_label = label;
+        let logits = last_logits(model, refiner.as_deref_mut(), &prompt_ids, cache.as_mut())?;
+        let mut next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
+        for position in 1..=per_generation {
+            if done == total {
+                break;
+            }
+            let t = Instant::now();
+            let logits = last_logits(model, refiner.as_deref_mut(), &[next], cache.as_mut())?;
+            interval_s += t.elapsed().as_secs_f64();
+            interval_steps += 1;
+            next = sampler.sample(logits.last().ok_or_else(|| anyhow!("no logits"))?);
+            done += 1;
+            if done % cli.soak_every != 0 && done != total {
+                continue;
+            }
+            let (rss, peak) = strataflux::soak::process_memory()?;
+            let kv = cache.tier_bytes();
+            let weight_cache = refiner.as_deref().map(|r| r.store_stats().cache_bytes);
+            let s = SoakSample {
+                tokens: done,
+                generation,
+                position,
+                tokens_per_second: interval_steps as f64 / interval_s.max(1e-9),
+                rss_bytes: rss,
+                rss_peak_bytes: peak,
+                weight_cache_bytes: weight_budget.and(weight_cache),
+                weight_cache_budget: weight_budget,
+                kv_cache_bytes: kv
+                    .as_ref()
+                    .filter(|b| b.tier.cache_budget > 0)
+                    .map(|b| b.tier.cache),
+                kv_cache_budget: kv.as_ref().map(|b| b.tier.cache_budget).filter(|&b| b > 0),
+            };
+            (interval_s, interval_steps) = (0.0, 0);
+            if !cli.json {
+                eprintln!(
+                    "soak {done}/{total} tokens (generation {generation}, position {position}): \
+                     {:.1} tok/s, RSS {:.1} MiB{}{}",
+                    s.tokens_per_second,
+                    s.rss_bytes as f64 / (1u64 << 20) as f64,
+                    s.weight_cache_bytes
+                        .map_or_else(String::new, |b| format!(", refinement cache {b} B")),
+                    s.kv_cache_bytes
+                        .map_or_else(String::new, |b| format!(", KV spill cache {b} B")),
+                );
+            }
+            samples.push(s);
+        }
+        generation += 1;
+    }
+    ensure_model_unchanged(loaded)?;
+    let summary = strataflux::soak::summarize(&samples, generation);
+    if let Some(path) = &cli.soak_log {
+        strataflux::soak::write_csv(path, &samples)?;
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    if cli.json {
+        let v = serde_json::json!({
+            "model": loaded.info.origin,
+            "kv_cache": kv_label,
+            "tokens_per_generation": per_generation,
+            "wall_seconds": wall_s,
+            "summary": summary,
+            "samples": samples,
+            "threads": rayon::current_num_threads(),
+            "backend": model.backend().name(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        eprintln!(
+            "soak: {} tokens in {} generations of {per_generation} ({kv_label} KV) in {wall_s:.0} s; \
+             RSS {:.1} MiB after the first generation, max {:.1}, last {:.1} (growth {:.2} MiB); \
+             decode {:.1} tok/s in the first generation, {:.1} in the last ({:+.1} %)",
+            summary.tokens,
+            summary.generations,
+            summary.rss_after_warmup_bytes as f64 / (1u64 << 20) as f64,
+            summary.rss_max_bytes as f64 / (1u64 << 20) as f64,
+            summary.rss_last_bytes as f64 / (1u64 << 20) as f64,
+            summary.rss_growth_bytes as f64 / (1u64 << 20) as f64,
+            summary.first_generation_tokens_per_second,
+            summary.last_generation_tokens_per_second,
+            100.0 * summary.speed_drift
+        );
+    }
+    if !summary.failures.is_empty() {
+        bail!("soak failed: {}", summary.failures.join("; "));
     }
     Ok(())
 }

@@ -779,6 +779,10 @@ impl<B: Backend> KvCache<B> for BackendKvarnCache<B> {
         Ok(())
     }
 
+    fn tier_bytes(&self) -> Option<KvBytes> {
+        Some(self.bytes())
+    }
+
     fn resident_bytes(&self) -> usize {
         self.fixed_fp16_bytes()
             + self.geo.tile_capacity * self.geo.record * self.shape.layers * self.shape.kv_heads

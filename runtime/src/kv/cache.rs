@@ -870,6 +870,10 @@ impl<B: Backend> KvCache<B> for QuantKvCache<B> {
         Ok(())
     }
 
+    fn tier_bytes(&self) -> Option<KvBytes> {
+        Some(self.bytes())
+    }
+
     fn resident_bytes(&self) -> usize {
         let d = self.shape.head_dim;
         match &self.base {

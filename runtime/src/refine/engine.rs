@@ -339,6 +339,12 @@ impl<B: Backend> Refiner<B> {
         self.store.as_ref().map(|s| s.stats()).unwrap_or_default()
     }
 
+    /// The RAM cache budget of the store the refinement reads through (the ssd tier's), if
+    /// there is one.
+    pub fn store_cache_budget(&self) -> Option<u64> {
+        self.store.as_ref().and_then(|s| s.ram_cache_budget())
+    }
+
     pub fn reset_counters(&mut self) {
         self.counters = RefineCounters::default();
         if let Some(s) = &self.store {

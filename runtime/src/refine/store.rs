@@ -303,6 +303,10 @@ pub trait RefinementStore: Send + Sync {
     fn fetch(&self, key: UnitKey, at: UnitRef, out: &mut Vec<u8>) -> Fetched;
     fn stats(&self) -> StoreStats;
     fn reset_stats(&self);
+    /// The budget of the RAM cache in front of a slower tier (`None`: no such cache).
+    fn ram_cache_budget(&self) -> Option<u64> {
+        None
+    }
     /// `"ram"` or `"ssd"`.
     fn name(&self) -> &'static str;
     /// Starts loading a unit that will be fetched soon (fetch lead); never blocks. Tiers
@@ -954,6 +958,10 @@ impl SsdStore {
 }
 
 impl RefinementStore for SsdStore {
+    fn ram_cache_budget(&self) -> Option<u64> {
+        Some(self.cache_budget_bytes())
+    }
+
     fn fetch(&self, key: UnitKey, at: UnitRef, out: &mut Vec<u8>) -> Fetched {
         let shared = &*self.shared;
         // Fast path once failed: no lock, no I/O.
