@@ -20,8 +20,9 @@ use sfx_runtime::sfx_model::load_sfx_model_on;
 use std::path::Path;
 use std::time::Instant;
 
-/// Version of `quality.json`'s layout.
-pub const RECEIPT_VERSION: u32 = 1;
+/// Version of `quality.json`'s layout. 2: no `seconds`, and `device` without the CPU's thread
+/// count, so that the same conversion writes the same bytes (issue 20, determinism).
+pub const RECEIPT_VERSION: u32 = 2;
 
 /// The held-out text of a receipt: `TEXT:N` windows of `window` tokens (`wiki:2`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +129,7 @@ pub fn measure(
     if device != DeviceChoice::Auto {
         command.extend(["--device".into(), device.to_string()]);
     }
-    Ok(json!({
+    let receipt = Ok(json!({
         "format": "strataflux-quality",
         "version": RECEIPT_VERSION,
         "text": text.text,
@@ -144,8 +145,12 @@ pub fn measure(
             Ok(v)
         }).transpose()?,
         "command": command.join(" "),
-        "seconds": t0.elapsed().as_secs_f64(),
-    }))
+    }));
+    say(&format!(
+        "quality receipt: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    ));
+    receipt
 }
 
 /// Base and refined passes over the windows on one backend.
@@ -190,7 +195,7 @@ impl OnBackend for ReceiptTask<'_> {
             }
             None => None,
         };
-        Ok((model.backend().name(), base, refined))
+        Ok((model.backend().numerics_name(), base, refined))
     }
 }
 

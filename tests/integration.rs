@@ -9,6 +9,7 @@ mod common;
 
 mod cli_errors;
 mod convert;
+mod determinism;
 mod eval_vs_transformers;
 mod faults;
 mod ggml_quant;

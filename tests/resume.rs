@@ -38,8 +38,8 @@ fn fresh(out: &Path) {
 /// The conversion of these tests, cheap but carrying every kind of cross-block state: AWQ
 /// (its α per layer goes from the checkpointed reports into the metadata) with fitted
 /// refinement, a q8 head (weighted by the final calibration streams), two calibration and one
-/// held-out window of 32 tokens, through all 30 blocks; no quality receipt (it records the
-/// seconds it took, so two folders never agree in it).
+/// held-out window of 32 tokens, through all 30 blocks; no quality receipt (it costs time and
+/// carries no cross-block state; tests/determinism.rs checks that it is reproducible).
 fn args(out: &Path, extra: &[&str]) -> Vec<String> {
     let g = gguf();
     let mut a: Vec<String> = [

@@ -246,6 +246,11 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     type Graph: Send;
 
     fn name(&self) -> String;
+    /// [`Backend::name`] less what changes only the speed, never the results (the CPU's thread
+    /// count): what a reproducible record such as a quality receipt names.
+    fn numerics_name(&self) -> String {
+        self.name()
+    }
 
     /// Runs one whole forward pass. The CPU backend moves it onto a rayon worker so the ~200
     /// parallel ops of a decode step fork from inside the pool instead of handing off from an

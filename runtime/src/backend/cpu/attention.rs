@@ -15,6 +15,7 @@
 
 use super::math::{self, multiversioned};
 use super::scratch::with_scratch;
+use super::spin_pool::SpinPool;
 use super::SimdLevel;
 use crate::backend::AttentionShape;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -27,6 +28,9 @@ const DECODE_MAX_QUERIES: usize = 4;
 const PREFILL_KEY_CHUNK: usize = 512;
 /// Smallest key chunk per decode task: below ~256 keys the fork/join costs more than the work.
 const DECODE_MIN_CHUNK: usize = 256;
+/// Decode splits the keys into up to this many chunks per KV head: with SmolLM2's 3 KV heads,
+/// 48 tasks, ≥ 2 per thread at 16 threads.
+const DECODE_CHUNKS: usize = 16;
 
 /// Computes attention; the caller has checked every buffer length against `s`.
 pub(crate) fn attention(
@@ -41,7 +45,7 @@ pub(crate) fn attention(
         return;
     }
     if s.n_queries <= DECODE_MAX_QUERIES {
-        decode(level, q, k, v, s, out);
+        decode(super::spin_pool::pool(), level, q, k, v, s, out);
     } else {
         prefill(level, q, k, v, s, out);
     }
@@ -228,17 +232,25 @@ struct Partial {
     out: Vec<f32>,
 }
 
-fn decode(level: SimdLevel, q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape, out: &mut [f32]) {
+fn decode(
+    pool: &SpinPool,
+    level: SimdLevel,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttentionShape,
+    out: &mut [f32],
+) {
     let hd = s.kv.head_dim;
     let q_dim = s.q_dim();
     let group = s.group();
     let nq = s.n_queries;
     let total = s.past + nq;
-    let pool = super::spin_pool::pool();
-    let threads = pool.threads();
-    // Enough chunks that kv_heads × chunks ≥ 2 tasks per thread, but ≥ DECODE_MIN_CHUNK keys.
-    let chunks_wanted = (2 * threads).div_ceil(s.kv.kv_heads).max(1);
-    let chunk = total.div_ceil(chunks_wanted).max(DECODE_MIN_CHUNK);
+    // The split depends on the context length only, never on the thread count: the merge
+    // below adds the chunks' partial sums in float, so another split rounds differently. When
+    // the split followed the thread count, `sfx-run -t 1` and `-t 2` sampled different text
+    // from the same seed once the context passed 2 × DECODE_MIN_CHUNK tokens (issue 20).
+    let chunk = total.div_ceil(DECODE_CHUNKS).max(DECODE_MIN_CHUNK);
     let n_chunks = total.div_ceil(chunk);
     let scale = 1.0 / (hd as f32).sqrt();
     let head_stride = s.kv.capacity * hd;
@@ -408,6 +420,63 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Decode gives the same bits on 1, 2, 3 and 16 threads: `sfx-run` samples from these
+    /// outputs, so a last-bit difference becomes different text from the same seed. Contexts
+    /// on both sides of 2 × DECODE_MIN_CHUNK and past DECODE_CHUNKS × DECODE_MIN_CHUNK.
+    #[test]
+    fn decode_is_bit_identical_across_thread_counts() {
+        let mut seed = 9u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let pools: Vec<SpinPool> = [0, 1, 2, 15].into_iter().map(SpinPool::new).collect();
+        // (n_heads, kv_heads, head_dim, past, n_queries): SmolLM2's attention shape first.
+        let cases = [
+            (9, 3, 64, 300, 1),
+            (9, 3, 64, 1500, 1),
+            (9, 3, 64, 5000, 1),
+            (4, 2, 16, 700, 3),
+        ];
+        for &(n_heads, kv_heads, head_dim, past, n_queries) in &cases {
+            let kv = KvLayout {
+                kv_heads,
+                head_dim,
+                capacity: past + n_queries,
+            };
+            let s = AttentionShape {
+                n_heads,
+                kv,
+                past,
+                n_queries,
+            };
+            let q: Vec<f32> = (0..n_queries * s.q_dim()).map(|_| rnd() * 3.0).collect();
+            let k: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd() * 3.0).collect();
+            let v: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd()).collect();
+            for level in SimdLevel::supported() {
+                let outs: Vec<Vec<u32>> = pools
+                    .iter()
+                    .map(|pool| {
+                        let mut got = vec![f32::NAN; n_queries * s.q_dim()];
+                        decode(pool, level, &q, &k, &v, &s, &mut got);
+                        got.iter().map(|x| x.to_bits()).collect()
+                    })
+                    .collect();
+                for (pool, out) in pools.iter().zip(&outs).skip(1) {
+                    let differ = out.iter().zip(&outs[0]).filter(|(a, b)| a != b).count();
+                    assert!(
+                        differ == 0,
+                        "{level:?} case {:?}: {differ} outputs differ between 1 and {} threads",
+                        (n_heads, kv_heads, head_dim, past, n_queries),
+                        pool.threads()
+                    );
+                }
+            }
+        }
     }
 
     /// Both schedules, every SIMD tier, with past context, GQA and chunk boundaries crossed.

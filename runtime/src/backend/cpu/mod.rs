@@ -309,6 +309,14 @@ impl Backend for CpuBackend {
         )
     }
 
+    fn numerics_name(&self) -> String {
+        let acts = match self.decode_activations {
+            DecodeActivations::F32 => "",
+            DecodeActivations::Int8 => ", int8 decode activations",
+        };
+        format!("cpu ({}{acts})", self.simd.as_str())
+    }
+
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         // `scope` executes its closure on a worker of the global pool (blocking this thread).
         rayon::scope(|_| f())

@@ -64,7 +64,9 @@ pub(crate) fn pool() -> &'static SpinPool {
 }
 
 impl SpinPool {
-    fn new(workers: usize) -> Self {
+    /// A pool of `workers` threads besides the caller, which live as long as the process (the
+    /// global one; tests make others to compare thread counts within one process).
+    pub(crate) fn new(workers: usize) -> Self {
         let shared: &'static Shared = Box::leak(Box::new(Shared {
             epoch: AtomicU64::new(0),
             job: JobSlot(UnsafeCell::new(std::ptr::null::<fn(usize)>() as *const Job)),
