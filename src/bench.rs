@@ -487,7 +487,19 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.prompt.is_empty() && a.generate.is_empty() {
         bail!("nothing to measure: give -p and/or -n");
     }
+    // A .sfx is opened once more to stamp it: results measured on a file that changed on
+    // disk meanwhile are refused, as sfx-run refuses them.
+    let stamp = match a.model.as_deref() {
+        Some(spec) if is_sfx_file(std::path::Path::new(spec)) => {
+            Some(SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?)
+        }
+        _ => None,
+    };
     let rows = with_backend(a.device, Task(&a))?;
+    if let Some(file) = &stamp {
+        file.check_unchanged()
+            .context("refusing to report this run's results")?;
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -669,6 +669,9 @@ pub fn run(mut a: TuneArgs) -> Result<()> {
             space: space.clone(),
         },
     )?;
+    // A profile measured on a file that changed on disk meanwhile would describe another file.
+    file.check_unchanged()
+        .context("refusing to write a tuning profile from this run")?;
     let sidecar = sidecar_path(&a.model);
     let digest = file.content_digest();
     let mut tune_file = match TuneFile::read(&sidecar, &digest) {

@@ -1116,3 +1116,43 @@ fn kill_9_at_random_points_of_a_conversion_leaves_a_clean_state() {
         }
     }
 }
+
+/// Row "`.sfx` truncated while `sfx bench` measures it": the command ends with exit 1 naming
+/// the file (the SIGBUS message, a load error, or the changed-file refusal, depending on when
+/// the cut lands) and reports no result.
+#[test]
+fn sfx_bench_on_a_file_truncated_under_it_reports_nothing() {
+    let path = copy_of("bench-truncated.sfx");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let child = Command::new(env!("CARGO_BIN_EXE_sfx"))
+        .args(["bench", "-m"])
+        .arg(&path)
+        .args(["-p", "0", "-n", "300", "-r", "3", "--device", "cpu"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len / 2).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        (o.status.code(), o.status.signal()),
+        (Some(1), None),
+        "{stderr}"
+    );
+    // The error itself (not only the progress lines before it) names the file.
+    let error = stderr.split_once("Error:").map_or("", |(_, e)| e);
+    assert!(
+        error.contains(&*path.to_string_lossy()) && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !stdout.contains("tg300"),
+        "a result was reported:\n{stdout}"
+    );
+    eprintln!("sfx bench, truncated:\n{stderr}");
+    std::fs::remove_file(&path).unwrap();
+}

@@ -258,7 +258,20 @@ enum Command {
 const FETCH_SCRIPT: &str = include_str!("../../scripts/fetch_assets.sh");
 
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // Before any file is mapped: a model file truncated under the command ends it with a
+    // message naming the file, not a silent SIGBUS.
+    let mapped = match &cli.command {
+        Command::Inspect { model, .. } => Some(std::path::PathBuf::from(model)),
+        Command::Verify { file, .. } => Some(file.clone()),
+        Command::Tune { model, .. } => Some(model.clone()),
+        Command::Bench { model, .. } => model.as_ref().map(std::path::PathBuf::from),
+        _ => None,
+    };
+    if let Some(path) = mapped {
+        strataflux::mapped::exit_clearly_on_sigbus(&path);
+    }
+    match cli.command {
         Command::Fetch => fetch(),
         Command::Inspect {
             model,

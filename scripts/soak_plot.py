@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Plots `sfx-run --soak … --soak-log FILE.csv` logs: resident memory and decode speed against
+tokens generated, one line per log, in two PNGs (needs matplotlib: `pip install matplotlib`).
+
+    python3 scripts/soak_plot.py --out docs/soak LABEL=run.csv [LABEL=run.csv …]
+
+Writes OUT/soak_rss.png and OUT/soak_speed.png, and prints per log: tokens, generations, RSS
+after the first generation and its largest value after it, and the mean decode speed of the
+first and the last complete generation.
+"""
+import argparse
+import csv
+import os
+import sys
+
+
+def read(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        sys.exit(f"{path}: no samples")
+    for r in rows:
+        for k in ("tokens", "generation", "position"):
+            r[k] = int(r[k])
+        r["tokens_per_second"] = float(r["tokens_per_second"])
+        r["rss_bytes"] = int(r["rss_bytes"])
+    return rows
+
+
+def summary(rows):
+    gens = max(r["generation"] for r in rows) + 1
+    later = [r for r in rows if r["generation"] >= 1] or rows
+    full = max(r["position"] for r in rows if r["generation"] == 0)
+    complete = [g for g in range(gens) if max((r["position"] for r in rows if r["generation"] == g), default=0) == full]
+    def speed(g):
+        v = [r["tokens_per_second"] for r in rows if r["generation"] == g]
+        return sum(v) / len(v)
+    mib = 1 << 20
+    return (rows[-1]["tokens"], gens, later[0]["rss_bytes"] / mib, max(r["rss_bytes"] for r in later) / mib,
+            speed(0), speed(complete[-1]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the PNGs")
+    ap.add_argument("logs", nargs="+", metavar="LABEL=CSV")
+    a = ap.parse_args()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("matplotlib is needed: pip install matplotlib")
+    logs = []
+    for spec in a.logs:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            sys.exit(f"{spec!r}: expected LABEL=CSV")
+        logs.append((label, read(path)))
+    os.makedirs(a.out, exist_ok=True)
+    print("| run | tokens | generations | RSS after gen. 1 (MiB) | max after (MiB) | tok/s gen. 1 | tok/s last |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, rows in logs:
+        t, g, warm, mx, s0, s1 = summary(rows)
+        print(f"| {label} | {t} | {g} | {warm:.1f} | {mx:.1f} | {s0:.1f} | {s1:.1f} |")
+    for key, ylabel, name, scale in (
+        ("rss_bytes", "resident memory (MiB)", "soak_rss.png", 1 / (1 << 20)),
+        ("tokens_per_second", "decode tok/s (interval mean)", "soak_speed.png", 1.0),
+    ):
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for label, rows in logs:
+            ax.plot([r["tokens"] for r in rows], [r[key] * scale for r in rows], label=label, linewidth=1)
+        ax.set_xlabel("tokens generated (one process; a new generation every -n tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(a.out, name)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
