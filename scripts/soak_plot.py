@@ -4,9 +4,10 @@ tokens generated, one line per log, in two PNGs (needs matplotlib: `pip install 
 
     python3 scripts/soak_plot.py --out docs/soak LABEL=run.csv [LABEL=run.csv …]
 
-Writes OUT/soak_rss.png and OUT/soak_speed.png, and prints per log: tokens, generations, RSS
-after the first generation and its largest value after it, and the mean decode speed of the
-first and the last complete generation.
+Writes OUT/soak_rss.png and OUT/soak_speed.png, and prints per log: tokens, generations, the
+largest RSS of the second generation and of the later ones, the growth at like positions (the
+verdict of `sfx-run --soak`), and the mean decode speed of the first and the last complete
+generation.
 """
 import argparse
 import csv
@@ -28,15 +29,19 @@ def read(path):
 
 
 def summary(rows):
+    """As sfx-run's verdict: RSS of generations ≥ 2 against generation 1 at like positions."""
     gens = max(r["generation"] for r in rows) + 1
-    later = [r for r in rows if r["generation"] >= 1] or rows
+    ref = {r["position"]: r["rss_bytes"] for r in rows if r["generation"] == 1}
+    later = [r for r in rows if r["generation"] >= 2]
+    growth = max((r["rss_bytes"] - ref[r["position"]] for r in later if r["position"] in ref), default=0)
     full = max(r["position"] for r in rows if r["generation"] == 0)
     complete = [g for g in range(gens) if max((r["position"] for r in rows if r["generation"] == g), default=0) == full]
     def speed(g):
         v = [r["tokens_per_second"] for r in rows if r["generation"] == g]
         return sum(v) / len(v)
     mib = 1 << 20
-    return (rows[-1]["tokens"], gens, later[0]["rss_bytes"] / mib, max(r["rss_bytes"] for r in later) / mib,
+    return (rows[-1]["tokens"], gens, max(ref.values(), default=0) / mib,
+            max((r["rss_bytes"] for r in later), default=0) / mib, max(growth, 0) / mib,
             speed(0), speed(complete[-1]))
 
 
@@ -58,11 +63,11 @@ def main():
             sys.exit(f"{spec!r}: expected LABEL=CSV")
         logs.append((label, read(path)))
     os.makedirs(a.out, exist_ok=True)
-    print("| run | tokens | generations | RSS after gen. 1 (MiB) | max after (MiB) | tok/s gen. 1 | tok/s last |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| run | tokens | generations | RSS max, gen. 2 (MiB) | RSS max, gen. ≥ 3 (MiB) | growth at like positions (MiB) | tok/s gen. 1 | tok/s last |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, rows in logs:
-        t, g, warm, mx, s0, s1 = summary(rows)
-        print(f"| {label} | {t} | {g} | {warm:.1f} | {mx:.1f} | {s0:.1f} | {s1:.1f} |")
+        t, g, ref, mx, growth, s0, s1 = summary(rows)
+        print(f"| {label} | {t} | {g} | {ref:.1f} | {mx:.1f} | {growth:.2f} | {s0:.1f} | {s1:.1f} |")
     for key, ylabel, name, scale in (
         ("rss_bytes", "resident memory (MiB)", "soak_rss.png", 1 / (1 << 20)),
         ("tokens_per_second", "decode tok/s (interval mean)", "soak_speed.png", 1.0),

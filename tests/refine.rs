@@ -423,7 +423,7 @@ fn corrupt_refinement_is_refused_with_one_warning() {
 /// `sfx-run --soak` (issue 20): several generations in one process on the ssd tiers of the
 /// weights and of a KVarN cache, sampled every 50 tokens: the report has every sample, both
 /// caches report their occupancy within budget, memory passes the verdict; a soak too short
-/// to have a sample past its first generation fails and says why.
+/// to reach a third generation (memory is judged against the second) fails and says why.
 #[test]
 fn soak_samples_every_interval_and_judges_memory_and_caches() {
     let (_, fitted) = containers();
@@ -486,11 +486,8 @@ fn soak_samples_every_interval_and_judges_memory_and_caches() {
         "{rows}"
     );
 
-    let short = run("100", "200", None);
+    let short = run("300", "200", None);
     assert_eq!(short.status.code(), Some(1));
     let err = String::from_utf8_lossy(&short.stderr);
-    assert!(
-        err.contains("no sample after the first generation"),
-        "{err}"
-    );
+    assert!(err.contains("no sample in a third generation"), "{err}");
 }

@@ -422,18 +422,48 @@ mod tests {
         out
     }
 
+    /// A seeded generator of values in [-1, 1) (a 64-bit LCG's high bits).
+    fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut seed = seed;
+        move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// The shape of case `(n_heads, kv_heads, head_dim, past, n_queries)` in a cache with
+    /// `spare` unused positions, and its q, k, v (scores up to ±8 exercise the max
+    /// subtraction).
+    fn case_inputs(
+        rnd: &mut impl FnMut() -> f32,
+        (n_heads, kv_heads, head_dim, past, n_queries): (usize, usize, usize, usize, usize),
+        spare: usize,
+    ) -> (AttentionShape, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let kv = KvLayout {
+            kv_heads,
+            head_dim,
+            capacity: past + n_queries + spare,
+        };
+        let s = AttentionShape {
+            n_heads,
+            kv,
+            past,
+            n_queries,
+        };
+        let q: Vec<f32> = (0..n_queries * s.q_dim()).map(|_| rnd() * 3.0).collect();
+        let k: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd() * 3.0).collect();
+        let v: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd()).collect();
+        (s, q, k, v)
+    }
+
     /// Decode gives the same bits on 1, 2, 3 and 16 threads: `sfx-run` samples from these
     /// outputs, so a last-bit difference becomes different text from the same seed. Contexts
     /// on both sides of 2 × DECODE_MIN_CHUNK and past DECODE_CHUNKS × DECODE_MIN_CHUNK.
     #[test]
     fn decode_is_bit_identical_across_thread_counts() {
-        let mut seed = 9u64;
-        let mut rnd = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut rnd = uniform(9);
         let pools: Vec<SpinPool> = [0, 1, 2, 15].into_iter().map(SpinPool::new).collect();
         // (n_heads, kv_heads, head_dim, past, n_queries): SmolLM2's attention shape first.
         let cases = [
@@ -442,26 +472,13 @@ mod tests {
             (9, 3, 64, 5000, 1),
             (4, 2, 16, 700, 3),
         ];
-        for &(n_heads, kv_heads, head_dim, past, n_queries) in &cases {
-            let kv = KvLayout {
-                kv_heads,
-                head_dim,
-                capacity: past + n_queries,
-            };
-            let s = AttentionShape {
-                n_heads,
-                kv,
-                past,
-                n_queries,
-            };
-            let q: Vec<f32> = (0..n_queries * s.q_dim()).map(|_| rnd() * 3.0).collect();
-            let k: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd() * 3.0).collect();
-            let v: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd()).collect();
+        for &case in &cases {
+            let (s, q, k, v) = case_inputs(&mut rnd, case, 0);
             for level in SimdLevel::supported() {
                 let outs: Vec<Vec<u32>> = pools
                     .iter()
                     .map(|pool| {
-                        let mut got = vec![f32::NAN; n_queries * s.q_dim()];
+                        let mut got = vec![f32::NAN; s.n_queries * s.q_dim()];
                         decode(pool, level, &q, &k, &v, &s, &mut got);
                         got.iter().map(|x| x.to_bits()).collect()
                     })
@@ -471,7 +488,7 @@ mod tests {
                     assert!(
                         differ == 0,
                         "{level:?} case {:?}: {differ} outputs differ between 1 and {} threads",
-                        (n_heads, kv_heads, head_dim, past, n_queries),
+                        case,
                         pool.threads()
                     );
                 }
@@ -483,13 +500,7 @@ mod tests {
     /// Tolerance 2e-5 absolute on outputs of magnitude ≤ ~1 (f32 sums of ≤ 1300 terms).
     #[test]
     fn matches_reference_attention() {
-        let mut seed = 5u64;
-        let mut rnd = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut rnd = uniform(5);
         // (n_heads, kv_heads, head_dim, past, n_queries)
         let cases = [
             (4, 2, 8, 0, 1),
@@ -499,23 +510,8 @@ mod tests {
             (2, 1, 32, 700, 70),
             (3, 1, 8, 3, 600),
         ];
-        for &(n_heads, kv_heads, head_dim, past, n_queries) in &cases {
-            let capacity = past + n_queries + 3;
-            let kv = KvLayout {
-                kv_heads,
-                head_dim,
-                capacity,
-            };
-            let s = AttentionShape {
-                n_heads,
-                kv,
-                past,
-                n_queries,
-            };
-            // Scores up to ±8 exercise the max subtraction.
-            let q: Vec<f32> = (0..n_queries * s.q_dim()).map(|_| rnd() * 3.0).collect();
-            let k: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd() * 3.0).collect();
-            let v: Vec<f32> = (0..kv.buffer_len()).map(|_| rnd()).collect();
+        for &case in &cases {
+            let (s, q, k, v) = case_inputs(&mut rnd, case, 3);
             let want = reference(&q, &k, &v, &s);
             for level in SimdLevel::supported() {
                 let mut got = vec![f32::NAN; want.len()];
@@ -525,11 +521,7 @@ mod tests {
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0.0, f32::max);
-                assert!(
-                    err < 2e-5,
-                    "{level:?} case {:?}: max err {err}",
-                    (n_heads, kv_heads, head_dim, past, n_queries)
-                );
+                assert!(err < 2e-5, "{level:?} case {:?}: max err {err}", case);
             }
         }
     }
