@@ -228,19 +228,21 @@ struct Row {
     effective_gbps: f64,
 }
 
+/// The model of `spec`, its origin, and for a `.sfx` the container it was loaded from (kept
+/// to refuse results should the file change on disk during the run).
 fn load<B: ResidentKernels>(
     backend: B,
     spec: &str,
     options: &ModelOptions,
-) -> Result<(Model<B>, String)> {
+) -> Result<(Model<B>, String, Option<SfxFile>)> {
     if is_sfx_file(std::path::Path::new(spec)) {
         let file = SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?;
         let m = load_sfx_model_on(backend, &file, options)
             .with_context(|| format!("loading model {spec}"))?;
-        return Ok((m, spec.to_string()));
+        return Ok((m, spec.to_string(), Some(file)));
     }
     let (m, ckpt) = load_checkpoint_model(backend, spec, options)?;
-    Ok((m, ckpt.origin))
+    Ok((m, ckpt.origin, None))
 }
 
 impl OnBackend for Task<'_> {
@@ -264,6 +266,7 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
     if a.fit && a.synthetic.is_none() {
         bail!("--fit is for synthetic models; a .sfx model refines from its own sections");
     }
+    let mut loaded_from: Option<SfxFile> = None;
     let (mut model, name, params) = match (&a.synthetic, &a.model) {
         (Some(preset), _) => {
             let config = synthetic::preset(preset)?;
@@ -302,7 +305,8 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
             )
         }
         (None, Some(spec)) => {
-            let (m, origin) = load(backend, spec, &options)?;
+            let (m, origin, file) = load(backend, spec, &options)?;
+            loaded_from = file;
             let params = synthetic::parameter_count(m.config());
             (m, origin, params)
         }
@@ -381,6 +385,12 @@ fn run_on<B: ResidentKernels>(a: &BenchArgs, backend: B) -> Result<Vec<Row>> {
         }
     }
     print_kernel_times(&model.backend().take_kernel_times()?);
+    // Rows measured on a file that changed on disk meanwhile are refused, as sfx-run refuses
+    // its results.
+    if let Some(file) = &loaded_from {
+        file.check_unchanged()
+            .context("refusing to report this run's results")?;
+    }
     Ok(rows)
 }
 
@@ -487,19 +497,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.prompt.is_empty() && a.generate.is_empty() {
         bail!("nothing to measure: give -p and/or -n");
     }
-    // A .sfx is opened once more to stamp it: results measured on a file that changed on
-    // disk meanwhile are refused, as sfx-run refuses them.
-    let stamp = match a.model.as_deref() {
-        Some(spec) if is_sfx_file(std::path::Path::new(spec)) => {
-            Some(SfxFile::open(spec).with_context(|| format!("opening model {spec}"))?)
-        }
-        _ => None,
-    };
     let rows = with_backend(a.device, Task(&a))?;
-    if let Some(file) = &stamp {
-        file.check_unchanged()
-            .context("refusing to report this run's results")?;
-    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
