@@ -13,7 +13,7 @@
 //!   new one, and only the documented partial state left;
 //! - two `sfx-run` processes on one file at once: both give the solo run's output.
 
-use crate::common::{assets, f32_options as opts, float_model, quick_args, wiki_tokens};
+use crate::common::{assets, f32_options as opts, float_model, quick_args, stdout_of, wiki_tokens};
 use sfx_formats::sfx::SfxFile;
 use sfx_runtime::kv::tier::ReaderWrap;
 use sfx_runtime::kv::{
@@ -664,17 +664,12 @@ fn run_and_mutate(args: &[String], after: usize, mutate: impl FnOnce()) -> Outpu
 }
 
 fn solo(tier: &str, tokens: usize) -> Vec<u8> {
-    let out = Command::new(env!("CARGO_BIN_EXE_sfx-run"))
-        .args(run_args(container(), tier, tokens))
-        .env("SFX_ASSETS", assets())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
+    stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_sfx-run"))
+            .args(run_args(container(), tier, tokens))
+            .env("SFX_ASSETS", assets()),
+    )
+    .into_bytes()
 }
 
 /// Fails with status 1 (not a signal) and a message naming `file` and `needle`.

@@ -699,7 +699,7 @@ impl CudaBackend {
         };
         let mut end = 0usize;
         let mut dense_input = false;
-        for (slot, w) in g.item.iter_mut().zip(items) {
+        for (i, (slot, w)) in g.item.iter_mut().zip(items).enumerate() {
             let c = trellis_of(w, "trellis matvec")?;
             if !c.had_in.same_as(&c0.had_in) {
                 return Err(RuntimeError::Unsupported(format!(
@@ -720,29 +720,21 @@ impl CudaBackend {
                 group_end: i32_of("trellis matvec", end)?,
                 ..TrItem::default()
             };
-        }
-        if let Some(e) = epilogue {
-            // The caller checked every item's outputs take the fused transform.
-            let tickets = |w: &MatrixData| -> Result<u64> {
-                trellis_of(w, "trellis matvec")?
-                    .tickets
-                    .as_ref()
-                    .map(|t| t.ptr)
-                    .ok_or_else(|| {
-                        RuntimeError::Unsupported(format!(
-                            "trellis matvec: {} rows without a block rotation of the outputs \
-                             cannot finish in the matvec",
-                            w.rows
-                        ))
-                    })
-            };
-            for ((slot, w), (bias, out)) in g.item.iter_mut().zip(items).zip(e.outputs) {
-                let c = trellis_of(w, "trellis matvec")?;
+            // The fused output transform: the caller checked every item has tickets.
+            if let Some((bias, out)) = epilogue.and_then(|e| e.outputs.get(i)) {
                 slot.sv = c.sv.ptr;
                 slot.bias = bias.map_or(0, |b| b.mem.ptr);
                 slot.out = *out;
-                slot.tickets = tickets(w)?;
+                slot.tickets = c.tickets.as_ref().map(|t| t.ptr).ok_or_else(|| {
+                    RuntimeError::Unsupported(format!(
+                        "trellis matvec: {} rows without a block rotation of the outputs \
+                         cannot finish in the matvec",
+                        w.rows
+                    ))
+                })?;
             }
+        }
+        if let Some(e) = epilogue {
             g.epi_block = i32_of("trellis matvec", c0.had_out.block)?;
             g.epi_accumulate = i32::from(e.accumulate);
             g.epi_swiglu = i32::from(e.swiglu);
@@ -842,10 +834,10 @@ impl CudaBackend {
     fn trellis_fuses_finish(&self, ws: &[&MatrixData], refined: bool) -> bool {
         self.inner.trellis_epilogue
             && !refined
-            && ws.iter().all(|w| {
-                matches!(&w.codes, Codes::Trellis(c) if c.tickets.is_some()
-                    && epilogue_block(&c.had_out).is_some())
-            })
+            // Tickets exist exactly where the outputs' rotation takes the fused transform.
+            && ws
+                .iter()
+                .all(|w| matches!(&w.codes, Codes::Trellis(c) if c.tickets.is_some()))
     }
 
     /// `y_i (+)= W_i · x (+ b_i)` for up to three trellis matrices of one format, m ≤ 4 token
