@@ -10,7 +10,9 @@
 //! generation does not exceed the same position's in the second generation (the first one
 //! warms up) by more than [`RSS_GROWTH_ALLOWED`] — like positions, because a KV cache's pages
 //! are touched as it fills, so memory rises within every generation and falls when its cache
-//! is freed — and no cache holds more than its budget. Speed drift is reported, not judged: a
+//! is freed — and no cache holds more than its budget. On a device with memory of its own (a
+//! GPU) the device memory in use is judged by the same rule, since a leak of device buffers
+//! never shows in the process's resident set. Speed drift is reported, not judged: a
 //! shared machine's noise is larger than any fair bound.
 
 use anyhow::{Context, Result};
@@ -40,6 +42,8 @@ pub struct SoakSample {
     /// KV refinement spill cache (ssd tier): bytes held and the budget.
     pub kv_cache_bytes: Option<u64>,
     pub kv_cache_budget: Option<u64>,
+    /// Device memory in use (the whole device's), on a backend with memory of its own.
+    pub device_bytes: Option<u64>,
 }
 
 /// What a soak concludes from its samples.
@@ -55,6 +59,10 @@ pub struct SoakSummary {
     pub rss_max_bytes: u64,
     pub rss_last_bytes: u64,
     pub rss_growth_bytes: u64,
+    /// The same for device memory, on a backend with memory of its own.
+    pub device_reference_bytes: Option<u64>,
+    pub device_max_bytes: Option<u64>,
+    pub device_growth_bytes: Option<u64>,
     /// Mean decode speed of the first and the last complete generation (same positions, so
     /// attention's growth with context cancels), and their ratio − 1.
     pub first_generation_tokens_per_second: f64,
@@ -95,14 +103,8 @@ pub fn summarize(samples: &[SoakSample], generations: usize) -> SoakSummary {
     let warm = reference.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
     let rss_max = later.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
     let rss_last = later.last().map_or(0, |s| s.rss_bytes);
-    let growth = later
-        .iter()
-        .filter_map(|s| {
-            let at = reference.iter().find(|r| r.position == s.position)?;
-            Some(s.rss_bytes.saturating_sub(at.rss_bytes))
-        })
-        .max()
-        .unwrap_or(0);
+    let growth = growth_at_like_positions(&reference, &later, |s| Some(s.rss_bytes)).unwrap_or(0);
+    let device_growth = growth_at_like_positions(&reference, &later, |s| s.device_bytes);
     // Compare the last generation that reached the first one's last sampled position (a
     // soak's final generation may be cut short) at the positions both reached.
     let last_position = |g: usize| {
@@ -141,6 +143,9 @@ pub fn summarize(samples: &[SoakSample], generations: usize) -> SoakSummary {
         rss_max_bytes: rss_max,
         rss_last_bytes: rss_last,
         rss_growth_bytes: growth,
+        device_reference_bytes: reference.iter().filter_map(|s| s.device_bytes).max(),
+        device_max_bytes: later.iter().filter_map(|s| s.device_bytes).max(),
+        device_growth_bytes: device_growth,
         first_generation_tokens_per_second: first,
         last_generation_tokens_per_second: last,
         speed_drift: if first > 0.0 { last / first - 1.0 } else { 0.0 },
@@ -167,6 +172,16 @@ pub fn summarize(samples: &[SoakSample], generations: usize) -> SoakSummary {
             RSS_GROWTH_ALLOWED >> 20
         ));
     }
+    if let Some(g) = s.device_growth_bytes.filter(|&g| g > RSS_GROWTH_ALLOWED) {
+        s.failures.push(format!(
+            "device memory in use grew {:.1} MiB over the second generation's at the same \
+             position (largest {:.1} MiB against {:.1}; {} MiB allowed)",
+            mib(g),
+            mib(s.device_max_bytes.unwrap_or(0)),
+            mib(s.device_reference_bytes.unwrap_or(0)),
+            RSS_GROWTH_ALLOWED >> 20
+        ));
+    }
     for (what, held, cap) in [
         (
             "refinement RAM cache",
@@ -185,6 +200,22 @@ pub fn summarize(samples: &[SoakSample], generations: usize) -> SoakSummary {
     s
 }
 
+/// The largest excess of a later sample's value over the reference generation's at the same
+/// position; `None` when no pair of samples has the value.
+fn growth_at_like_positions(
+    reference: &[&SoakSample],
+    later: &[&SoakSample],
+    value: impl Fn(&SoakSample) -> Option<u64>,
+) -> Option<u64> {
+    later
+        .iter()
+        .filter_map(|s| {
+            let at = reference.iter().find(|r| r.position == s.position)?;
+            Some(value(s)?.saturating_sub(value(at)?))
+        })
+        .max()
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -193,14 +224,14 @@ fn mib(b: u64) -> f64 {
 pub fn write_csv(path: &Path, samples: &[SoakSample]) -> Result<()> {
     let mut out = String::from(
         "tokens,generation,position,tokens_per_second,rss_bytes,rss_peak_bytes,\
-         weight_cache_bytes,weight_cache_budget,kv_cache_bytes,kv_cache_budget\n",
+         weight_cache_bytes,weight_cache_budget,kv_cache_bytes,kv_cache_budget,device_bytes\n",
     );
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
     for s in samples {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{},{},{},{},{},{}",
+            "{},{},{},{:.3},{},{},{},{},{},{},{}",
             s.tokens,
             s.generation,
             s.position,
@@ -210,7 +241,8 @@ pub fn write_csv(path: &Path, samples: &[SoakSample]) -> Result<()> {
             opt(s.weight_cache_bytes),
             opt(s.weight_cache_budget),
             opt(s.kv_cache_bytes),
-            opt(s.kv_cache_budget)
+            opt(s.kv_cache_budget),
+            opt(s.device_bytes)
         );
     }
     sfx_formats::atomic::write_atomic(path, out.as_bytes())
@@ -233,6 +265,7 @@ mod tests {
             weight_cache_budget: Some(1000),
             kv_cache_bytes: None,
             kv_cache_budget: None,
+            device_bytes: None,
         }
     }
 
@@ -298,6 +331,40 @@ mod tests {
         let s = summarize(&slow, 3);
         assert!((s.speed_drift + 0.5).abs() < 1e-9, "{}", s.speed_drift);
         assert!(s.failures.is_empty());
+    }
+
+    #[test]
+    fn device_memory_is_judged_like_resident_memory_where_a_backend_reports_it() {
+        const MB: u64 = 1 << 20;
+        let soak = |leak_per_generation: u64| -> Vec<SoakSample> {
+            (0..4)
+                .flat_map(|g| (1..=3).map(move |p| (g, p)))
+                .map(|(g, p)| SoakSample {
+                    device_bytes: Some(2000 * MB + g as u64 * leak_per_generation),
+                    ..sample(g * 3 + p, g, p, 50.0, 400 * MB)
+                })
+                .collect()
+        };
+        let s = summarize(&soak(MB), 4);
+        assert!(s.failures.is_empty(), "{:?}", s.failures);
+        assert_eq!(s.device_growth_bytes, Some(2 * MB));
+        assert_eq!(s.rss_growth_bytes, 0);
+        // 10 MiB of device buffers kept per generation: 20 MiB by the last, over the bound,
+        // while the resident set stays flat.
+        let s = summarize(&soak(10 * MB), 4);
+        assert_eq!(s.failures.len(), 1, "{:?}", s.failures);
+        assert!(s.failures[0].starts_with("device memory in use grew 20.0 MiB"));
+        // The CPU reports none: nothing judged, nothing failed.
+        let cpu: Vec<SoakSample> = soak(10 * MB)
+            .into_iter()
+            .map(|x| SoakSample {
+                device_bytes: None,
+                ..x
+            })
+            .collect();
+        let s = summarize(&cpu, 4);
+        assert_eq!(s.device_growth_bytes, None);
+        assert!(s.failures.is_empty(), "{:?}", s.failures);
     }
 
     #[test]

@@ -976,14 +976,19 @@ fn soak<B: Backend>(
                     .filter(|b| b.tier.cache_budget > 0)
                     .map(|b| b.tier.cache),
                 kv_cache_budget: kv.as_ref().map(|b| b.tier.cache_budget).filter(|&b| b > 0),
+                device_bytes: model.backend().device_memory_in_use()?,
             };
             (interval_s, interval_steps) = (0.0, 0);
             if !cli.json {
                 eprintln!(
                     "soak {done}/{total} tokens (generation {generation}, position {position}): \
-                     {:.1} tok/s, RSS {:.1} MiB{}{}",
+                     {:.1} tok/s, RSS {:.1} MiB{}{}{}",
                     s.tokens_per_second,
                     s.rss_bytes as f64 / (1u64 << 20) as f64,
+                    s.device_bytes.map_or_else(String::new, |b| format!(
+                        ", device memory {:.1} MiB",
+                        b as f64 / (1u64 << 20) as f64
+                    )),
                     s.weight_cache_bytes
                         .map_or_else(String::new, |b| format!(", refinement cache {b} B")),
                     s.kv_cache_bytes
@@ -1016,7 +1021,7 @@ fn soak<B: Backend>(
         eprintln!(
             "soak: {} tokens in {} generations of {per_generation} ({kv_label} KV) in {wall_s:.0} s; \
              RSS {:.1} MiB at most in the second generation, {:.1} at most after it, last {:.1} \
-             (growth at like positions {:.2} MiB); \
+             (growth at like positions {:.2} MiB){}; \
              decode {:.1} tok/s in the first generation, {:.1} in the last ({:+.1} %)",
             summary.tokens,
             summary.generations,
@@ -1024,6 +1029,15 @@ fn soak<B: Backend>(
             summary.rss_max_bytes as f64 / (1u64 << 20) as f64,
             summary.rss_last_bytes as f64 / (1u64 << 20) as f64,
             summary.rss_growth_bytes as f64 / (1u64 << 20) as f64,
+            summary
+                .device_growth_bytes
+                .map_or_else(String::new, |g| format!(
+                    "; device memory {:.1} MiB at most in the second generation, {:.1} after \
+                     it (growth at like positions {:.2} MiB)",
+                    summary.device_reference_bytes.unwrap_or(0) as f64 / (1u64 << 20) as f64,
+                    summary.device_max_bytes.unwrap_or(0) as f64 / (1u64 << 20) as f64,
+                    g as f64 / (1u64 << 20) as f64
+                )),
             summary.first_generation_tokens_per_second,
             summary.last_generation_tokens_per_second,
             100.0 * summary.speed_drift

@@ -860,6 +860,13 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn take_kernel_times(&self) -> Result<Vec<KernelTime>> {
         Ok(Vec::new())
     }
+
+    /// Bytes of device memory in use on this backend's device (the whole device's: total less
+    /// free), for backends with memory of their own, which a process's resident set does not
+    /// show; `None` where the host's memory is the device's (the CPU).
+    fn device_memory_in_use(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// Time spent in one kernel at one grid size over the profiled launches.

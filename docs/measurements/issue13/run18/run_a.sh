@@ -50,6 +50,8 @@ for f in rtn2 qtip2:hyb qtip2:1mad; do
   args=(); [ -n "$code" ] && args=(--trellis-code "$code" --rotation b128)
   bench "sbs_${f//:/_}" SFX_TR_EPILOGUE=1 $S bench --synthetic llama-3.1-8b --device cuda --quant "$q" "${args[@]}" -p 512 -n 128 -r 3
 done
+# llama.cpp's Q2_K file keeps its head in Q6_K (6.56 bits): ours with a 6-bit head, like for like.
+[ $(el) -lt 545 ] && bench sbs_qtip2_hyb_q6head SFX_TR_EPILOGUE=1 $S bench --synthetic llama-3.1-8b --device cuda --quant qtip2 --trellis-code hyb --rotation b128 --head q6 -p 512 -n 128 -r 3
 [ $(el) -lt 570 ] && { SFX_TR_EPILOGUE=1 SFX_PROFILE_KERNELS=1 timeout 20 $S bench --synthetic llama-3.1-8b --device cuda --quant qtip2 --rotation b128 -p 0 -n 16 -r 1 --graphs off > $O/a/profile_b128.md 2> $O/a/profile_b128.err; echo "[$(el)s] profile rc=$?"; }
 rm -f $O/a/peer/*.gguf
 tar czf $O/a.tgz -C $O a && rm -rf $O/a

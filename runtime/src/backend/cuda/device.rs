@@ -258,6 +258,16 @@ impl Device {
             .map_err(cuda_err("binding the context"))
     }
 
+    /// Device memory in use, device-wide (total − free): cudaMalloc'd buffers, the stream-
+    /// ordered pool's reserve, graphs and the context itself.
+    pub fn memory_in_use(&self) -> Result<u64> {
+        let (free, total) = self
+            .ctx
+            .mem_get_info()
+            .map_err(cuda_err("querying free device memory"))?;
+        Ok(total.saturating_sub(free) as u64)
+    }
+
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         self.staging_in_flight.store(false, Ordering::Release);

@@ -2139,6 +2139,10 @@ impl Backend for CudaBackend {
         self.dev().take_kernel_times()
     }
 
+    fn device_memory_in_use(&self) -> Result<Option<u64>> {
+        self.dev().memory_in_use().map(Some)
+    }
+
     fn launch_graph(&self, graph: &CudaGraph) -> Result<()> {
         self.dev().launch_graph(&graph.0)
     }
