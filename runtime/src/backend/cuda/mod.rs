@@ -92,7 +92,7 @@ enum Codes {
     /// Group codes (RTN / AWQ): code width, scales and zero points, layout.
     Group(group::GroupCodes),
     /// Trellis tiles (QTIP / YAQA): code, signs, transforms, table and decode scratch.
-    Trellis(Box<trellis::TrellisCodes>),
+    Trellis(trellis::TrellisCodes),
     /// Look-up-table codes (SqueezeLLM) or GGUF blocks: their tables or scale planes.
     Coded(coded::CodedCodes),
 }
@@ -332,9 +332,6 @@ struct Inner {
     /// Trellis matvecs over power-of-two inputs run the input transform in their prologue
     /// (`SFX_TR_PROLOGUE=0` launches tr_prepare before them, for comparison).
     trellis_prologue: bool,
-    /// Matvecs finish block-rotated outputs themselves (`SFX_TR_EPILOGUE=1`). Off by default
-    /// until it has run on a GPU: built and compiled, not yet measured (docs/results.md).
-    trellis_epilogue: bool,
     /// Trellis prefill transforms run one block per token with the vector in shared memory
     /// (`SFX_TR_TOKEN_TRANSFORMS=0` keeps the decode kernels' row blocks, for comparison).
     trellis_token_transforms: bool,
@@ -457,7 +454,6 @@ impl CudaBackend {
                     .and_then(|v| v.parse().ok())
                     .filter(|r| matches!(r, 1 | 2)),
                 trellis_prologue: std::env::var("SFX_TR_PROLOGUE").map_or(true, |v| v != "0"),
-                trellis_epilogue: std::env::var("SFX_TR_EPILOGUE").is_ok_and(|v| v == "1"),
                 trellis_token_transforms: std::env::var("SFX_TR_TOKEN_TRANSFORMS")
                     .map_or(true, |v| v != "0"),
                 trellis_gemm_tokens: std::env::var("SFX_TR_GEMM_TOKENS")

@@ -82,12 +82,6 @@ impl DeviceFactor {
     }
 }
 
-/// The row blocks a matvec can finish itself (`matvec_epilogue`: one warp a block, 1–8
-/// values a lane): a block rotation of 32–256 rows.
-fn epilogue_block(f: &DeviceFactor) -> Option<usize> {
-    (f.entries.is_none() && (32..=256).contains(&f.block)).then_some(f.block)
-}
-
 /// Block lengths the CUDA kernels transform under a block rotation (a warp holds a block in
 /// its registers, 1–8 values a lane).
 const ROTATION_BLOCKS: [usize; 4] = [32, 64, 128, 256];
@@ -110,10 +104,6 @@ pub(super) struct TrellisCodes {
     planes: DeviceMem,
     sigma: DeviceMem,
     rotated: DeviceMem,
-    /// The fused output transform's tickets, [`MATVEC_MAX_TOKENS`][rows / block] (zero at
-    /// rest; the block that finishes a row block resets its ticket): under a block rotation of
-    /// the outputs only.
-    tickets: Option<DeviceMem>,
 }
 
 impl TrellisCodes {
@@ -157,10 +147,6 @@ pub(super) struct TrItem {
     sigma: u64,
     rows: i32,
     group_end: i32,
-    sv: u64,
-    bias: u64,
-    out: u64,
-    tickets: u64,
 }
 
 #[repr(C)]
@@ -168,18 +154,6 @@ pub(super) struct TrItem {
 pub(super) struct TrGroup {
     item: [TrItem; MAX_ITEMS],
     count: i32,
-    epi_block: i32,
-    epi_accumulate: i32,
-    epi_swiglu: i32,
-    epi_inv_sqrt: f32,
-}
-
-/// A matvec that finishes its own outputs (`matvec_epilogue`): each item's bias and
-/// destination, and whether it adds into it or combines gate and up by SwiGLU.
-struct Epilogue<'a> {
-    outputs: &'a [(Option<&'a CudaBuffer>, u64)],
-    accumulate: bool,
-    swiglu: bool,
 }
 
 /// The kernels' `TrPrepItem` / `TrPrep`.
@@ -459,17 +433,7 @@ impl CudaBackend {
             planes: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 2 * pcols * 2)?,
             sigma: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * 4)?,
             rotated: self.dev().alloc_zeroed(MATVEC_MAX_TOKENS * rows * 4)?,
-            tickets: None,
         };
-        let tickets = if epilogue_block(&codes.had_out).is_some() {
-            Some(
-                self.dev()
-                    .alloc_zeroed(MATVEC_MAX_TOKENS * (rows / codes.had_out.block) * 4)?,
-            )
-        } else {
-            None
-        };
-        let codes = TrellisCodes { tickets, ..codes };
         Ok(CudaResidentLinear {
             weight: CudaMatrix {
                 inner: Arc::new(MatrixData {
@@ -477,7 +441,7 @@ impl CudaBackend {
                     rows,
                     cols,
                     dtype: DType::F32,
-                    codes: Codes::Trellis(Box::new(codes)),
+                    codes: Codes::Trellis(codes),
                 }),
             },
             bias: bias.map(|b| self.upload(b)).transpose()?,
@@ -688,7 +652,6 @@ impl CudaBackend {
         m: usize,
         items: &[&MatrixData],
         prologue: Option<Prologue<'_>>,
-        epilogue: Option<&Epilogue<'_>>,
     ) -> Result<bool> {
         let w0 = items[0];
         let c0 = trellis_of(w0, "trellis matvec")?;
@@ -699,7 +662,7 @@ impl CudaBackend {
         };
         let mut end = 0usize;
         let mut dense_input = false;
-        for (i, (slot, w)) in g.item.iter_mut().zip(items).enumerate() {
+        for (slot, w) in g.item.iter_mut().zip(items) {
             let c = trellis_of(w, "trellis matvec")?;
             if !c.had_in.same_as(&c0.had_in) {
                 return Err(RuntimeError::Unsupported(format!(
@@ -718,27 +681,7 @@ impl CudaBackend {
                 sigma: c.sigma.ptr,
                 rows: i32_of("trellis matvec", w.rows)?,
                 group_end: i32_of("trellis matvec", end)?,
-                ..TrItem::default()
             };
-            // The fused output transform: the caller checked every item has tickets.
-            if let Some((bias, out)) = epilogue.and_then(|e| e.outputs.get(i)) {
-                slot.sv = c.sv.ptr;
-                slot.bias = bias.map_or(0, |b| b.mem.ptr);
-                slot.out = *out;
-                slot.tickets = c.tickets.as_ref().map(|t| t.ptr).ok_or_else(|| {
-                    RuntimeError::Unsupported(format!(
-                        "trellis matvec: {} rows without a block rotation of the outputs \
-                         cannot finish in the matvec",
-                        w.rows
-                    ))
-                })?;
-            }
-        }
-        if let Some(e) = epilogue {
-            g.epi_block = i32_of("trellis matvec", c0.had_out.block)?;
-            g.epi_accumulate = i32::from(e.accumulate);
-            g.epi_swiglu = i32::from(e.swiglu);
-            g.epi_inv_sqrt = c0.had_out.inv_sqrt;
         }
         if prologue.is_some() && (dense_input || !self.inner.trellis_prologue) {
             return Ok(false);
@@ -816,28 +759,14 @@ impl CudaBackend {
         m: usize,
         ws: &[&MatrixData],
         norm: Option<(&CudaBuffer, f32)>,
-        epilogue: Option<&Epilogue<'_>>,
     ) -> Result<()> {
-        if self.trellis_launch_matvec(m, ws, Some(Prologue { x, norm }), epilogue)? {
+        if self.trellis_launch_matvec(m, ws, Some(Prologue { x, norm }))? {
             return Ok(());
         }
         let prep: Vec<(&MatrixData, Option<PrefillBuffers>)> =
             ws.iter().map(|w| (*w, None)).collect();
         self.trellis_prepare(x, m, &prep, norm)?;
-        self.trellis_launch_matvec(m, ws, None, epilogue)
-            .map(|_| ())
-    }
-
-    /// Whether the matvec of `ws` finishes its own outputs (`SFX_TR_EPILOGUE=1` turns it
-    /// on): every item under a block rotation of its outputs that the kernels transform in
-    /// a warp, and no refinement for the finish to add.
-    fn trellis_fuses_finish(&self, ws: &[&MatrixData], refined: bool) -> bool {
-        self.inner.trellis_epilogue
-            && !refined
-            // Tickets exist exactly where the outputs' rotation takes the fused transform.
-            && ws
-                .iter()
-                .all(|w| matches!(&w.codes, Codes::Trellis(c) if c.tickets.is_some()))
+        self.trellis_launch_matvec(m, ws, None).map(|_| ())
     }
 
     /// `y_i (+)= W_i · x (+ b_i)` for up to three trellis matrices of one format, m ≤ 4 token
@@ -862,19 +791,7 @@ impl CudaBackend {
             )));
         }
         let ws: Vec<&MatrixData> = items.iter().map(|it| &*it.0.inner).collect();
-        // A decode row's refinement is added by tr_finish (only m = 1 refines).
-        let refined = m == 1 && refine.iter().any(Option::is_some);
-        if self.trellis_fuses_finish(&ws, refined) {
-            let outputs: Vec<(Option<&CudaBuffer>, u64)> =
-                items.iter().map(|(_, bias, y)| (*bias, *y)).collect();
-            let epilogue = Epilogue {
-                outputs: &outputs,
-                accumulate,
-                swiglu: false,
-            };
-            return self.trellis_transform_matvec(x, m, &ws, norm, Some(&epilogue));
-        }
-        self.trellis_transform_matvec(x, m, &ws, norm, None)?;
+        self.trellis_transform_matvec(x, m, &ws, norm)?;
         let fin: Vec<_> = items
             .iter()
             .map(|(w, bias, y)| (&*w.inner, None, *bias, *y))
@@ -914,16 +831,7 @@ impl CudaBackend {
                 g.rows, gc.had_out.m, uc.had_out.m, gc.had_out.block, uc.had_out.block
             )));
         }
-        if refine.is_none() && self.trellis_fuses_finish(&[g, u], false) {
-            let outputs = [(None, gate.mem.ptr), (None, gate.mem.ptr)];
-            let epilogue = Epilogue {
-                outputs: &outputs,
-                accumulate: false,
-                swiglu: true,
-            };
-            return self.trellis_transform_matvec(x, m, &[g, u], norm, Some(&epilogue));
-        }
-        self.trellis_transform_matvec(x, m, &[g, u], norm, None)?;
+        self.trellis_transform_matvec(x, m, &[g, u], norm)?;
         let operands = refine.map(|r| r.map(Some));
         let refine = operands.as_ref().map(|ops| FinishRefinement {
             operands: ops,
@@ -1144,89 +1052,6 @@ mod tests {
                         (g - w).abs() <= 1e-5 * scale,
                         "n {n} b {b} transpose {transpose}: [{i}] {g} vs {w}"
                     );
-                }
-            }
-        }
-    }
-
-    /// A model of `matvec_epilogue`'s tickets over the grid `trellis_launch_matvec` launches:
-    /// for items of any row counts, tile rows per group and groups per block, every row block
-    /// of every item receives exactly its rows (twice over for SwiGLU's shared tickets), so
-    /// exactly one block completes it, and the blocks' row ranges cover every row once.
-    #[test]
-    fn epilogue_tickets_complete_every_row_block_once() {
-        // The kernel's item_of: the item of global group `grp` and the group's index in it.
-        fn item_of(ends: &[usize], grp: usize) -> (usize, usize) {
-            let k = ends
-                .iter()
-                .position(|&e| grp < e)
-                .expect("a group of the launch");
-            let start = if k == 0 { 0 } else { ends[k - 1] };
-            (k, grp - start)
-        }
-        let cases: [(&[usize], usize, bool); 6] = [
-            (&[4096, 1024, 1024], 128, false),
-            (&[14336, 14336], 128, true),
-            (&[320], 64, false),
-            (&[576, 192, 192], 64, false),
-            (&[1536, 1536], 256, true),
-            (&[4096], 32, false),
-        ];
-        for (rows, b, swiglu) in cases {
-            for r in [1usize, 2] {
-                let mut ends = Vec::new();
-                let mut end = 0;
-                for &n in rows {
-                    end += (n / 16).div_ceil(r);
-                    ends.push(end);
-                }
-                let total = end;
-                for gpb in [1, 2, 3, 7, total.div_ceil(132), total] {
-                    let gpb = gpb.max(1);
-                    let chunks: Vec<usize> = rows.iter().map(|&n| n / b).collect();
-                    let mut tickets: Vec<Vec<usize>> = chunks.iter().map(|&c| vec![0; c]).collect();
-                    let mut completed: Vec<Vec<usize>> =
-                        chunks.iter().map(|&c| vec![0; c]).collect();
-                    let mut covered: Vec<Vec<u8>> = rows.iter().map(|&n| vec![0; n]).collect();
-                    for blk in 0..total.div_ceil(gpb) {
-                        let (gb0, gb1) = (blk * gpb, ((blk + 1) * gpb).min(total));
-                        let ((k0, l0), (k1, l1)) = (item_of(&ends, gb0), item_of(&ends, gb1 - 1));
-                        for k in k0..=k1 {
-                            let first = if k == 0 { 0 } else { ends[k - 1] };
-                            let groups = ends[k] - first;
-                            let tiles = rows[k] / 16;
-                            let g_lo = if k == k0 { l0 } else { 0 };
-                            let g_hi = if k == k1 { l1 } else { groups - 1 };
-                            let r_lo = 16 * (g_lo * r).min(tiles);
-                            let r_hi = 16 * ((g_hi + 1) * r).min(tiles);
-                            for c in &mut covered[k][r_lo..r_hi] {
-                                *c += 1;
-                            }
-                            if r_hi <= r_lo {
-                                continue;
-                            }
-                            for c in r_lo / b..=(r_hi - 1) / b {
-                                let mine = r_hi.min((c + 1) * b) - r_lo.max(c * b);
-                                let expected = b.min(rows[k] - c * b) * if swiglu { 2 } else { 1 };
-                                let slot = if swiglu { 0 } else { k };
-                                tickets[slot][c] += mine;
-                                if tickets[slot][c] == expected {
-                                    completed[slot][c] += 1;
-                                }
-                            }
-                        }
-                    }
-                    let what = format!("rows {rows:?} b {b} r {r} gpb {gpb}");
-                    assert!(
-                        covered.iter().flatten().all(|&c| c == 1),
-                        "{what}: coverage"
-                    );
-                    let owners = if swiglu { 1 } else { rows.len() };
-                    for k in 0..owners {
-                        assert!(completed[k].iter().all(|&c| c == 1), "{what}: item {k}");
-                        let full = b * if swiglu { 2 } else { 1 };
-                        assert!(tickets[k].iter().all(|&t| t == full), "{what}: item {k}");
-                    }
                 }
             }
         }

@@ -902,24 +902,11 @@ struct TrItem {
     float* sigma;           // [tokens] σ, written by the prologue for tr_finish
     int rows;
     int group_end;          // exclusive end of this item's row groups in the launch
-    // The fused output transform (TrGroup::epi_block > 0): sv, the bias (or null), where the
-    // finished rows go, and the tickets [tokens][rows / epi_block] (SwiGLU: the gate's, for
-    // both items), which the block finishing a row block returns to zero.
-    const float* sv;
-    const float* bias;
-    float* out;
-    unsigned int* tickets;
 };
 
 struct TrGroup {
     TrItem item[TR_MAX_ITEMS];
     int count;
-    // Under a block rotation of the outputs (blocks of epi_block rows, 32–256) the matvec
-    // finishes its own outputs instead of a tr_finish launch: 0 leaves them raw.
-    int epi_block;
-    int epi_accumulate;  // out += the finished rows (the residual add)
-    int epi_swiglu;      // items 0, 1 are gate and up: item 0's out ← silu(g) · u
-    float epi_inv_sqrt;  // 1/√epi_block as the CPU rounds it
 };
 
 // Threads of a matvec block: 32 warps where the registers allow (one block per SM holds the
@@ -958,7 +945,7 @@ __device__ __forceinline__ int item_of(const TrGroup& g, int grp, int& local) {
 // (8 busy warps, a barrier per cross-chunk stage, x, w and su re-read per item) was half of
 // the o projection's 12 µs.
 template <int E, bool MMA, int THREADS>
-__device__ __forceinline__ float prologue_planes(const TrGroup& g, int k0, int k1, int l0,
+__device__ __forceinline__ void prologue_planes(const TrGroup& g, int k0, int k1, int l0,
                                                 const float* __restrict__ x,
                                                 const float* __restrict__ nw, float eps, int n,
                                                 int pcols, float inv_sqrt_n, uint32_t* planes,
@@ -1029,7 +1016,6 @@ __device__ __forceinline__ float prologue_planes(const TrGroup& g, int k0, int k
         if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
         __syncthreads();
     }
-    return sigma;
 }
 
 // The factor a prologue multiplies its transformed values by before the planes, from one pass
@@ -1060,7 +1046,7 @@ __device__ __forceinline__ float prologue_scale(const float* __restrict__ xt,
 // tr_prepare). The norm and σ need the whole vector first: one pass of sums, then the
 // transform pass reads x again (from L1/L2).
 template <int E, bool MMA, int THREADS>
-__device__ __forceinline__ float prologue_blocks(const TrGroup& g, int k0, int k1, int l0,
+__device__ __forceinline__ void prologue_blocks(const TrGroup& g, int k0, int k1, int l0,
                                                 const float* __restrict__ x,
                                                 const float* __restrict__ nw, float eps, int n,
                                                 int pcols, float inv_sqrt_b, uint32_t* planes,
@@ -1094,112 +1080,6 @@ __device__ __forceinline__ float prologue_blocks(const TrGroup& g, int k0, int k
         if (threadIdx.x == 0 && (k > k0 || l0 == 0)) it.sigma[t] = sigma;
     }
     __syncthreads();
-    return sigma;
-}
-
-// The output transform inside the matvec, for block rotations of the outputs (blocks of
-// B = 32·E rows, no mix across blocks): y (+)= sv ⊙ H_B raw / (σ√B) + bias, or SwiGLU of gate
-// and up — what tr_finish computes, without its launch (a launch and a grid-wide dependency a
-// projection, ~20 % of a 2-bit decode step). A row block's raw sums come from every matvec
-// block holding some of its rows: each adds the rows it wrote to the row block's ticket, and
-// the one that completes it finishes it, one warp a row block (the attention merge's pattern).
-// Every thread of the block calls it after writing its raw sums; `sigma` is the planes' scale.
-template <int E, int R, int WARPS>
-__device__ __forceinline__ void matvec_epilogue(const TrGroup& g, int k0, int l0, int k1, int l1,
-                                                float sigma) {
-    constexpr int B = 32 * E;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
-    // The raw sums are visible GPU-wide before any ticket counts them.
-    __threadfence();
-    __syncthreads();
-    // Row blocks this block touched, item by item: [c_lo, c_hi] and the rows [r_lo, r_hi).
-    int c_lo[TR_MAX_ITEMS], c_hi[TR_MAX_ITEMS], r_lo[TR_MAX_ITEMS], r_hi[TR_MAX_ITEMS];
-    int total = 0;
-#pragma unroll
-    for (int k = 0; k < TR_MAX_ITEMS; ++k) {
-        c_lo[k] = 0;
-        c_hi[k] = -1;
-        r_lo[k] = r_hi[k] = 0;
-        if (k < k0 || k > k1) continue;
-        const TrItem& it = g.item[k];
-        const int first = k == 0 ? 0 : g.item[k > 0 ? k - 1 : 0].group_end;
-        const int groups = it.group_end - first;
-        const int tiles = it.rows >> 4;
-        const int g_lo = k == k0 ? l0 : 0, g_hi = k == k1 ? l1 : groups - 1;
-        r_lo[k] = 16 * min(g_lo * R, tiles);
-        r_hi[k] = 16 * min((g_hi + 1) * R, tiles);
-        if (r_hi[k] <= r_lo[k]) continue;
-        c_lo[k] = r_lo[k] / B;
-        c_hi[k] = (r_hi[k] - 1) / B;
-        total += c_hi[k] - c_lo[k] + 1;
-    }
-    const float scale = g.epi_inv_sqrt / sigma;
-    for (int j = warp; j < total; j += WARPS) {
-        // The j-th touched row block: item k, block c.
-        int k = 0, c = 0, rest = j;
-#pragma unroll
-        for (int i = 0; i < TR_MAX_ITEMS; ++i) {
-            const int cnt = c_hi[i] - c_lo[i] + 1;
-            if (c_hi[i] >= c_lo[i] && rest >= 0 && rest < cnt) {
-                k = i;
-                c = c_lo[i] + rest;
-            }
-            if (c_hi[i] >= c_lo[i]) rest -= cnt;
-        }
-        const TrItem it = item_at(g.item, k);
-        int r0 = 0, r1 = 0;
-#pragma unroll
-        for (int i = 0; i < TR_MAX_ITEMS; ++i)
-            if (i == k) {
-                r0 = r_lo[i];
-                r1 = r_hi[i];
-            }
-        const int mine = min(r1, (c + 1) * B) - max(r0, c * B);
-        const int rows_in_block = min(B, it.rows - c * B);
-        const unsigned int expected = (unsigned int)rows_in_block * (g.epi_swiglu ? 2u : 1u);
-        unsigned int* ticket =
-            (g.epi_swiglu ? g.item[0].tickets : it.tickets) + (size_t)t * (it.rows / B) + c;
-        unsigned int before = 0;
-        if (lane == 0) before = atomicAdd(ticket, (unsigned int)mine);
-        before = __shfl_sync(SFX_FULL_MASK, before, 0);
-        if (before + (unsigned int)mine != expected) continue;
-        // The last contribution: every other block's raw sums are in L2 (read past L1).
-        __threadfence();
-        if (lane == 0) *ticket = 0u;
-        const int base = c * B + lane;
-        if (g.epi_swiglu) {
-            const TrItem& gi = g.item[0];
-            const TrItem& ui = g.item[1];
-            float gv[E], uv[E];
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                gv[i] = __ldcg(gi.y + (size_t)t * gi.rows + base + 32 * i);
-                uv[i] = __ldcg(ui.y + (size_t)t * ui.rows + base + 32 * i);
-            }
-            warp_fwht_regs<E>(gv);
-            warp_fwht_regs<E>(uv);
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                const int o = base + 32 * i;
-                const float a = gv[i] * scale * gi.sv[o];
-                const float b = uv[i] * scale * ui.sv[o];
-                gi.out[(size_t)t * gi.rows + o] = a / (1.0f + expf(-a)) * b;
-            }
-        } else {
-            float v[E];
-#pragma unroll
-            for (int i = 0; i < E; ++i) v[i] = __ldcg(it.y + (size_t)t * it.rows + base + 32 * i);
-            warp_fwht_regs<E>(v);
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                const int o = base + 32 * i;
-                float out = v[i] * scale * it.sv[o];
-                if (it.bias) out += it.bias[o];
-                float* y = it.out + (size_t)t * it.rows + o;
-                *y = g.epi_accumulate ? *y + out : out;
-            }
-        }
-    }
 }
 
 // A block takes `gpb` consecutive row groups (R tile rows of one item each) and flattens their
@@ -1297,30 +1177,28 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
     SFX_PDL_WAIT();
     int l0, l1;
     const int k0 = item_of(g, gb0, l0), k1 = item_of(g, gb1 - 1, l1);
-    // The planes' scale σ of token t: from the prologue, else tr_prepare's (the same for every
-    // item: one x).
-    float sigma = 1.0f;
     if (x != nullptr && blk > 0) {
         switch (blk) {
-            case 32: sigma = prologue_blocks<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            case 64: sigma = prologue_blocks<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            case 128: sigma = prologue_blocks<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            default: sigma = prologue_blocks<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 32: prologue_blocks<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 64: prologue_blocks<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 128: prologue_blocks<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            default: prologue_blocks<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
         }
     } else if (x != nullptr) {
         const int e = n / THREADS;
         bool done = true;
         switch (n >= THREADS ? e : 0) {
-            case 1: sigma = prologue_planes<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            case 2: sigma = prologue_planes<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            case 4: sigma = prologue_planes<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
-            case 8: sigma = prologue_planes<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 1: prologue_planes<1, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 2: prologue_planes<2, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 4: prologue_planes<4, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
+            case 8: prologue_planes<8, MMA, THREADS>(g, k0, k1, l0, x, nw, eps, n, pcols, inv_sqrt_n, planes, plane_words, red); break;
             default: done = false;
         }
         if (!done) {
             float* buf = red;         // [n]
             float* sums = red + n;    // [32] block reductions
             const float* xt = x + (size_t)t * n;
+            float sigma;
             const float f = prologue_scale(xt, nw, eps, n, inv_sqrt_n, sums, sigma);
             for (int k = k0; k <= k1; ++k) {
                 const TrItem it = item_at(g.item, k);
@@ -1340,7 +1218,6 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
             }
         }
     } else {
-        if (g.epi_block > 0) sigma = item_at(g.item, k0).sigma[t];
         for (int k = k0; k <= k1; ++k) {
             const TrItem it = item_at(g.item, k);
             const uint4* src = reinterpret_cast<const uint4*>(it.planes + (size_t)t * 2 * pcols);
@@ -1354,9 +1231,6 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         copy_async_wait<0>();
     }
     for (int i = threadIdx.x; i < WARPS * slots; i += THREADS) red[i] = 0.0f;
-    // σ for the fused output transform, kept out of the decode loop's registers.
-    __shared__ float epi_sigma;
-    if (threadIdx.x == 0) epi_sigma = sigma;
     __syncthreads();
 
     // Shared address of this lane's table copy (the table starts the dynamic allocation).
@@ -1488,19 +1362,6 @@ __device__ __forceinline__ void tr_matvec_body(const TrGroup& g, const uint32_t*
         const TrItem it = item_at(g.item, k);
         const int tr = local * R + r;
         if (tr < (it.rows >> 4)) it.y[(size_t)t * it.rows + tr * 16 + row] = total;
-    }
-    if (g.epi_block > 0) {
-        // Recomputed rather than held in registers through the decode loop (the 1024-thread
-        // blocks have 64 a thread: holding them spilled).
-        int e0, e1;
-        const int ek0 = item_of(g, gb0, e0), ek1 = item_of(g, gb1 - 1, e1);
-        const float sg = epi_sigma;
-        switch (g.epi_block) {
-            case 32: matvec_epilogue<1, R, WARPS>(g, ek0, e0, ek1, e1, sg); break;
-            case 64: matvec_epilogue<2, R, WARPS>(g, ek0, e0, ek1, e1, sg); break;
-            case 128: matvec_epilogue<4, R, WARPS>(g, ek0, e0, ek1, e1, sg); break;
-            default: matvec_epilogue<8, R, WARPS>(g, ek0, e0, ek1, e1, sg); break;
-        }
     }
 }
 
