@@ -1215,14 +1215,17 @@ pub fn cases() -> Vec<Case> {
     }
     // Whole models of look-up-table codes and GGUF blocks through the graph's fused paths
     // (q/k/v in one launch, gate/up with SwiGLU, norms folded in: CUDA's coded.cu kernels);
-    // prefill multiplies TF32 panels on CUDA, hence the group models' bound.
-    for weights in [
-        SyntheticWeights::Lut { bits: 3 },
-        SyntheticWeights::Lut { bits: 4 },
-        SyntheticWeights::Gguf { ty: GgmlType::Q2K },
-        SyntheticWeights::Gguf { ty: GgmlType::Q4K },
-        SyntheticWeights::Gguf { ty: GgmlType::Q6K },
-        SyntheticWeights::Gguf { ty: GgmlType::Q5_0 },
+    // prefill multiplies TF32 panels on CUDA, hence the group models' bound. Q2_K's is wider:
+    // at seed 21 its prefill's TF32 rounding moves the decode by 4.8e-3 (the same on three
+    // H100s), and by 1.6e-6 with the same kernels and an f32 GEMM (SFX_CUDA_GEMM=own); seeds
+    // 22 and 23 give 4.4e-5 and 1.9e-4. A kernel bug moves it by orders of magnitude more.
+    for (weights, bound) in [
+        (SyntheticWeights::Lut { bits: 3 }, 3e-3),
+        (SyntheticWeights::Lut { bits: 4 }, 3e-3),
+        (SyntheticWeights::Gguf { ty: GgmlType::Q2K }, 1e-2),
+        (SyntheticWeights::Gguf { ty: GgmlType::Q4K }, 3e-3),
+        (SyntheticWeights::Gguf { ty: GgmlType::Q6K }, 3e-3),
+        (SyntheticWeights::Gguf { ty: GgmlType::Q5_0 }, 3e-3),
     ] {
         add(
             "model_decode",
@@ -1238,7 +1241,7 @@ pub fn cases() -> Vec<Case> {
                 weights,
                 refine: None,
             },
-            3e-3,
+            bound,
             1e-5,
         );
     }

@@ -95,11 +95,12 @@ struct Cli {
 
     /// Soak test: generate this many tokens in this one process, as back-to-back generations
     /// of -n tokens (each from the prompt in a fresh KV cache, sampling, end-of-sequence
-    /// ignored), sampling resident memory, decode speed and the bounded caches' occupancy
-    /// every --soak-every tokens. Exits 1 when resident memory at some position of a later
-    /// generation exceeds the second generation's at that position by more than 16 MiB (the
-    /// first warms up; memory rises within each generation as its KV cache fills), or a cache
-    /// holds more than its budget; speed drift is reported, not judged.
+    /// ignored), sampling resident memory, decode speed, the bounded caches' occupancy and,
+    /// on a GPU, the device memory in use every --soak-every tokens. Exits 1 when resident
+    /// or device memory at some position of a later generation exceeds the second
+    /// generation's at that position by more than 16 MiB (the first warms up; memory rises
+    /// within each generation as its KV cache fills), or a cache holds more than its budget;
+    /// speed drift is reported, not judged.
     #[arg(long, value_name = "TOKENS", help_heading = "Soak")]
     soak: Option<usize>,
     /// Tokens between two soak samples.
