@@ -1022,6 +1022,81 @@ fn disk_full_during_conversion_is_a_clear_error_and_leaves_the_previous_output()
     }
 }
 
+/// Every file of an output folder, by name (sorted), with its bytes.
+fn folder_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    names(dir)
+        .into_iter()
+        .map(|n| {
+            let bytes = std::fs::read(dir.join(&n)).unwrap();
+            (n, bytes)
+        })
+        .collect()
+}
+
+/// The names of the files that differ between two folders' listings (or are in one only).
+fn differing(a: &[(String, Vec<u8>)], b: &[(String, Vec<u8>)]) -> Vec<String> {
+    let mut out: Vec<String> = a
+        .iter()
+        .filter(|(n, x)| b.iter().find(|(m, _)| m == n).is_none_or(|(_, y)| x != y))
+        .map(|(n, _)| n.clone())
+        .collect();
+    out.extend(
+        b.iter()
+            .filter(|(n, _)| !a.iter().any(|(m, _)| m == n))
+            .map(|(n, _)| n.clone()),
+    );
+    out
+}
+
+/// Row "disk full during a folder conversion": an earlier output folder stays byte for byte
+/// what it was, the failure names the partial state, and `--resume` with room again ends with
+/// the same folder an uninterrupted conversion writes.
+#[test]
+fn disk_full_during_a_folder_conversion_leaves_the_previous_folder() {
+    let dir = out_dir("disk_full_folder");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    // No quality receipt: the folder's other files are what this row is about, and the
+    // receipt's evaluation would be most of the run.
+    let quality = ["--quality", "none"];
+    let o = converter(&out, &quality).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = folder_files(&out);
+    let model = before
+        .iter()
+        .find(|(n, _)| n == "model.sfx")
+        .map(|(_, b)| b.len() as u64)
+        .expect("the folder holds model.sfx");
+
+    let mut c = converter(&out, &quality);
+    with_file_size_limit(&mut c, model / 2);
+    let o = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("File too large") && stderr.contains("rerun with --resume"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let changed = differing(&before, &folder_files(&out));
+    assert!(
+        changed.is_empty(),
+        "the previous folder changed: {changed:?}"
+    );
+    assert_eq!(names(&dir), [".out.resume", "out"]);
+
+    let resume = ["--quality", "none", "--resume"];
+    let o = converter(&out, &resume).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let changed = differing(&before, &folder_files(&out));
+    assert!(
+        changed.is_empty(),
+        "the resumed folder differs from the uninterrupted one: {changed:?}"
+    );
+    assert_eq!(names(&dir), ["out"]);
+}
+
 /// Row "kill -9 at random points of a conversion": at every point the output path holds the
 /// previous output or the whole new one, beside it at most the `.NAME.resume` folder with
 /// known files only; with a checkpoint a fresh run refuses and names `--resume`, without one
