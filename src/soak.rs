@@ -162,25 +162,32 @@ pub fn summarize(samples: &[SoakSample], generations: usize) -> SoakSummary {
              than -n"
         ));
     }
-    if s.rss_growth_bytes > RSS_GROWTH_ALLOWED {
-        s.failures.push(format!(
-            "resident memory grew {:.1} MiB over the second generation's at the same position \
-             (largest {:.1} MiB against {:.1}; {} MiB allowed)",
-            mib(s.rss_growth_bytes),
-            mib(rss_max),
-            mib(warm),
-            RSS_GROWTH_ALLOWED >> 20
-        ));
-    }
-    if let Some(g) = s.device_growth_bytes.filter(|&g| g > RSS_GROWTH_ALLOWED) {
-        s.failures.push(format!(
-            "device memory in use grew {:.1} MiB over the second generation's at the same \
-             position (largest {:.1} MiB against {:.1}; {} MiB allowed)",
-            mib(g),
-            mib(s.device_max_bytes.unwrap_or(0)),
-            mib(s.device_reference_bytes.unwrap_or(0)),
-            RSS_GROWTH_ALLOWED >> 20
-        ));
+    // Resident and device memory are judged by one rule; a backend without memory of its own
+    // has no device figures to judge.
+    let memories = [
+        ("resident memory", Some((s.rss_growth_bytes, rss_max, warm))),
+        (
+            "device memory in use",
+            s.device_growth_bytes.map(|g| {
+                (
+                    g,
+                    s.device_max_bytes.unwrap_or(0),
+                    s.device_reference_bytes.unwrap_or(0),
+                )
+            }),
+        ),
+    ];
+    for (what, figures) in memories {
+        if let Some((grew, largest, against)) = figures.filter(|f| f.0 > RSS_GROWTH_ALLOWED) {
+            s.failures.push(format!(
+                "{what} grew {:.1} MiB over the second generation's at the same position \
+                 (largest {:.1} MiB against {:.1}; {} MiB allowed)",
+                mib(grew),
+                mib(largest),
+                mib(against),
+                RSS_GROWTH_ALLOWED >> 20
+            ));
+        }
     }
     for (what, held, cap) in [
         (
@@ -216,7 +223,8 @@ fn growth_at_like_positions(
         .max()
 }
 
-fn mib(b: u64) -> f64 {
+/// Bytes in MiB, for messages.
+pub fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 

@@ -30,7 +30,7 @@ use std::time::Instant;
 use strataflux::bench::per_set;
 use strataflux::device::{with_backend, DeviceChoice, OnBackend};
 use strataflux::model_open::load_checkpoint_model;
-use strataflux::soak::SoakSample;
+use strataflux::soak::{mib, SoakSample};
 use tokenizers::Tokenizer;
 
 #[derive(Parser, Clone)]
@@ -985,10 +985,10 @@ fn soak<B: Backend>(
                     "soak {done}/{total} tokens (generation {generation}, position {position}): \
                      {:.1} tok/s, RSS {:.1} MiB{}{}{}",
                     s.tokens_per_second,
-                    s.rss_bytes as f64 / (1u64 << 20) as f64,
+                    mib(s.rss_bytes),
                     s.device_bytes.map_or_else(String::new, |b| format!(
                         ", device memory {:.1} MiB",
-                        b as f64 / (1u64 << 20) as f64
+                        mib(b)
                     )),
                     s.weight_cache_bytes
                         .map_or_else(String::new, |b| format!(", refinement cache {b} B")),
@@ -1026,18 +1026,18 @@ fn soak<B: Backend>(
              decode {:.1} tok/s in the first generation, {:.1} in the last ({:+.1} %)",
             summary.tokens,
             summary.generations,
-            summary.rss_reference_bytes as f64 / (1u64 << 20) as f64,
-            summary.rss_max_bytes as f64 / (1u64 << 20) as f64,
-            summary.rss_last_bytes as f64 / (1u64 << 20) as f64,
-            summary.rss_growth_bytes as f64 / (1u64 << 20) as f64,
+            mib(summary.rss_reference_bytes),
+            mib(summary.rss_max_bytes),
+            mib(summary.rss_last_bytes),
+            mib(summary.rss_growth_bytes),
             summary
                 .device_growth_bytes
                 .map_or_else(String::new, |g| format!(
                     "; device memory {:.1} MiB at most in the second generation, {:.1} after \
                      it (growth at like positions {:.2} MiB)",
-                    summary.device_reference_bytes.unwrap_or(0) as f64 / (1u64 << 20) as f64,
-                    summary.device_max_bytes.unwrap_or(0) as f64 / (1u64 << 20) as f64,
-                    g as f64 / (1u64 << 20) as f64
+                    mib(summary.device_reference_bytes.unwrap_or(0)),
+                    mib(summary.device_max_bytes.unwrap_or(0)),
+                    mib(g)
                 )),
             summary.first_generation_tokens_per_second,
             summary.last_generation_tokens_per_second,
